@@ -1,0 +1,93 @@
+"""Shared benchmark harness: timing, environment description and result files.
+
+Every benchmark script imports this module so that all results carry the same fields:
+GPU name, library versions, shapes, and per-provider median / p20 / p80 times. Results are
+written as JSON to the folder given on the command line (``--out``), defaulting to
+``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def env_info() -> dict:
+    """GPU and library versions, recorded with every result file."""
+    info = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    for name in ("triton", "transformers", "accelerate", "peft"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception:  # pragma: no cover - optional packages
+            info[name] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu"] = props.name
+        info["gpu_count"] = torch.cuda.device_count()
+        info["sm_count"] = props.multi_processor_count
+        info["capability"] = f"{props.major}.{props.minor}"
+        info["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+    else:
+        info["gpu"] = None
+    return info
+
+
+def bench_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> dict:
+    """Median, p20 and p80 of ``fn``'s device time in milliseconds (CUDA events, L2 flushed)."""
+    import triton.testing
+
+    med, p20, p80 = triton.testing.do_bench(
+        fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8]
+    )
+    return {"ms": med, "p20_ms": p20, "p80_ms": p80}
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS_DIR, help="folder for the JSON result file"
+    )
+    parser.add_argument("--quick", action="store_true", help="a reduced grid, for smoke runs")
+    return parser
+
+
+def write_results(name: str, rows: Iterable[dict], out_dir: Path, **meta) -> Path:
+    """Write ``{"benchmark", "env", "meta", "rows"}`` to ``out_dir/<name>-<gpu>.json``."""
+    env = env_info()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = (env.get("gpu") or "cpu").replace(" ", "_").replace("/", "_")
+    path = out_dir / f"{name}-{gpu}.json"
+    payload = {"benchmark": name, "env": env, "meta": meta, "rows": list(rows)}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=1, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    """Plain fixed-width table on stdout (the device tool returns the tail of the output)."""
+    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns} if rows else {}
+    print("  ".join(c.rjust(widths.get(c, len(c))) for c in columns))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).rjust(widths[c]) for c in columns))
+
+
+def _fmt(x) -> str:
+    if isinstance(x, float):
+        return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+    return "-" if x is None else str(x)

@@ -1,0 +1,1 @@
+"""Triton kernels and their host launchers. Imports nothing beyond torch and triton."""

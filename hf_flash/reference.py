@@ -1,0 +1,181 @@
+"""Pure-PyTorch oracles. Tests and benchmarks import these and nothing else as ground truth.
+
+Every oracle materialises what the kernels avoid (repeated K/V heads, the full score matrix),
+which is what makes it easy to read and trust. Two precisions:
+
+* ``upcast=True``: inputs are cast to float32 and the result stays float32. This is the truth.
+* ``upcast=False``: the same maths in the inputs' own dtype. Its distance to the truth is the
+  error budget a kernel is allowed (DESIGN.md: kernel error <= 2x this, 3x for gradients).
+
+Layouts follow flash-attn: q ``(batch, seqlen_q, nheads, headdim)``, k/v ``(batch, seqlen_k,
+nheads_k, headdim)``, packed (varlen) tensors ``(total_tokens, nheads, headdim)`` with int32
+``cu_seqlens`` of length ``batch + 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = [
+    "attention_ref",
+    "attention_varlen_ref",
+    "attention_mask_ref",
+    "max_abs_err",
+]
+
+
+def attention_mask_ref(
+    seqlen_q: int,
+    seqlen_k: int,
+    *,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    device=None,
+) -> torch.Tensor:
+    """Boolean ``(seqlen_q, seqlen_k)`` mask, True where query i may attend key j.
+
+    Queries are aligned to the bottom-right of the key range: query ``i`` sits at key position
+    ``i + seqlen_k - seqlen_q``. With ``window_size=(left, right)`` (-1 = unbounded) key ``j`` is
+    visible iff ``pos(i) - left <= j <= pos(i) + right``; ``causal`` forces ``right = 0``.
+
+    For seqlen_q=2, seqlen_k=5, causal::
+
+        1 1 1 1 0
+        1 1 1 1 1
+    """
+    left, right = int(window_size[0]), int(window_size[1])
+    if causal:
+        right = 0
+    i = torch.arange(seqlen_q, device=device).view(-1, 1)
+    j = torch.arange(seqlen_k, device=device).view(1, -1)
+    pos = i + (seqlen_k - seqlen_q)
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if right >= 0:
+        visible &= j <= pos + right
+    if left >= 0:
+        visible &= j >= pos - left
+    return visible
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    dropout_keep: Optional[torch.Tensor] = None,
+    upcast: bool = True,
+    return_lse: bool = False,
+):
+    """Exact attention, flash-attn semantics.
+
+    q: (batch, seqlen_q, nheads, headdim). k, v: (batch, seqlen_k, nheads_k, headdim), nheads a
+    multiple of nheads_k (GQA: query head h reads K/V head ``h // (nheads // nheads_k)``).
+    softcap > 0: scores become ``softcap * tanh(scores / softcap)`` after scaling, before ALiBi.
+    alibi_slopes: (nheads,) or (batch, nheads); adds ``-slope * |pos(i) - j|``.
+    dropout_keep: bool (batch, nheads, seqlen_q, seqlen_k), True = kept; kept probabilities are
+    divided by ``1 - dropout_p``. The log-sum-exp is that of the undropped softmax.
+
+    Returns out (batch, seqlen_q, nheads, headdim) (float32 if ``upcast``, else q.dtype) and,
+    with ``return_lse``, the natural-log LSE (batch, nheads, seqlen_q) in float32, ``+inf`` for
+    rows that see no key (their output is 0).
+    """
+    dtype = torch.float32 if upcast else q.dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    if nheads % nheads_k:
+        raise ValueError(f"nheads={nheads} is not a multiple of nheads_k={nheads_k}")
+    group = nheads // nheads_k
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
+
+    scores = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(dtype)
+        slopes = slopes.view(1, nheads) if slopes.dim() == 1 else slopes
+        i = torch.arange(seqlen_q, device=q.device).view(-1, 1) + (seqlen_k - seqlen_q)
+        j = torch.arange(seqlen_k, device=q.device).view(1, -1)
+        dist = (i - j).abs().to(dtype)
+        scores = scores - slopes.view(-1, nheads, 1, 1) * dist
+    visible = attention_mask_ref(
+        seqlen_q, seqlen_k, causal=causal, window_size=window_size, device=q.device
+    )
+    scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores.float(), dim=-1)  # (b, h, i)
+    probs = torch.softmax(scores, dim=-1)
+    empty = ~visible.any(dim=-1)  # (i,)
+    probs = probs.masked_fill(empty.view(1, 1, -1, 1), 0.0)
+    lse = lse.masked_fill(empty.view(1, 1, -1), float("inf"))
+    if dropout_p > 0.0:
+        if dropout_keep is None:
+            raise ValueError("dropout_p > 0 needs the keep mask the kernel used (dropout_keep)")
+        probs = probs.masked_fill(~dropout_keep, 0.0) / (1.0 - dropout_p)
+    out = torch.einsum("bhij,bjhd->bihd", probs, v)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    dropout_keep: Optional[Sequence[torch.Tensor]] = None,
+    return_lse: bool = False,
+    **kwargs,
+):
+    """Packed sequences: q (total_q, nheads, d), k/v (total_k, nheads_k, d).
+
+    Sequence ``b`` owns rows ``cu_seqlens[b]:cu_seqlens[b+1]`` and attends only within itself,
+    with its own bottom-right alignment. ``dropout_keep`` is a list of per-sequence masks
+    (1, nheads, seqlen_q_b, seqlen_k_b). LSE is returned as (nheads, total_q), as flash-attn.
+    Other keyword arguments are those of :func:`attention_ref`.
+    """
+    upcast = kwargs.get("upcast", True)
+    out_dtype = torch.float32 if upcast else q.dtype
+    out = torch.zeros(q.shape, dtype=out_dtype, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("inf"), dtype=torch.float32, device=q.device)
+    cq = cu_seqlens_q.tolist()
+    ck = cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        qs, qe, ks, ke = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        if qe == qs:
+            continue
+        slopes = None
+        if alibi_slopes is not None:
+            slopes = alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes
+        keep = dropout_keep[b] if dropout_keep is not None else None
+        o, l = attention_ref(
+            q[qs:qe].unsqueeze(0),
+            k[ks:ke].unsqueeze(0),
+            v[ks:ke].unsqueeze(0),
+            alibi_slopes=slopes,
+            dropout_keep=keep,
+            return_lse=True,
+            **kwargs,
+        )
+        out[qs:qe] = o[0]
+        lse[:, qs:qe] = l[0]
+    return (out, lse) if return_lse else out
+
+
+def max_abs_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest elementwise |a - b| in float32, NaN-aware (any NaN gives inf)."""
+    d = (a.float() - b.float()).abs()
+    if torch.isnan(d).any():
+        return float("inf")
+    return d.max().item() if d.numel() else 0.0
