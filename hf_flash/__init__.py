@@ -4,13 +4,34 @@ Kernel API (flash-attn 2.x names and semantics, layout ``(batch, seqlen, nheads,
 
     from hf_flash import flash_attn_func, flash_attn_varlen_func
 
-Importing ``hf_flash`` does not import transformers. The ``attn_implementation="hf_flash"``
-registration with transformers happens when transformers is (or has been) imported, or
-explicitly with :func:`hf_flash.register`.
+Importing ``hf_flash`` does not import transformers, and the kernel modules load on first use
+(so a program can still switch on Triton's CPU interpreter, ``TRITON_INTERPRET=1``, after
+``import hf_flash``).
 """
 
-from .interface import flash_attn_func, flash_attn_varlen_func
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "__version__"]
+# public name -> submodule that defines it; resolved lazily by __getattr__
+_EXPORTS = {
+    "flash_attn_func": "interface",
+    "flash_attn_varlen_func": "interface",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hf_flash' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

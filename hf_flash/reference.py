@@ -24,6 +24,7 @@ __all__ = [
     "attention_varlen_ref",
     "attention_mask_ref",
     "max_abs_err",
+    "rotary_ref",
 ]
 
 
@@ -179,3 +180,35 @@ def max_abs_err(a: torch.Tensor, b: torch.Tensor) -> float:
     if torch.isnan(d).any():
         return float("inf")
     return d.max().item() if d.numel() else 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Rotary embeddings
+# --------------------------------------------------------------------------------------------
+
+
+def rotary_ref(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False
+) -> torch.Tensor:
+    """Rotate the first ``2 * cos.shape[-1]`` features of x, flash-attn conventions.
+
+    x: (batch, seqlen, nheads, headdim). cos, sin: (seqlen, rotary_dim / 2) or
+    (batch, seqlen, rotary_dim / 2), one angle per pair. Non-interleaved ("rotate half", Llama)
+    pairs feature i with i + rotary_dim/2; interleaved (GPT-J) pairs 2i with 2i + 1. Features past
+    rotary_dim pass through. Computed in float32, returned in x's dtype.
+    """
+    rd = 2 * cos.shape[-1]
+    if cos.dim() == 2:
+        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+    cos = cos.float().unsqueeze(2)  # (b, s, 1, rd/2)
+    sin = sin.float().unsqueeze(2)
+    xf = x.float()
+    xr, rest = xf[..., :rd], xf[..., rd:]
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        o1, o2 = x1 * cos - x2 * sin, x1 * sin + x2 * cos
+        rot = torch.stack((o1, o2), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., : rd // 2], xr[..., rd // 2 :]
+        rot = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return torch.cat((rot, rest), dim=-1).to(x.dtype)
