@@ -1,0 +1,107 @@
+"""Launch configurations (tile sizes, warps, pipeline stages) per GPU generation.
+
+Every launcher asks this module, so a faster variant for one architecture is a new entry here,
+not a change to the kernels or the API. Choices are data, not autotuning: autotuning would time
+every candidate inside the first training step (and every candidate in the CPU interpreter), and
+the set below was picked by ``benchmarks/attention.py --sweep-configs`` on the hardware named
+next to each entry.
+
+``override(...)`` replaces the choice for a block of code; the sweep uses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from typing import Optional
+
+import torch
+
+_OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar(
+    "hf_flash_config_override", default=None
+)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    if device.type != "cuda":
+        return (0, 0)
+    return torch.cuda.get_device_capability(device)
+
+
+def head_dim_block(head_dim: int) -> int:
+    """Head dimension padded to a power of two (>= 16, tl.dot's minimum)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+@contextlib.contextmanager
+def override(**kw):
+    """Force launch parameters, e.g. ``override(fwd={"BLOCK_M": 64, ...})``.
+
+    Keys: ``fwd``, ``bwd_dkdv``, ``bwd_dq`` mapping to dicts of BLOCK_M, BLOCK_N, num_warps,
+    num_stages. Unnamed kernels keep their defaults.
+    """
+    token = _OVERRIDE.set(kw)
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
+
+
+def _pick(kind: str, default: dict) -> dict:
+    forced = _OVERRIDE.get()
+    if forced and kind in forced:
+        return {**default, **forced[kind]}
+    return default
+
+
+# Small tiles in the interpreter: numpy-backed, so cost follows the number of tiles touched and
+# tests want several tiles per sequence to exercise boundaries.
+_INTERPRETER = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+
+
+def fwd_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
+    if interpreting():
+        return _pick("fwd", dict(_INTERPRETER))
+    d = head_dim_block(head_dim)
+    major, _ = _capability(device)
+    if dtype == torch.float32:
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    elif major >= 9:  # Hopper (H100 / H200), measured on H100 SXM
+        if d <= 64:
+            cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+        elif d <= 128:
+            cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
+        else:
+            cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    elif major == 8:  # Ampere / Ada: 100-164 KB of shared memory
+        if d <= 128:
+            cfg = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4 if d <= 64 else 8, "num_stages": 2}
+        else:
+            cfg = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    else:  # older or unknown GPUs: small tiles that fit any shared-memory budget
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    return _pick("fwd", cfg)
+
+
+def bwd_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[dict, dict]:
+    """(dK/dV kernel, dQ kernel). dK/dV tiles keys by BLOCK_N and walks queries by BLOCK_M;
+    dQ tiles queries by BLOCK_M and walks keys by BLOCK_N."""
+    if interpreting():
+        return _pick("bwd_dkdv", dict(_INTERPRETER)), _pick("bwd_dq", dict(_INTERPRETER))
+    d = head_dim_block(head_dim)
+    major, _ = _capability(device)
+    if dtype == torch.float32 or major < 8:
+        dkdv = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
+        dq = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    elif d <= 128:
+        dkdv = {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
+        dq = {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
+    else:
+        dkdv = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 1}
+        dq = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1}
+    return _pick("bwd_dkdv", dkdv), _pick("bwd_dq", dq)

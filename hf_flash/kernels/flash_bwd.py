@@ -1,0 +1,447 @@
+"""FlashAttention-2 backward pass in Triton.
+
+Three launches, none with atomics, so gradients are bitwise deterministic:
+
+1. ``_bwd_preprocess``: ``delta_i = rowsum(dO_i * O_i) - dlse_i`` per query row (the second
+   term carries gradients that flow into the returned log-sum-exp: d lse_i / d s_ij = P_ij).
+2. ``_bwd_dkdv_kernel``: one program per key tile of one K/V head. It walks every query head of
+   its GQA group and the query tiles that can see the keys, recomputing
+   ``P = exp(S - lse)`` from the saved log-sum-exp, and accumulates
+   ``dV += P^T dO`` and ``dK += dS^T Q`` with ``dS = P * (dP - delta)``, ``dP = dO V^T``. The
+   reduction over the query-head group happens in registers.
+3. ``_bwd_dq_kernel``: one program per query tile: ``dQ += dS K`` over the visible key tiles.
+
+Dropout replays the forward's Philox mask: ``dV`` uses the dropped, rescaled probabilities and
+``dP`` is masked and rescaled the same way. Softcap multiplies ``dS`` by ``1 - tanh^2``.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from . import configs
+from .flash_common import (
+    LOG2E, dropout_keep, key_tile_runs, query_tile_runs, scores_log2, seq_bounds, visible,
+)  # fmt: skip
+from .flash_fwd import _dense_or_varlen_strides, kernel_flags
+
+
+@triton.jit
+def _bwd_preprocess(
+    Out, DOut, DLse, Delta, CuSeqlensQ,
+    stride_ob, stride_om, stride_oh, stride_db, stride_dm, stride_dh,
+    stride_lb, stride_lh,
+    seqlen_q, nheads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    q_start, q_len, _ks, _kl = seq_bounds(CuSeqlensQ, CuSeqlensQ, b, seqlen_q, seqlen_q, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < q_len
+    ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    rows = (q_start + offs_m).to(tl.int64)
+    b64 = b.to(tl.int64)
+    o = tl.load(
+        Out + b64 * stride_ob + h * stride_oh + rows[:, None] * stride_om + offs_d[None, :],
+        mask=ok, other=0.0,
+    ).to(tl.float32)
+    do = tl.load(
+        DOut + b64 * stride_db + h * stride_dh + rows[:, None] * stride_dm + offs_d[None, :],
+        mask=ok, other=0.0,
+    ).to(tl.float32)
+    delta = tl.sum(o * do, axis=1)
+    l_off = b64 * stride_lb + h.to(tl.int64) * stride_lh + rows
+    if HAS_DLSE:
+        dlse = tl.load(DLse + l_off, mask=row_ok, other=0.0)
+        # +inf lse rows have dlse = 0 (nothing depends on them) but keep NaN out regardless
+        delta = delta - tl.where(dlse == dlse, dlse, 0.0)
+    tl.store(Delta + l_off, delta, mask=row_ok)
+
+
+@triton.jit
+def _dkdv_tiles(
+    dk, dv, k, v,
+    q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+    start, end, offs_n, offs_m0, offs_d, shift, seqlen_q, seqlen_k, window_left, window_right,
+    qk_scale, softcap, alibi_slope,
+    rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, dropout_p,
+    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Accumulate dK, dV of one key tile over query tiles [start, end) of one query head.
+    Scores are kept transposed ([BLOCK_N keys, BLOCK_M queries]) so P^T and dS^T feed the
+    dV/dK products directly, with dK/dV in the MMA accumulator layout."""
+    d_ok = offs_d < HEAD_DIM
+    key = offs_n[:, None]  # [BLOCK_N, 1]
+    for start_m in range(start, end, BLOCK_M):
+        offs_m = start_m + offs_m0
+        row64 = tl.cast(start_m, tl.int64)
+        qt_ptrs = q_base + row64 * stride_qm + offs_m0[None, :] * stride_qm + offs_d[:, None]
+        do_ptrs = do_base + row64 * stride_dom + offs_m0[:, None] * stride_dom + offs_d[None, :]
+        if MASKED:
+            row_ok = offs_m < seqlen_q
+            qt = tl.load(qt_ptrs, mask=d_ok[:, None] & row_ok[None, :], other=0.0)
+            do = tl.load(do_ptrs, mask=d_ok[None, :] & row_ok[:, None], other=0.0)
+            lse = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf"))
+            delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
+        else:
+            if HEAD_DIM == BLOCK_D:
+                qt = tl.load(qt_ptrs)
+                do = tl.load(do_ptrs)
+            else:
+                qt = tl.load(qt_ptrs, mask=d_ok[:, None], other=0.0)
+                do = tl.load(do_ptrs, mask=d_ok[None, :], other=0.0)
+            lse = tl.load(lse_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
+        if DOT_FP32:
+            qt = qt.to(tl.float32)
+            do = do.to(tl.float32)
+        pos = (offs_m + shift)[None, :]  # [1, BLOCK_M]
+        st = tl.dot(k, qt, input_precision=PRECISION)  # [BLOCK_N, BLOCK_M]
+        s2t, tt = scores_log2(st, pos, key, qk_scale, softcap, alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
+        if MASKED:
+            vis = visible(pos, key, seqlen_k, window_left, window_right, MASK_LEFT, MASK_RIGHT)
+            s2t = tl.where(vis, s2t, float("-inf"))
+        pt = tl.exp2(s2t - (lse * LOG2E)[None, :])
+        dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # [BLOCK_N, BLOCK_M]
+        if HAS_DROPOUT:
+            keep = dropout_keep(
+                rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, offs_m[None, :], key, dropout_p
+            )
+            scale_keep = 1.0 / (1.0 - dropout_p)
+            p_used = tl.where(keep, pt * scale_keep, 0.0)
+            dpt = tl.where(keep, dpt * scale_keep, 0.0)
+        else:
+            p_used = pt
+        dv = tl.dot(p_used.to(do.dtype), do, dv, input_precision=PRECISION)
+        dst = pt * (dpt - delta[None, :])
+        if HAS_SOFTCAP:
+            dst = dst * (1.0 - tt * tt)
+        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DOut, Lse, Delta, DK, DV, CuSeqlensQ, CuSeqlensK, Alibi, Rng,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dkb, stride_dkn, stride_dkh,
+    stride_dvb, stride_dvn, stride_dvh,
+    stride_lb, stride_lh, stride_ab,
+    seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nheads, nheads_k, group,
+    qk_scale, softcap, dropout_p, window_left, window_right,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    bhk = tl.program_id(1)
+    b = bhk // nheads_k
+    kv_h = bhk % nheads_k
+    q_start, q_len, k_start, k_len = seq_bounds(CuSeqlensQ, CuSeqlensK, b, seqlen_q, seqlen_k, IS_VARLEN)
+    n0 = pid_n * BLOCK_N
+    if n0 >= k_len:
+        return
+    shift = k_len - q_len
+    b64 = b.to(tl.int64)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    key_ok = offs_n < k_len
+    kv_ok = key_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    rows_k = (k_start + n0).to(tl.int64)
+    k = tl.load(
+        K + b64 * stride_kb + kv_h.to(tl.int64) * stride_kh + rows_k * stride_kn
+        + tl.arange(0, BLOCK_N)[:, None] * stride_kn + offs_d[None, :],
+        mask=kv_ok, other=0.0,
+    )  # fmt: skip
+    v = tl.load(
+        V + b64 * stride_vb + kv_h.to(tl.int64) * stride_vh + rows_k * stride_vn
+        + tl.arange(0, BLOCK_N)[:, None] * stride_vn + offs_d[None, :],
+        mask=kv_ok, other=0.0,
+    )  # fmt: skip
+    if DOT_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    rng_seed = 0
+    rng_offset = 0
+    if HAS_DROPOUT:
+        rng_seed = tl.load(Rng)
+        rng_offset = tl.load(Rng + 1)
+    lo, a, bnd, hi = query_tile_runs(
+        n0, shift, q_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT,
+        True,
+    )  # fmt: skip
+    if n0 + BLOCK_N > k_len:
+        a = hi  # the key tile sticks out of the sequence: every query tile needs the bounds mask
+        bnd = hi
+    for g in range(0, group):
+        h = kv_h * group + g
+        bh = b * nheads + h
+        alibi_slope = 0.0
+        if HAS_ALIBI:
+            alibi_slope = tl.load(Alibi + b64 * stride_ab + h)
+        q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
+        do_base = DOut + b64 * stride_dob + h.to(tl.int64) * stride_doh + q_start.to(tl.int64) * stride_dom
+        l_off = b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, q_base, do_base, Lse + l_off, Delta + l_off, stride_qm, stride_dom,
+            lo, a, offs_n, offs_m0, offs_d, shift, q_len, k_len, window_left, window_right,
+            qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
+            dropout_p, BLOCK_M, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
+        )  # fmt: skip
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, q_base, do_base, Lse + l_off, Delta + l_off, stride_qm, stride_dom,
+            a, bnd, offs_n, offs_m0, offs_d, shift, q_len, k_len, window_left, window_right,
+            qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
+            dropout_p, BLOCK_M, HEAD_DIM, BLOCK_D, False, MASK_LEFT, MASK_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
+        )  # fmt: skip
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, q_base, do_base, Lse + l_off, Delta + l_off, stride_qm, stride_dom,
+            bnd, hi, offs_n, offs_m0, offs_d, shift, q_len, k_len, window_left, window_right,
+            qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
+            dropout_p, BLOCK_M, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
+        )  # fmt: skip
+    dk = dk * qk_scale  # dS is w.r.t. the scaled scores
+    tl.store(
+        DK + b64 * stride_dkb + kv_h.to(tl.int64) * stride_dkh + rows_k * stride_dkn
+        + tl.arange(0, BLOCK_N)[:, None] * stride_dkn + offs_d[None, :],
+        dk.to(DK.dtype.element_ty), mask=kv_ok,
+    )  # fmt: skip
+    tl.store(
+        DV + b64 * stride_dvb + kv_h.to(tl.int64) * stride_dvh + rows_k * stride_dvn
+        + tl.arange(0, BLOCK_N)[:, None] * stride_dvn + offs_d[None, :],
+        dv.to(DV.dtype.element_ty), mask=kv_ok,
+    )  # fmt: skip
+
+
+@triton.jit
+def _dq_tiles(
+    dq, q, do, lse2, delta,
+    k_base, v_base, stride_kn, stride_vn,
+    start, end, offs_m, offs_n0, offs_d, pos, seqlen_k, window_left, window_right,
+    qk_scale, softcap, alibi_slope,
+    rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, dropout_p,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Accumulate dQ of one query tile over key tiles [start, end)."""
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + offs_n0
+        n64 = tl.cast(start_n, tl.int64)
+        kt_ptrs = k_base + n64 * stride_kn + offs_n0[None, :] * stride_kn + offs_d[:, None]
+        vt_ptrs = v_base + n64 * stride_vn + offs_n0[None, :] * stride_vn + offs_d[:, None]
+        if MASKED:
+            ok = d_ok[:, None] & (offs_n[None, :] < seqlen_k)
+            kt = tl.load(kt_ptrs, mask=ok, other=0.0)
+            vt = tl.load(vt_ptrs, mask=ok, other=0.0)
+        elif HEAD_DIM == BLOCK_D:
+            kt = tl.load(kt_ptrs)
+            vt = tl.load(vt_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=d_ok[:, None], other=0.0)
+            vt = tl.load(vt_ptrs, mask=d_ok[:, None], other=0.0)
+        if DOT_FP32:
+            kt = kt.to(tl.float32)
+            vt = vt.to(tl.float32)
+        key = offs_n[None, :]
+        s = tl.dot(q, kt, input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
+        s2, t = scores_log2(s, pos, key, qk_scale, softcap, alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
+        if MASKED:
+            vis = visible(pos, key, seqlen_k, window_left, window_right, MASK_LEFT, MASK_RIGHT)
+            s2 = tl.where(vis, s2, float("-inf"))
+        p = tl.exp2(s2 - lse2[:, None])
+        dp = tl.dot(do, vt, input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
+        if HAS_DROPOUT:
+            keep = dropout_keep(
+                rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, offs_m[:, None], key, dropout_p
+            )
+            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=PRECISION)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DOut, Lse, Delta, DQ, CuSeqlensQ, CuSeqlensK, Alibi, Rng,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dqb, stride_dqm, stride_dqh,
+    stride_lb, stride_lh, stride_ab,
+    seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nheads, group,
+    qk_scale, softcap, dropout_p, window_left, window_right,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    REVERSE_M: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    if REVERSE_M:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    q_start, q_len, k_start, k_len = seq_bounds(CuSeqlensQ, CuSeqlensK, b, seqlen_q, seqlen_k, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    shift = k_len - q_len
+    kv_h = h // group
+    b64 = b.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    row_ok = offs_m < q_len
+    ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    rows = (q_start + m0).to(tl.int64)
+    tile = tl.arange(0, BLOCK_M)[:, None]
+    q = tl.load(
+        Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + rows * stride_qm
+        + tile * stride_qm + offs_d[None, :], mask=ok, other=0.0,
+    )  # fmt: skip
+    do = tl.load(
+        DOut + b64 * stride_dob + h.to(tl.int64) * stride_doh + rows * stride_dom
+        + tile * stride_dom + offs_d[None, :], mask=ok, other=0.0,
+    )  # fmt: skip
+    if DOT_FP32:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    l_off = b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m
+    lse2 = tl.load(Lse + l_off, mask=row_ok, other=float("inf")) * LOG2E
+    delta = tl.load(Delta + l_off, mask=row_ok, other=0.0)
+    alibi_slope = 0.0
+    if HAS_ALIBI:
+        alibi_slope = tl.load(Alibi + b64 * stride_ab + h)
+    rng_seed = 0
+    rng_offset = 0
+    if HAS_DROPOUT:
+        rng_seed = tl.load(Rng)
+        rng_offset = tl.load(Rng + 1)
+    k_base = K + b64 * stride_kb + kv_h.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
+    v_base = V + b64 * stride_vb + kv_h.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
+    pos = (offs_m + shift)[:, None]
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lo, a, bnd, hi = key_tile_runs(
+        m0, shift, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT
+    )
+    dq = _dq_tiles(
+        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+        lo, a, offs_m, offs_n0, offs_d, pos, k_len, window_left, window_right,
+        qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
+        dropout_p, BLOCK_N, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
+    )  # fmt: skip
+    dq = _dq_tiles(
+        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+        a, bnd, offs_m, offs_n0, offs_d, pos, k_len, window_left, window_right,
+        qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
+        dropout_p, BLOCK_N, HEAD_DIM, BLOCK_D, False, MASK_LEFT, MASK_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
+    )  # fmt: skip
+    dq = _dq_tiles(
+        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+        bnd, hi, offs_m, offs_n0, offs_d, pos, k_len, window_left, window_right,
+        qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
+        dropout_p, BLOCK_N, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
+    )  # fmt: skip
+    dq = dq * qk_scale
+    tl.store(
+        DQ + b64 * stride_dqb + h.to(tl.int64) * stride_dqh + rows * stride_dqm
+        + tile * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=ok,
+    )  # fmt: skip
+
+
+def flash_attn_backward(
+    dout, dlse, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+    dropout_p, rng_state,
+):  # fmt: skip
+    """Launch the three backward kernels; layouts as in flash_fwd.flash_attn_forward."""
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        batch = cu_seqlens_q.numel() - 1
+        nheads, head_dim = q.shape[1], q.shape[2]
+        nheads_k = k.shape[1]
+        seqlen_q = seqlen_k = 0
+        stride_lb, stride_lh = 0, lse.stride(0)
+    else:
+        batch, seqlen_q, nheads, head_dim = q.shape
+        seqlen_k, nheads_k = k.shape[1], k.shape[2]
+        stride_lb, stride_lh = lse.stride(0), lse.stride(1)
+    if q.numel() == 0 or k.numel() == 0 or batch == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
+        dq.zero_()
+        dk.zero_()
+        dv.zero_()
+        return
+    dkdv_cfg, dq_cfg = configs.bwd_configs(head_dim, q.dtype, q.device)
+    flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p)
+    block_d = configs.head_dim_block(head_dim)
+    stride_ab = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0
+    if dlse is not None:
+        dlse = dlse.contiguous()
+    delta = torch.empty_like(lse)
+
+    pre_m = 64
+    _bwd_preprocess[(triton.cdiv(max_seqlen_q, pre_m), batch * nheads)](
+        out, dout, dlse, delta, cu_seqlens_q,
+        *_dense_or_varlen_strides(out, varlen), *_dense_or_varlen_strides(dout, varlen),
+        stride_lb, stride_lh, seqlen_q, nheads,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m, IS_VARLEN=varlen,
+        HAS_DLSE=dlse is not None,
+    )  # fmt: skip
+    common = (
+        seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k,
+    )  # fmt: skip
+    scalars = (
+        float(softmax_scale), float(softcap), float(dropout_p), int(window_left), int(window_right),
+    )  # fmt: skip
+    _bwd_dkdv_kernel[(triton.cdiv(max_seqlen_k, dkdv_cfg["BLOCK_N"]), batch * nheads_k)](
+        q, k, v, dout, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
+        *_dense_or_varlen_strides(q, varlen), *_dense_or_varlen_strides(k, varlen),
+        *_dense_or_varlen_strides(v, varlen), *_dense_or_varlen_strides(dout, varlen),
+        *_dense_or_varlen_strides(dk, varlen), *_dense_or_varlen_strides(dv, varlen),
+        stride_lb, stride_lh, stride_ab,
+        *common, nheads, nheads_k, nheads // nheads_k, *scalars,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=dkdv_cfg["BLOCK_M"],
+        BLOCK_N=dkdv_cfg["BLOCK_N"], IS_VARLEN=varlen,
+        num_warps=dkdv_cfg["num_warps"], num_stages=dkdv_cfg["num_stages"], **flags,
+    )  # fmt: skip
+    _bwd_dq_kernel[(triton.cdiv(max_seqlen_q, dq_cfg["BLOCK_M"]), batch * nheads)](
+        q, k, v, dout, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
+        *_dense_or_varlen_strides(q, varlen), *_dense_or_varlen_strides(k, varlen),
+        *_dense_or_varlen_strides(v, varlen), *_dense_or_varlen_strides(dout, varlen),
+        *_dense_or_varlen_strides(dq, varlen),
+        stride_lb, stride_lh, stride_ab,
+        *common, nheads, nheads // nheads_k, *scalars,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=dq_cfg["BLOCK_M"], BLOCK_N=dq_cfg["BLOCK_N"],
+        IS_VARLEN=varlen, REVERSE_M=window_right >= 0,
+        num_warps=dq_cfg["num_warps"], num_stages=dq_cfg["num_stages"], **flags,
+    )  # fmt: skip

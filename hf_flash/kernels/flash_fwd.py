@@ -1,0 +1,254 @@
+"""FlashAttention-2 forward pass in Triton.
+
+Algorithm (Dao, "FlashAttention-2", 2023): each program owns BLOCK_M query rows of one
+(batch, head), keeps them in registers, and streams the visible key/value tiles of the
+sequence, maintaining the running row maximum ``m``, the running sum of exponentials ``l`` and
+the unnormalised output ``acc`` (online softmax). The output is ``acc / l`` and the saved
+log-sum-exp ``m + log(l)`` lets the backward recompute probabilities without storing them.
+
+Supported: float16 / bfloat16 (float32 accumulation) and float32 (IEEE dot products, no TF32);
+head dims 1..256 (padded to a power of two inside the kernel, masked on load/store); GQA/MQA by
+indexing the K/V head; causal (bottom-right) and sliding windows with whole tiles skipped;
+softcap; ALiBi; dropout (Philox, replayed by the backward); dense and packed (varlen) batches.
+Addresses are computed in int64 so sequences of millions of tokens do not overflow.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from . import configs
+from .flash_common import LN2, LOG2E, key_tile_runs, scores_log2, seq_bounds, visible, dropout_keep
+
+
+@triton.jit
+def _fwd_tiles(
+    acc, l_i, m_i, q,
+    k_base, v_base, stride_kn, stride_vn, offs_n0, offs_d,
+    start, end, pos_m, offs_m, seqlen_k, window_left, window_right,
+    qk_scale, softcap, alibi_slope,
+    rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, dropout_p,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Online-softmax update of (acc, l_i, m_i) over key tiles [start, end)."""
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + offs_n0
+        kt_ptrs = k_base + tl.cast(start_n, tl.int64) * stride_kn + offs_n0[None, :] * stride_kn + offs_d[:, None]
+        v_ptrs = v_base + tl.cast(start_n, tl.int64) * stride_vn + offs_n0[:, None] * stride_vn + offs_d[None, :]
+        if MASKED:
+            kt = tl.load(kt_ptrs, mask=d_ok[:, None] & (offs_n[None, :] < seqlen_k), other=0.0)
+        elif HEAD_DIM == BLOCK_D:
+            kt = tl.load(kt_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=d_ok[:, None], other=0.0)
+        if DOT_FP32:
+            kt = kt.to(tl.float32)
+        qk = tl.dot(q, kt, input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
+        s2, _t = scores_log2(
+            qk, pos_m[:, None], offs_n[None, :], qk_scale, softcap, alibi_slope, HAS_SOFTCAP, HAS_ALIBI
+        )
+        if MASKED:
+            vis = visible(
+                pos_m[:, None], offs_n[None, :], seqlen_k, window_left, window_right, MASK_LEFT, MASK_RIGHT
+            )
+            s2 = tl.where(vis, s2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s2, 1))
+        # rows that have seen no key yet keep m = -inf; subtract 0 instead to avoid inf - inf
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s2 - m_sub[:, None])
+        alpha = tl.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if HAS_DROPOUT:
+            keep = dropout_keep(
+                rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, offs_m[:, None], offs_n[None, :], dropout_p
+            )
+            p = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
+        if MASKED:
+            v = tl.load(v_ptrs, mask=d_ok[None, :] & (offs_n[:, None] < seqlen_k), other=0.0)
+        elif HEAD_DIM == BLOCK_D:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        if DOT_FP32:
+            v = v.to(tl.float32)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _flash_fwd_kernel(
+    Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Alibi, Rng,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_ob, stride_om, stride_oh,
+    stride_lb, stride_lh,
+    stride_ab,
+    seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nheads, group,
+    qk_scale, softcap, dropout_p, window_left, window_right,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    REVERSE_M: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    if REVERSE_M:
+        # causal: the last query tiles see the most keys; start them first to shorten the tail
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    q_start, q_len, k_start, k_len = seq_bounds(CuSeqlensQ, CuSeqlensK, b, seqlen_q, seqlen_k, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    shift = k_len - q_len  # bottom-right alignment
+    kv_h = h // group
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    pos_m = offs_m + shift
+    b64 = b.to(tl.int64)
+
+    q_ptrs = (
+        Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + (q_start + m0).to(tl.int64) * stride_qm
+        + tl.arange(0, BLOCK_M)[:, None] * stride_qm + offs_d[None, :]
+    )  # fmt: skip
+    row_ok = offs_m < q_len
+    d_ok = offs_d < HEAD_DIM
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    k_base = K + b64 * stride_kb + kv_h.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
+    v_base = V + b64 * stride_vb + kv_h.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
+
+    alibi_slope = 0.0
+    if HAS_ALIBI:
+        alibi_slope = tl.load(Alibi + b64 * stride_ab + h)
+    rng_seed = 0
+    rng_offset = 0
+    if HAS_DROPOUT:
+        rng_seed = tl.load(Rng)
+        rng_offset = tl.load(Rng + 1)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    lo, a, bnd, hi = key_tile_runs(
+        m0, shift, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT
+    )
+    # left edge of a sliding window (masked), interior (unmasked), right edge / causal diagonal
+    acc, l_i, m_i = _fwd_tiles(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_n0, offs_d,
+        lo, a, pos_m, offs_m, k_len, window_left, window_right, qk_scale, softcap, alibi_slope,
+        rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, dropout_p,
+        BLOCK_N, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
+    )  # fmt: skip
+    acc, l_i, m_i = _fwd_tiles(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_n0, offs_d,
+        a, bnd, pos_m, offs_m, k_len, window_left, window_right, qk_scale, softcap, alibi_slope,
+        rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, dropout_p,
+        BLOCK_N, HEAD_DIM, BLOCK_D, False, MASK_LEFT, MASK_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
+    )  # fmt: skip
+    acc, l_i, m_i = _fwd_tiles(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_n0, offs_d,
+        bnd, hi, pos_m, offs_m, k_len, window_left, window_right, qk_scale, softcap, alibi_slope,
+        rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, dropout_p,
+        BLOCK_N, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
+    )  # fmt: skip
+
+    # rows that saw no key: output 0 and lse = +inf (so the backward's exp(s - lse) is 0)
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) * LN2)
+
+    o_ptrs = (
+        Out + b64 * stride_ob + h.to(tl.int64) * stride_oh + (q_start + m0).to(tl.int64) * stride_om
+        + tl.arange(0, BLOCK_M)[:, None] * stride_om + offs_d[None, :]
+    )  # fmt: skip
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    l_ptrs = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m
+    tl.store(l_ptrs, lse, mask=row_ok)
+
+
+def _dense_or_varlen_strides(t: torch.Tensor, varlen: bool):
+    """(batch, seq, head) strides; packed tensors have no batch axis (stride 0)."""
+    if varlen:
+        return 0, t.stride(0), t.stride(1)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p):
+    """Compile-time switches shared by the forward and backward launchers."""
+    dot_fp32 = q.dtype == torch.float32 or (configs.interpreting() and q.dtype == torch.bfloat16)
+    return dict(
+        MASK_LEFT=window_left >= 0,
+        MASK_RIGHT=window_right >= 0,
+        HAS_SOFTCAP=softcap > 0.0,
+        HAS_ALIBI=alibi_slopes is not None,
+        HAS_DROPOUT=dropout_p > 0.0,
+        # Triton's interpreter multiplies bf16 tiles wrongly; it computes them in fp32 instead.
+        DOT_FP32=dot_fp32,
+        PRECISION="ieee" if dot_fp32 else "tf32",
+    )
+
+
+def flash_attn_forward(
+    q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state,
+):  # fmt: skip
+    """Launch the forward kernel. Tensors are validated by the caller (hf_flash.interface).
+
+    Dense: q/out (B, Sq, H, D), k/v (B, Sk, Hk, D), lse (B, H, Sq).
+    Packed: q/out (Tq, H, D), k/v (Tk, Hk, D), lse (H, Tq), cu_seqlens int32 (B + 1,).
+    ``window_right`` must already be 0 for causal attention.
+    """
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        batch = cu_seqlens_q.numel() - 1
+        nheads, head_dim = q.shape[1], q.shape[2]
+        nheads_k = k.shape[1]
+        seqlen_q = seqlen_k = 0  # read per sequence from cu_seqlens
+        stride_lb, stride_lh = 0, lse.stride(0)
+    else:
+        batch, seqlen_q, nheads, head_dim = q.shape
+        seqlen_k, nheads_k = k.shape[1], k.shape[2]
+        stride_lb, stride_lh = lse.stride(0), lse.stride(1)
+    if q.numel() == 0 or batch == 0 or max_seqlen_q == 0:
+        return
+    if max_seqlen_k == 0:
+        out.zero_()
+        lse.fill_(float("inf"))
+        return
+    cfg = configs.fwd_config(head_dim, q.dtype, q.device)
+    flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p)
+    stride_ab = 0
+    if alibi_slopes is not None and alibi_slopes.dim() == 2:
+        stride_ab = alibi_slopes.stride(0)
+    grid = (triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), batch * nheads)
+    _flash_fwd_kernel[grid](
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
+        *_dense_or_varlen_strides(q, varlen),
+        *_dense_or_varlen_strides(k, varlen),
+        *_dense_or_varlen_strides(v, varlen),
+        *_dense_or_varlen_strides(out, varlen),
+        stride_lb, stride_lh, stride_ab,
+        seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nheads, nheads // nheads_k,
+        float(softmax_scale), float(softcap), float(dropout_p), int(window_left), int(window_right),
+        HEAD_DIM=head_dim, BLOCK_D=configs.head_dim_block(head_dim),
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], IS_VARLEN=varlen,
+        REVERSE_M=window_right >= 0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **flags,
+    )  # fmt: skip
