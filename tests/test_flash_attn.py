@@ -1,0 +1,383 @@
+"""Attention kernels against the oracle: forward, backward, every feature, bad input.
+
+On a machine without a GPU these run the real Triton kernels through Triton's interpreter, on
+small shapes that still span several tiles (the interpreter uses 16 x 16 tiles). The GPU grid is
+in test_flash_attn_gpu.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attn_check import FWD_FACTOR, GRAD_FACTOR, assert_close_to_ref, poisoned_like
+from conftest import DEVICE
+from hf_flash import flash_attn_func, flash_attn_varlen_func
+from hf_flash.interface import _new_rng_state
+from hf_flash.kernels import flash_bwd, flash_fwd
+from hf_flash.kernels.flash_common import dropout_keep_mask
+from hf_flash.reference import attention_ref, attention_varlen_ref
+
+
+def _qkv(batch, sq, sk, h, hk, d, dtype, requires_grad=True):
+    def mk(*shape):
+        return torch.randn(*shape, device=DEVICE, dtype=dtype).requires_grad_(requires_grad)
+
+    return mk(batch, sq, h, d), mk(batch, sk, hk, d), mk(batch, sk, hk, d)
+
+
+def _check_dense(batch, sq, sk, h, hk, d, dtype, grads=True, **opts):
+    q, k, v = _qkv(batch, sq, sk, h, hk, d, dtype, requires_grad=grads)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
+    ref, ref_lse = attention_ref(q, k, v, return_lse=True, upcast=True, **opts)
+    ref_lp = attention_ref(q, k, v, upcast=False, **opts)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, dtype)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), "lse must be +inf exactly for empty rows"
+    assert torch.allclose(lse[finite], ref_lse[finite], atol=1e-3 if dtype != torch.float32 else 1e-5)
+    if not grads:
+        return
+    dout = torch.randn_like(out)
+    g = torch.autograd.grad(out, (q, k, v), dout)
+    g_ref = torch.autograd.grad(ref, (q, k, v), dout.float())
+    g_lp = torch.autograd.grad(ref_lp, (q, k, v), dout)
+    for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lp):
+        assert a.shape == r.shape and a.dtype == dtype
+        assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, dtype)
+
+
+CASES = [
+    # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, options)
+    pytest.param(1, 1, 1, 1, 1, 32, {}, id="s1"),
+    pytest.param(2, 33, 33, 2, 2, 32, {}, id="mha-noncausal"),
+    pytest.param(2, 47, 47, 4, 2, 64, {"causal": True}, id="gqa-causal"),
+    pytest.param(1, 40, 40, 4, 1, 40, {"causal": True}, id="mqa-causal-d40"),
+    pytest.param(1, 17, 50, 2, 1, 32, {"causal": True}, id="sq<sk-causal"),
+    pytest.param(1, 50, 17, 2, 1, 32, {"causal": True}, id="sq>sk-causal-emptyrows"),
+    pytest.param(1, 1, 45, 4, 2, 32, {"causal": True}, id="decode-row"),
+    pytest.param(1, 64, 64, 2, 1, 32, {"causal": True, "window_size": (12, 0)}, id="causal-window"),
+    pytest.param(1, 48, 48, 2, 2, 32, {"window_size": (9, 20)}, id="window-both"),
+    pytest.param(1, 30, 52, 2, 2, 32, {"window_size": (-1, 3)}, id="window-right"),
+    pytest.param(1, 40, 40, 2, 2, 32, {"causal": True, "softcap": 1.5}, id="softcap"),
+    pytest.param(
+        2, 40, 40, 2, 1, 32, {"alibi_slopes": "per-batch", "causal": True}, id="alibi-batch"
+    ),
+    pytest.param(1, 37, 37, 2, 2, 80, {"softmax_scale": 0.3}, id="d80-scale"),
+    pytest.param(1, 20, 20, 2, 1, 96, {"causal": True}, id="d96"),
+    pytest.param(1, 18, 18, 1, 1, 256, {"causal": True}, id="d256"),
+    pytest.param(1, 21, 21, 1, 1, 59, {}, id="d59-odd"),
+]
+
+
+def _materialise(opts, batch, h):
+    opts = dict(opts)
+    if opts.get("alibi_slopes") == "per-batch":
+        opts["alibi_slopes"] = torch.rand(batch, h, device=DEVICE, dtype=torch.float32)
+    return opts
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("batch,sq,sk,h,hk,d,opts", CASES)
+def test_dense_matches_reference(batch, sq, sk, h, hk, d, opts, dtype):
+    torch.manual_seed(sq * 1000 + sk)
+    _check_dense(batch, sq, sk, h, hk, d, dtype, **_materialise(opts, batch, h))
+
+
+def test_bf16_load_store_path():
+    # The interpreter multiplies bf16 tiles in fp32 (its bf16 tl.dot is broken); this still
+    # covers bf16 loads, conversions and stores. The GPU suite covers bf16 tensor cores.
+    torch.manual_seed(1)
+    _check_dense(1, 33, 33, 2, 1, 32, torch.bfloat16, causal=True)
+
+
+def test_every_output_element_written():
+    """Launch into NaN-filled buffers: any element the kernels skip stays NaN."""
+    torch.manual_seed(2)
+    dtype = torch.float16
+    # sq > sk leaves empty rows, which must be written as zeros / +inf
+    q, k, v = _qkv(2, 37, 21, 4, 2, 40, dtype, requires_grad=False)
+    out = poisoned_like(q)
+    lse = torch.full((2, 4, 37), float("nan"), device=DEVICE)
+    kw = dict(
+        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=37, max_seqlen_k=21,
+        softmax_scale=40**-0.5, causal=True, window_left=-1, window_right=0, softcap=0.0,
+        alibi_slopes=None, dropout_p=0.0, rng_state=None,
+    )  # fmt: skip
+    flash_fwd.flash_attn_forward(q, k, v, out, lse, **kw)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert (out[:, :16] == 0).all(), "rows with no visible key must be exactly 0"
+    assert torch.isinf(lse[:, :, :16]).all()
+    dout = torch.randn_like(q)
+    dq, dk, dv = poisoned_like(q), poisoned_like(k), poisoned_like(v)
+    flash_bwd.flash_attn_backward(dout, None, q, k, v, out, lse, dq, dk, dv, **kw)
+    for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert not t.isnan().any(), f"{name} has unwritten (NaN) elements"
+    assert (dq[:, :16] == 0).all()
+
+
+def test_fully_masked_rows_are_zero_and_gradients_finite():
+    torch.manual_seed(3)
+    q, k, v = _qkv(1, 40, 8, 2, 2, 32, torch.float32)
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert (out[:, :32] == 0).all() and torch.isinf(lse[..., :32]).all()
+    (out.sum() + 0 * lse[torch.isfinite(lse)].sum()).backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def _cu(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize(
+    "lens_q,lens_k,opts",
+    [
+        pytest.param([5, 33, 1, 20], [5, 33, 1, 20], {"causal": True}, id="packed-causal"),
+        pytest.param([7, 0, 30], [19, 4, 30], {"causal": True}, id="chunked-with-empty"),
+        pytest.param([25, 18], [25, 18], {"window_size": (6, 0), "causal": True}, id="window"),
+        pytest.param([12, 29], [12, 29], {"softcap": 2.0, "alibi_slopes": True}, id="softcap-alibi"),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_varlen_matches_reference(lens_q, lens_k, opts, dtype):
+    torch.manual_seed(len(lens_q))
+    h, hk, d = 4, 2, 32
+    opts = dict(opts)
+    if opts.get("alibi_slopes"):
+        opts["alibi_slopes"] = torch.rand(len(lens_q), h, device=DEVICE)
+    q = torch.randn(sum(lens_q), h, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(sum(lens_k), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    v = torch.randn(sum(lens_k), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    out, lse, _ = flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_attn_probs=True, **opts
+    )
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, return_lse=True, **opts)
+    ref_lp = attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=False, **opts)
+    assert lse.shape == (h, sum(lens_q))
+    assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, dtype)
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin)
+    assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-3)
+    dout = torch.randn_like(out)
+    g = torch.autograd.grad(out, (q, k, v), dout)
+    g_ref = torch.autograd.grad(ref, (q, k, v), dout.float())
+    g_lp = torch.autograd.grad(ref_lp, (q, k, v), dout)
+    for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lp):
+        assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, dtype)
+
+
+def test_varlen_equals_separate_dense_calls():
+    """No attention across sequence boundaries: packed == each sequence alone."""
+    torch.manual_seed(4)
+    lens = [9, 26, 14]
+    q = torch.randn(sum(lens), 2, 32, device=DEVICE)
+    k = torch.randn(sum(lens), 1, 32, device=DEVICE)
+    v = torch.randn(sum(lens), 1, 32, device=DEVICE)
+    cu = _cu(lens)
+    packed = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        alone = flash_attn_func(q[None, s:e], k[None, s:e], v[None, s:e], causal=True)[0]
+        assert torch.allclose(packed[s:e], alone, atol=1e-6)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_dropout_mask_is_replayed_by_backward(varlen):
+    torch.manual_seed(5)
+    p, h, hk, d = 0.3, 2, 1, 32
+    dtype = torch.float32
+    lens = [23, 31]
+    if varlen:
+        q = torch.randn(sum(lens), h, d, device=DEVICE, dtype=dtype, requires_grad=True)
+        k = torch.randn(sum(lens), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
+        v = torch.randn(sum(lens), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
+        cu = _cu(lens)
+        call = lambda: flash_attn_varlen_func(  # noqa: E731
+            q, k, v, cu, cu, max(lens), max(lens), dropout_p=p, causal=True
+        )
+    else:
+        q, k, v = _qkv(2, 31, 31, h, hk, d, dtype)
+        call = lambda: flash_attn_func(q, k, v, dropout_p=p, causal=True)  # noqa: E731
+    torch.manual_seed(123)
+    out = call()
+    torch.manual_seed(123)
+    assert torch.equal(out, call()), "same seed must give the same dropout mask"
+    torch.manual_seed(123)
+    rng = _new_rng_state(DEVICE)
+    keep = dropout_keep_mask(rng, 2, h, 31, 31, p)
+    rate = keep.float().mean().item()
+    assert abs(rate - (1 - p)) < 0.05, f"keep rate {rate:.3f} far from {1 - p}"
+    if varlen:
+        masks = [keep[b : b + 1, :, :n, :n] for b, n in enumerate(lens)]
+        ref = attention_varlen_ref(q, k, v, cu, cu, causal=True, dropout_p=p, dropout_keep=masks)
+    else:
+        ref = attention_ref(q, k, v, causal=True, dropout_p=p, dropout_keep=keep)
+    assert_close_to_ref("out", out, ref, ref, FWD_FACTOR, dtype)
+    dout = torch.randn_like(out)
+    g = torch.autograd.grad(out, (q, k, v), dout)
+    g_ref = torch.autograd.grad(ref, (q, k, v), dout)
+    for name, a, r in zip(("dq", "dk", "dv"), g, g_ref):
+        assert_close_to_ref(name, a, r, r, GRAD_FACTOR, dtype)
+
+
+def test_gradient_through_lse():
+    torch.manual_seed(6)
+    q, k, v = _qkv(1, 29, 29, 2, 1, 32, torch.float32)
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    w = torch.randn_like(lse)
+    g = torch.autograd.grad(out.square().sum() + (lse * w).sum(), (q, k, v))
+    ref, ref_lse = attention_ref(q, k, v, causal=True, return_lse=True)
+    g_ref = torch.autograd.grad(ref.square().sum() + (ref_lse * w).sum(), (q, k, v))
+    for name, a, r in zip(("dq", "dk", "dv"), g, g_ref):
+        assert_close_to_ref(name, a, r, r, GRAD_FACTOR, torch.float32)
+
+
+def test_backward_is_deterministic():
+    torch.manual_seed(7)
+    q, k, v = _qkv(1, 40, 40, 4, 1, 32, torch.float16)
+    out = flash_attn_func(q, k, v, causal=True, deterministic=True)
+    dout = torch.randn_like(out)
+    g1 = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    g2 = torch.autograd.grad(out, (q, k, v), dout)
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2))
+
+
+def test_non_contiguous_inputs():
+    """transformers hands (B, H, S, D) tensors transposed to (B, S, H, D): strided views."""
+    torch.manual_seed(8)
+    qh = torch.randn(2, 4, 35, 32, device=DEVICE)
+    kh = torch.randn(2, 2, 35, 32, device=DEVICE)
+    vh = torch.randn(2, 2, 35, 32, device=DEVICE)
+    q, k, v = (t.transpose(1, 2) for t in (qh, kh, vh))
+    out = flash_attn_func(q, k, v, causal=True)
+    ref = attention_ref(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+    assert_close_to_ref("out", out, ref, ref, FWD_FACTOR, torch.float32)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    batch=st.integers(1, 2),
+    sq=st.integers(1, 40),
+    sk=st.integers(1, 40),
+    hk=st.sampled_from([1, 2]),
+    group=st.sampled_from([1, 2]),
+    d=st.sampled_from([16, 24, 32, 48]),
+    causal=st.booleans(),
+    left=st.sampled_from([-1, 0, 5]),
+    right=st.sampled_from([-1, 0, 7]),
+    softcap=st.sampled_from([0.0, 3.0]),
+)
+def test_random_shapes_and_options(batch, sq, sk, hk, group, d, causal, left, right, softcap):
+    torch.manual_seed(sq * 41 + sk)
+    _check_dense(
+        batch, sq, sk, hk * group, hk, d, torch.float32,
+        causal=causal, window_size=(left, right), softcap=softcap,
+    )  # fmt: skip
+
+
+def test_compile_fullgraph_forward_and_backward():
+    torch.manual_seed(9)
+    q, k, v = _qkv(1, 24, 24, 2, 1, 32, torch.float32)
+
+    def f(q, k, v):
+        return flash_attn_func(q, k, v, causal=True).sum()
+
+    # aot_eager traces through the custom ops' fake functions and autograd formula exactly like
+    # inductor does, without compiling C++ on CPU.
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    loss = compiled(q, k, v)
+    g = torch.autograd.grad(loss, (q, k, v))
+    loss_e = f(q, k, v)
+    g_e = torch.autograd.grad(loss_e, (q, k, v))
+    assert torch.equal(loss, loss_e)
+    assert all(torch.equal(a, b) for a, b in zip(g, g_e))
+
+
+# ------------------------------------------------------------------------------------------
+# Bad input: clear errors before any launch
+# ------------------------------------------------------------------------------------------
+
+
+def _good():
+    return _qkv(1, 8, 8, 4, 2, 32, torch.float16, requires_grad=False)
+
+
+@pytest.mark.parametrize(
+    "mutate,exc,match",
+    [
+        (lambda q, k, v: (q.float(), k, v), TypeError, "share one dtype"),
+        (lambda q, k, v: (q.to(torch.int32), k, v), TypeError, "supports float16"),
+        (lambda q, k, v: (q[:, :, :3], k, v), ValueError, "multiple of nheads_k"),
+        (lambda q, k, v: (q, k, v[:, :, :1]), ValueError, "heads but v has"),
+        (lambda q, k, v: (q[..., :16], k, v), ValueError, "head dims differ"),
+        (lambda q, k, v: (q[0], k, v), ValueError, "must be 4-D"),
+        (lambda q, k, v: (q.expand(2, -1, -1, -1), k, v), ValueError, "batch sizes differ"),
+        (lambda q, k, v: (q, k, v[:, :5]), ValueError, "seqlen"),
+    ],
+    ids=["dtype-mismatch", "int-dtype", "heads-not-divisible", "kv-heads", "headdim",
+         "rank", "batch", "kv-seqlen"],  # fmt: skip
+)
+def test_bad_inputs_raise(mutate, exc, match):
+    q, k, v = mutate(*_good())
+    with pytest.raises(exc, match=match):
+        flash_attn_func(q, k, v)
+
+
+def test_bad_options_raise():
+    q, k, v = _good()
+    with pytest.raises(ValueError, match="window_size"):
+        flash_attn_func(q, k, v, window_size=(-2, 0))
+    with pytest.raises(ValueError, match="dropout_p"):
+        flash_attn_func(q, k, v, dropout_p=1.0)
+    with pytest.raises(ValueError, match="softcap"):
+        flash_attn_func(q, k, v, softcap=-1.0)
+    with pytest.raises(ValueError, match="alibi_slopes has shape"):
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(3, device=DEVICE))
+    with pytest.raises(TypeError, match="alibi_slopes must be float32"):
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(4, device=DEVICE, dtype=torch.float16))
+    big = torch.randn(1, 4, 1, 300, device=DEVICE, dtype=torch.float16)
+    with pytest.raises(ValueError, match="head_dim=300"):
+        flash_attn_func(big, big, big)
+
+
+def test_bad_cu_seqlens_raise():
+    q = torch.randn(10, 2, 32, device=DEVICE, dtype=torch.float16)
+    good = torch.tensor([0, 4, 10], dtype=torch.int32, device=DEVICE)
+    cases = [
+        (good.long(), "int32"),
+        (torch.tensor([1, 4, 10], dtype=torch.int32, device=DEVICE), "start at 0"),
+        (torch.tensor([0, 6, 4, 10], dtype=torch.int32, device=DEVICE), "non-decreasing"),
+        (torch.tensor([0, 4, 9], dtype=torch.int32, device=DEVICE), "number of packed tokens"),
+    ]
+    for cu, match in cases:
+        with pytest.raises(ValueError, match=match):
+            flash_attn_varlen_func(q, q, q, cu, good, 6, 6)
+    with pytest.raises(ValueError, match="max_seqlen"):
+        flash_attn_varlen_func(q, q, q, good, good, 5, 6)
+    with pytest.raises(ValueError, match="block_table"):
+        flash_attn_varlen_func(q, q, q, good, good, 6, 6, block_table=good)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="CPU-specific message")
+def test_cpu_tensors_without_interpreter_raise(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = _good()
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        flash_attn_func(q, k, v)
+
+
+def test_default_scale_is_inverse_sqrt_headdim():
+    torch.manual_seed(10)
+    q, k, v = _qkv(1, 12, 12, 1, 1, 32, torch.float32, requires_grad=False)
+    a = flash_attn_func(q, k, v)
+    b = flash_attn_func(q, k, v, softmax_scale=1 / math.sqrt(32))
+    assert torch.equal(a, b)
