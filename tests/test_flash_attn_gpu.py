@@ -1,0 +1,185 @@
+"""GPU grid for the attention kernels (run on the H100 by scripts/gpu_suite.sh).
+
+Real tensor-core paths in fp16 and bf16, the head dims transformers models use, sequence
+lengths that are not tile multiples, every feature, torch.compile with inductor, CUDA-graph
+capture, and one sequence long enough that 32-bit address arithmetic would overflow.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attn_check import FWD_FACTOR, GRAD_FACTOR, assert_close_to_ref
+from hf_flash import flash_attn_func, flash_attn_varlen_func
+from hf_flash.interface import _new_rng_state
+from hf_flash.kernels.flash_common import dropout_keep_mask
+from hf_flash.reference import attention_ref, attention_varlen_ref
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+DTYPES = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.bfloat16, id="bf16")]
+
+
+def _qkv(b, sq, sk, h, hk, d, dtype):
+    def mk(*shape):
+        return torch.randn(*shape, device=DEV, dtype=dtype, requires_grad=True)
+
+    return mk(b, sq, h, d), mk(b, sk, hk, d), mk(b, sk, hk, d)
+
+
+def _check(q, k, v, dtype, grads=True, **opts):
+    out = flash_attn_func(q, k, v, **opts)
+    ref = attention_ref(q, k, v, **opts)
+    ref_lp = attention_ref(q, k, v, upcast=False, **opts)
+    assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, dtype)
+    if grads:
+        dout = torch.randn_like(out)
+        g = torch.autograd.grad(out, (q, k, v), dout)
+        g_ref = torch.autograd.grad(ref, (q, k, v), dout.float())
+        g_lp = torch.autograd.grad(ref_lp, (q, k, v), dout)
+        for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lp):
+            assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 80, 96, 128, 192, 256])
+@pytest.mark.parametrize("seqlen", [1, 97, 1025])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grid_headdim_seqlen(dtype, d, seqlen, causal):
+    torch.manual_seed(d + seqlen)
+    _check(*_qkv(2, seqlen, seqlen, 8, 2, d, dtype), dtype, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "sq,sk,h,hk,opts",
+    [
+        pytest.param(8192, 8192, 4, 1, {"causal": True}, id="8k-mqa-causal"),
+        pytest.param(1000, 3000, 8, 2, {"causal": True}, id="sq<sk"),
+        pytest.param(3000, 1000, 8, 8, {"causal": True}, id="sq>sk"),
+        pytest.param(2048, 2048, 8, 2, {"causal": True, "window_size": (511, 0)}, id="window"),
+        pytest.param(1500, 1500, 8, 2, {"window_size": (300, 77)}, id="window-2sided"),
+        pytest.param(1025, 1025, 8, 4, {"causal": True, "softcap": 30.0}, id="softcap"),
+        pytest.param(1025, 1025, 8, 8, {"alibi": True, "causal": True}, id="alibi"),
+        pytest.param(97, 1025, 8, 1, {"causal": True}, id="chunked-prefill"),
+    ],
+)
+def test_features(dtype, sq, sk, h, hk, opts):
+    torch.manual_seed(sq)
+    opts = dict(opts)
+    if opts.pop("alibi", False):
+        opts["alibi_slopes"] = torch.rand(h, device=DEV) * 0.1
+    _check(*_qkv(1, sq, sk, h, hk, 128, dtype), dtype, **opts)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varlen(dtype):
+    torch.manual_seed(0)
+    lens = [1, 97, 1025, 300, 2048]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    q = torch.randn(sum(lens), 8, 128, device=DEV, dtype=dtype, requires_grad=True)
+    k = torch.randn(sum(lens), 2, 128, device=DEV, dtype=dtype, requires_grad=True)
+    v = torch.randn(sum(lens), 2, 128, device=DEV, dtype=dtype, requires_grad=True)
+    for opts in ({"causal": True}, {"causal": True, "window_size": (255, 0)}):
+        out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), **opts)
+        ref = attention_varlen_ref(q, k, v, cu, cu, **opts)
+        ref_lp = attention_varlen_ref(q, k, v, cu, cu, upcast=False, **opts)
+        assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, dtype)
+        dout = torch.randn_like(out)
+        g = torch.autograd.grad(out, (q, k, v), dout)
+        g_ref = torch.autograd.grad(ref, (q, k, v), dout.float())
+        g_lp = torch.autograd.grad(ref_lp, (q, k, v), dout)
+        for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lp):
+            assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, dtype)
+
+
+def test_dropout_bf16():
+    torch.manual_seed(1)
+    p = 0.1
+    q, k, v = _qkv(2, 513, 513, 8, 2, 128, torch.bfloat16)
+    torch.manual_seed(7)
+    out = flash_attn_func(q, k, v, dropout_p=p, causal=True)
+    torch.manual_seed(7)
+    keep = dropout_keep_mask(_new_rng_state(DEV), 2, 8, 513, 513, p)
+    ref = attention_ref(q, k, v, causal=True, dropout_p=p, dropout_keep=keep)
+    ref_lp = attention_ref(q, k, v, causal=True, dropout_p=p, dropout_keep=keep, upcast=False)
+    assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, torch.bfloat16)
+    dout = torch.randn_like(out)
+    g = torch.autograd.grad(out, (q, k, v), dout)
+    g_ref = torch.autograd.grad(ref, (q, k, v), dout.float())
+    g_lp = torch.autograd.grad(ref_lp, (q, k, v), dout)
+    for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lp):
+        assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, torch.bfloat16)
+
+
+def test_fp32_is_ieee_not_tf32():
+    torch.manual_seed(2)
+    q, k, v = _qkv(1, 300, 300, 4, 2, 64, torch.float32)
+    out = flash_attn_func(q, k, v, causal=True)
+    ref = attention_ref(q.double(), k.double(), v.double(), causal=True)
+    # TF32 would give ~1e-3; IEEE float32 accumulation stays near 1e-6.
+    assert (out.double() - ref).abs().max().item() < 2e-5
+
+
+def test_compile_inductor_fullgraph():
+    torch.manual_seed(3)
+    q, k, v = _qkv(2, 257, 257, 8, 2, 128, torch.bfloat16)
+
+    def f(q, k, v):
+        return flash_attn_func(q, k, v, causal=True)
+
+    compiled = torch.compile(f, fullgraph=True)
+    out = compiled(q, k, v)
+    dout = torch.randn_like(out)
+    g = torch.autograd.grad(out, (q, k, v), dout)
+    out_e = f(q, k, v)
+    g_e = torch.autograd.grad(out_e, (q, k, v), dout)
+    assert torch.equal(out, out_e)
+    assert all(torch.equal(a, b) for a, b in zip(g, g_e))
+
+
+def test_cuda_graph_capture():
+    torch.manual_seed(4)
+    q, k, v = (t.detach() for t in _qkv(1, 300, 300, 8, 2, 128, torch.bfloat16))
+    eager = flash_attn_func(q, k, v, causal=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        flash_attn_func(q, k, v, causal=True)  # warm-up / compile outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attn_func(q, k, v, causal=True)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, flash_attn_func(q, k, v, causal=True))
+    assert not torch.equal(out, eager)
+
+
+def test_half_million_tokens_int64_addressing():
+    """512K tokens x 32 heads x 128: q's last row starts at element 2^31 - 4096, so any 32-bit
+    offset arithmetic would wrap. Sliding window keeps the run short; the last rows (and the
+    keys they see) are checked against the oracle, forward and backward."""
+    torch.manual_seed(5)
+    s, h, hk, d, w, m = 512 * 1024, 32, 8, 128, 256, 64
+    dtype = torch.bfloat16
+    q, k, v = _qkv(1, s, s, h, hk, d, dtype)
+    opts = {"causal": True, "window_size": (w - 1, 0)}
+    out = flash_attn_func(q, k, v, **opts)
+    dout = torch.zeros_like(out)
+    dout[:, -m:] = torch.randn_like(dout[:, -m:])
+    g = torch.autograd.grad(out, (q, k, v), dout)
+    qs = q[:, -m:].detach().requires_grad_()
+    ks = k[:, -(m + w) :].detach().requires_grad_()
+    vs = v[:, -(m + w) :].detach().requires_grad_()
+    ref = attention_ref(qs, ks, vs, **opts)
+    ref_lp = attention_ref(qs, ks, vs, upcast=False, **opts)
+    assert_close_to_ref("out[-m:]", out[:, -m:], ref, ref_lp, FWD_FACTOR, dtype)
+    g_ref = torch.autograd.grad(ref, (qs, ks, vs), dout[:, -m:].float())
+    g_lp = torch.autograd.grad(ref_lp, (qs, ks, vs), dout[:, -m:])
+    assert_close_to_ref("dq", g[0][:, -m:], g_ref[0], g_lp[0], GRAD_FACTOR, dtype)
+    assert_close_to_ref("dk", g[1][:, -(m + w) :], g_ref[1], g_lp[1], GRAD_FACTOR, dtype)
+    assert_close_to_ref("dv", g[2][:, -(m + w) :], g_ref[2], g_lp[2], GRAD_FACTOR, dtype)
+    assert (g[1][:, : -(m + w)] == 0).all(), "keys no query with a gradient sees must get 0"
