@@ -22,8 +22,8 @@ never visited, so windowed attention costs O(seqlen * window).
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634  # 1 / ln(2)
-LN2: tl.constexpr = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln(2)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
