@@ -19,6 +19,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "flash_attn_func": "interface",
     "flash_attn_varlen_func": "interface",
+    "register": "integration",
+    "flash_attn_with_kvcache": "kvcache",
+    "apply_rotary_emb": "rotary",
+    "apply_rotary_pos_emb": "rotary",
+    "extend_context": "rope",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

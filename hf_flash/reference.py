@@ -25,6 +25,7 @@ __all__ = [
     "attention_mask_ref",
     "max_abs_err",
     "rotary_ref",
+    "kvcache_attention_ref",
 ]
 
 
@@ -212,3 +213,95 @@ def rotary_ref(
         x1, x2 = xr[..., : rd // 2], xr[..., rd // 2 :]
         rot = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return torch.cat((rot, rest), dim=-1).to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# KV-cache attention (flash_attn_with_kvcache)
+# --------------------------------------------------------------------------------------------
+
+
+def kvcache_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor] = None,
+    v: Optional[torch.Tensor] = None,
+    *,
+    rotary_cos: Optional[torch.Tensor] = None,
+    rotary_sin: Optional[torch.Tensor] = None,
+    cache_seqlens=None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    block_table: Optional[torch.Tensor] = None,
+    rotary_interleaved: bool = True,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    alibi_slopes: Optional[torch.Tensor] = None,
+    return_lse: bool = False,
+    **kwargs,
+):
+    """``flash_attn_with_kvcache`` without side effects: returns ``(out, k_cache', v_cache')``
+    (plus the LSE with ``return_lse``), the caches as they must be after the in-place append.
+
+    Row ``b`` reads cache row ``cache_batch_idx[b]`` (or the pages ``block_table[b]`` of a paged
+    cache ``(num_pages, page_size, nheads_k, d)``). New keys/values are written at rows
+    ``cache_seqlens[b] + t``, keys rotated by the angle of that row. Attention runs over rows
+    ``[cache_leftpad[b], cache_seqlens[b] + seqlen_new)`` with :func:`attention_ref` (its
+    bottom-right causal alignment and windows count keys from the left pad); q is rotated at
+    rows ``cache_seqlens[b] + i`` when causal or windowed, else all at ``cache_seqlens[b]``.
+    Other keyword arguments (softmax_scale, softcap, upcast) go to :func:`attention_ref`.
+    """
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    seqlen_new = k.shape[1] if k is not None else 0
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    if cache_seqlens is None:
+        full = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
+        cache_seqlens = [full] * batch
+    elif isinstance(cache_seqlens, int):
+        cache_seqlens = [cache_seqlens] * batch
+    else:
+        cache_seqlens = cache_seqlens.tolist()
+    leftpad = cache_leftpad.tolist() if cache_leftpad is not None else [0] * batch
+    local = tuple(int(w) for w in window_size) != (-1, -1)
+    outs, lses = [], []
+    for b in range(batch):
+        if block_table is not None:
+            pages = block_table[b].long()
+            kc = k_cache[pages].flatten(0, 1)  # (pages * page_size, nheads_k, d), a copy
+            vc = v_cache[pages].flatten(0, 1)
+        else:
+            row = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
+            kc, vc = k_cache[row], v_cache[row]  # views: writes land in the cache copies
+        cs, lp = int(cache_seqlens[b]), int(leftpad[b])
+        qb = q[b : b + 1]
+        if seqlen_new:
+            kb = k[b : b + 1]
+            if rotary_cos is not None:
+                pos = torch.arange(cs, cs + seqlen_new, device=q.device)
+                kb = rotary_ref(kb, rotary_cos[pos], rotary_sin[pos], interleaved=rotary_interleaved)
+            kc[cs : cs + seqlen_new] = kb[0]
+            vc[cs : cs + seqlen_new] = v[b]
+        if rotary_cos is not None and seqlen_new:
+            if causal or local:
+                pos = torch.arange(cs, cs + seqlen_q, device=q.device)
+            else:
+                pos = torch.full((seqlen_q,), cs, device=q.device, dtype=torch.long)
+            qb = rotary_ref(qb, rotary_cos[pos], rotary_sin[pos], interleaved=rotary_interleaved)
+        if block_table is not None:
+            page_size = k_cache.shape[1]
+            k_cache[pages] = kc.view(-1, page_size, *kc.shape[1:])
+            v_cache[pages] = vc.view(-1, page_size, *vc.shape[1:])
+        slopes = None
+        if alibi_slopes is not None:
+            slopes = alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes
+        o, lse = attention_ref(
+            qb, kc[None, lp : cs + seqlen_new], vc[None, lp : cs + seqlen_new],
+            causal=causal, window_size=window_size, alibi_slopes=slopes, return_lse=True,
+            **kwargs,
+        )  # fmt: skip
+        outs.append(o)
+        lses.append(lse)
+    out = torch.cat(outs)
+    if return_lse:
+        return out, k_cache, v_cache, torch.cat(lses)
+    return out, k_cache, v_cache

@@ -1,0 +1,621 @@
+"""Attention kernels: forward, backward and forward+backward TFLOP/s, hf_flash beside its peers.
+
+Run on a GPU from the repository root::
+
+    PYTHONPATH=. python benchmarks/attention.py --out OUTDIR [--quick]
+    PYTHONPATH=. python benchmarks/attention.py --sweep-configs --out OUTDIR
+
+Providers, all timed in one process on the same inputs (bf16, Hq=32, Hkv=8):
+
+  hf_flash    ``hf_flash.flash_attn_func``, layout (B, S, H, D); GQA by K/V head indexing.
+  sdpa        ``F.scaled_dot_product_attention(..., enable_gqa=True)``, no backend forced: what
+              transformers' "sdpa" runs for unmasked attention.
+  sdpa_flash  the same under ``sdpa_kernel(FLASH_ATTENTION)`` (FlashAttention-2 in PyTorch).
+  sdpa_cudnn  the same under ``sdpa_kernel(CUDNN_ATTENTION)``.
+  flex        ``torch.compile(flex_attention)`` with ``enable_gqa=True`` and a block mask from
+              ``create_block_mask`` (causal / sliding window; none for full attention).
+
+GQA with a forced SDPA backend: ``enable_gqa=True`` is tried first; if that backend refuses it,
+K and V are expanded to Hq heads (``repeat_interleave`` on the head axis, the same head mapping)
+once, outside the timed region, and the result records ``"gqa": "expanded"``. FLOPs depend on
+Hq only, so every provider is credited with the same count.
+
+Sliding window W=4096 means causal attention where query i sees keys (i - W, i]
+(flash-attn ``window_size=(W - 1, 0)``). SDPA has no window argument: ``sdpa`` gets K/V expanded
+and a materialised boolean mask (what transformers' sdpa path does with any mask), ``sdpa_cudnn``
+is tried with the same mask, and ``sdpa_flash`` (which takes no mask) is recorded as unsupported.
+Window rows are only run for S > W: for S <= W they are the causal rows.
+
+FLOPs (identical for every provider): fwd = 4 * B * Hq * D * pairs, where pairs = S^2 (full),
+S^2 / 2 (causal) or the exact number of visible (query, key) pairs (window);
+bwd = 2.5 x fwd; fwd+bwd = 3.5 x fwd.
+
+Timing (``harness.bench_ms``: CUDA events, L2 flushed, median with p20/p80):
+  fwd      the forward under ``torch.no_grad()`` (prefill);
+  bwd      ``torch.autograd.grad`` of an output whose graph is retained (backward kernels only);
+  fwd+bwd  forward with autograd, then ``torch.autograd.grad``.
+
+FlexAttention is compiled once (``--flex-compile dynamic``, the default: one graph per mask,
+pass and head dim serves every S, which keeps the full grid inside ~5 minutes) or per shape
+(``static``: Inductor then also knows S divides the tile; fairer per shape, slower to compile).
+The mode is recorded in every flex result.
+
+Every row also records ``max_abs_diff_vs_sdpa``: hf_flash's forward output against ``sdpa``'s on
+the same inputs (a spot check; the tests hold the real numerical bar).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.harness import base_parser, bench_ms, print_table, write_results
+
+NHEADS_Q = 32
+NHEADS_KV = 8
+TOKENS = 16384  # tokens per batch: B = TOKENS // S (at least 1)
+WINDOW = 4096
+DEVICE = "cuda"
+SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768)
+HEAD_DIMS = (128, 64)
+MASKS = ("causal", "full", "window")
+PROVIDERS = ("hf_flash", "sdpa", "sdpa_flash", "sdpa_cudnn", "flex")
+PEERS = PROVIDERS[1:]
+PASSES = ("fwd", "bwd", "fwd+bwd")
+PASS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+QUICK_SHAPES = ((128, "causal", 4096), (128, "causal", 32768), (128, "window", 32768),
+                (64, "causal", 4096))  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes and FLOPs
+# --------------------------------------------------------------------------------------------
+
+
+def visible_pairs(seqlen: int, mask: str, window: int = WINDOW) -> float:
+    """Number of (query, key) pairs each FLOP count is credited with, per batch and head."""
+    if mask == "full":
+        return float(seqlen * seqlen)
+    if mask == "causal":
+        return seqlen * seqlen / 2  # the convention of the published FA2 / cuDNN numbers
+    if mask == "window":
+        # query i sees min(i + 1, window) keys
+        w = min(window, seqlen)
+        return float(w * (w + 1) // 2 + (seqlen - w) * w)
+    raise ValueError(f"unknown mask {mask!r}")
+
+
+def fwd_flops(batch: int, seqlen: int, head_dim: int, mask: str) -> float:
+    return 4.0 * batch * NHEADS_Q * head_dim * visible_pairs(seqlen, mask)
+
+
+def grid(args) -> list[tuple[int, str, int]]:
+    if args.quick:
+        shapes = list(QUICK_SHAPES)
+    else:
+        shapes = [(d, m, s) for d in HEAD_DIMS for m in MASKS for s in SEQLENS]
+        shapes = [(d, m, s) for d, m, s in shapes if m != "window" or s > WINDOW]
+    keep = lambda d, m, s: (  # noqa: E731
+        (not args.head_dims or d in args.head_dims)
+        and (not args.masks or m in args.masks)
+        and (not args.seqlens or s in args.seqlens)
+    )
+    return [x for x in shapes if keep(*x)]
+
+
+# --------------------------------------------------------------------------------------------
+# Providers. Each builder gets the shape and the shared (B, S, H, D) inputs and returns
+# (attn, leaves, dout, info): attn() runs the forward on leaves; info is recorded in the row.
+# --------------------------------------------------------------------------------------------
+
+
+class Unsupported(Exception):
+    """The provider cannot run this shape by design (recorded, not an error of the run)."""
+
+
+def _error(e: BaseException) -> str:
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first[:240]}"
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().requires_grad_(True)
+
+
+def _bhsd(t: torch.Tensor) -> torch.Tensor:
+    """(B, S, H, D) -> contiguous (B, H, S, D), the layout SDPA and FlexAttention are fast in."""
+    return t.transpose(1, 2).contiguous()
+
+
+def _window_mask(seqlen: int, device) -> torch.Tensor:
+    """Boolean (1, 1, S, S) mask, True where query i may see key j: i - W < j <= i."""
+    m = torch.ones(seqlen, seqlen, dtype=torch.bool, device=device)
+    m.tril_().triu_(-(WINDOW - 1))
+    return m.view(1, 1, seqlen, seqlen)
+
+
+def build_hf_flash(shape, q, k, v, dout):
+    from hf_flash import flash_attn_func
+
+    mask = shape["mask"]
+    kw = {"causal": mask != "full"}
+    if mask == "window":
+        kw["window_size"] = (WINDOW - 1, 0)
+    leaves = (_leaf(q), _leaf(k), _leaf(v))
+    return (lambda: flash_attn_func(*leaves, **kw)), leaves, dout, {}
+
+
+_SDPA_BACKENDS = {"sdpa": None, "sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
+
+
+def _sdpa_builder(name: str):
+    def build(shape, q, k, v, dout):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = _SDPA_BACKENDS[name]
+        mask = shape["mask"]
+        if mask == "window" and name == "sdpa_flash":
+            raise Unsupported("SDPA's flash backend takes no attention mask or window")
+        ctx = (lambda: sdpa_kernel(getattr(SDPBackend, backend))) if backend else contextlib.nullcontext
+        attn_mask = _window_mask(shape["seqlen"], q.device) if mask == "window" else None
+        is_causal = mask == "causal"
+        qs, ks, vs, ds = _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(dout)
+        group = NHEADS_Q // NHEADS_KV
+
+        def make(kk, vv, gqa):
+            leaves = (_leaf(qs), _leaf(kk), _leaf(vv))
+
+            def attn():
+                with ctx():
+                    return F.scaled_dot_product_attention(
+                        *leaves, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=gqa
+                    )
+
+            return attn, leaves
+
+        # With a mask, the unforced dispatcher would route enable_gqa to the math kernel (an
+        # S x S score matrix); transformers expands K/V there instead, and so do we.
+        if not (name == "sdpa" and attn_mask is not None):
+            attn, leaves = make(ks, vs, True)
+            try:
+                with torch.no_grad():
+                    attn()
+                return attn, leaves, ds, {"gqa": "native"}
+            except RuntimeError as e:
+                if backend is None:
+                    raise
+                refused = _error(e)
+                del attn, leaves
+        else:
+            refused = "masked path (as transformers' sdpa)"
+        attn, leaves = make(ks.repeat_interleave(group, dim=1), vs.repeat_interleave(group, dim=1), False)
+        return attn, leaves, ds, {"gqa": "expanded", "gqa_native_error": refused}
+
+    return build
+
+
+_FLEX: dict[str, Callable] = {}
+
+
+def _flex_fn(mode: str) -> Callable:
+    if mode not in _FLEX:
+        import torch._dynamo
+        from torch.nn.attention.flex_attention import flex_attention
+
+        # every (mask, pass, head dim, S) may add a graph; never fall back to eager flex
+        for knob in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, 256)
+        for knob in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, 4096)
+        _FLEX[mode] = torch.compile(flex_attention, dynamic=(mode == "dynamic"))
+    return _FLEX[mode]
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def _sliding(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx) & (q_idx - kv_idx < WINDOW)
+
+
+def build_flex(shape, q, k, v, dout, mode: str = "dynamic"):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    mask, seqlen = shape["mask"], shape["seqlen"]
+    block_mask = None
+    if mask != "full":
+        mod = _causal if mask == "causal" else _sliding
+        block_mask = create_block_mask(mod, None, None, seqlen, seqlen, device=q.device)
+    leaves = (_leaf(_bhsd(q)), _leaf(_bhsd(k)), _leaf(_bhsd(v)))
+    info = {"compile": mode}
+    fn = _flex_fn(mode)
+
+    def attn():
+        return fn(*leaves, block_mask=block_mask, enable_gqa=True)
+
+    if mode == "dynamic":
+        try:
+            with torch.no_grad():
+                attn()
+        except Exception as e:  # a dynamic-shape compile failure must not lose the peer
+            info = {"compile": "static", "dynamic_error": _error(e)}
+            fn = _flex_fn("static")
+    return attn, leaves, _bhsd(dout), info
+
+
+def builders(flex_mode: str) -> dict[str, Callable]:
+    return {
+        "hf_flash": build_hf_flash,
+        **{name: _sdpa_builder(name) for name in _SDPA_BACKENDS},
+        "flex": lambda *a: build_flex(*a, mode=flex_mode),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
+
+
+def _free() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def time_passes(attn, leaves, dout, passes, timing) -> dict:
+    """{pass: {"ms", "p20_ms", "p80_ms"} or {"error"}} for one provider on one shape."""
+    res = {}
+    if "fwd" in passes:
+        try:
+            with torch.no_grad():
+                attn()
+                res["fwd"] = bench_ms(attn, **timing)
+        except Exception as e:
+            res["fwd"] = {"error": _error(e)}
+        _free()
+    if "bwd" in passes:
+        try:
+            out = attn()
+            torch.autograd.grad(out, leaves, dout, retain_graph=True)
+            res["bwd"] = bench_ms(
+                lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True), **timing
+            )
+        except Exception as e:
+            res["bwd"] = {"error": _error(e)}
+        out = None
+        _free()
+    if "fwd+bwd" in passes:
+        try:
+            torch.autograd.grad(attn(), leaves, dout)
+            res["fwd+bwd"] = bench_ms(lambda: torch.autograd.grad(attn(), leaves, dout), **timing)
+        except Exception as e:
+            res["fwd+bwd"] = {"error": _error(e)}
+        _free()
+    # A compiled graph may refuse a second backward (retain_graph): fall back to the difference
+    # of fwd+bwd and the (no-grad) forward, flagged as derived.
+    bwd, both, fwd = res.get("bwd", {}), res.get("fwd+bwd", {}), res.get("fwd", {})
+    if "error" in bwd and "ms" in both and "ms" in fwd and both["ms"] > fwd["ms"]:
+        res["bwd"] = {"ms": both["ms"] - fwd["ms"], "derived": "fwd+bwd - fwd", "bwd_error": bwd["error"]}
+    return res
+
+
+def spot_check(built: dict) -> tuple[Optional[float], Optional[str]]:
+    """max |hf_flash - sdpa| of the forward outputs, in (B, S, H, D)."""
+    if "hf_flash" not in built or "sdpa" not in built:
+        return None, "hf_flash or sdpa unavailable"
+    try:
+        with torch.no_grad():
+            a = built["hf_flash"][0]().float()
+            b = built["sdpa"][0]().transpose(1, 2).float()
+            return float((a - b).abs().max()), None
+    except Exception as e:
+        return None, _error(e)
+
+
+def run_shape(head_dim, mask, seqlen, args, build, timing) -> list[dict]:
+    batch = max(1, TOKENS // seqlen)
+    shape = {"head_dim": head_dim, "mask": mask, "seqlen": seqlen, "batch": batch}
+    gen = torch.Generator(device=DEVICE).manual_seed(seqlen * 1000 + head_dim)
+
+    def randn(h):
+        return torch.randn(batch, seqlen, h, head_dim, device=DEVICE, dtype=torch.bfloat16,
+                           generator=gen)  # fmt: skip
+
+    q, k, v, dout = randn(NHEADS_Q), randn(NHEADS_KV), randn(NHEADS_KV), randn(NHEADS_Q)
+    built, info, times = {}, {}, {}
+    for name in args.providers:
+        try:
+            built[name] = build[name](shape, q, k, v, dout)
+            info[name] = built[name][3]
+        except Unsupported as e:
+            info[name] = {"unsupported": str(e)}
+        except Exception as e:
+            info[name] = {"error": _error(e)}
+    diff, diff_error = spot_check(built)
+    _free()
+    for name in args.providers:
+        if name in built:
+            attn, leaves, dout_p, _ = built[name]
+            times[name] = time_passes(attn, leaves, dout_p, args.passes, timing)
+        else:
+            times[name] = {p: dict(info[name]) for p in args.passes}
+        built.pop(name, None)
+        _free()
+    del q, k, v, dout
+    _free()
+
+    flops = fwd_flops(batch, seqlen, head_dim, mask)
+    rows = []
+    for p in args.passes:
+        f = flops * PASS_FACTOR[p]
+        results, tflops = {}, {}
+        for name in args.providers:
+            r = dict(times[name].get(p, {"error": "not run"}))
+            r.update({k: v for k, v in info[name].items() if k not in ("error", "unsupported")})
+            if "ms" in r:
+                r["tflops"] = f / (r["ms"] * 1e-3) / 1e12
+                tflops[name] = r["tflops"]
+            results[name] = r
+        hf = tflops.get("hf_flash")
+        ratio = {peer: (hf / tflops[peer] if hf and tflops.get(peer) else None) for peer in PEERS}
+        rows.append({
+            **shape, "nheads_q": NHEADS_Q, "nheads_kv": NHEADS_KV, "dtype": "bfloat16",
+            "window": WINDOW if mask == "window" else None, "pass": p, "flops": f,
+            "tflops": tflops, "ratio": ratio, "results": results,
+            "max_abs_diff_vs_sdpa": diff, "spot_check_error": diff_error,
+        })  # fmt: skip
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# The issue's bar, evaluated on whatever rows this run has
+# --------------------------------------------------------------------------------------------
+
+
+def window_speedups(rows: list[dict]) -> None:
+    """Add ``window_speedup_vs_causal`` (hf_flash causal ms / window ms, same S, D, pass)."""
+    causal = {(r["head_dim"], r["seqlen"], r["pass"]): r for r in rows if r["mask"] == "causal"}
+    for r in rows:
+        if r["mask"] != "window":
+            continue
+        c = causal.get((r["head_dim"], r["seqlen"], r["pass"]))
+        w_ms = r["results"].get("hf_flash", {}).get("ms")
+        c_ms = c and c["results"].get("hf_flash", {}).get("ms")
+        r["window_speedup_vs_causal"] = c_ms / w_ms if c_ms and w_ms else None
+
+
+def bar_checks(rows: list[dict]) -> list[dict]:
+    """Issue 2's bar: D=128 causal GQA, S >= 2K: fwd >= 1.15x sdpa_flash and >= flex,
+    fwd+bwd >= 1.0x sdpa_flash; window 4096 at S=32K >= 3x hf_flash's own causal."""
+    checks = []
+    for r in rows:
+        if r["head_dim"] == 128 and r["mask"] == "causal" and r["seqlen"] >= 2048:
+            want = {"fwd": [("sdpa_flash", 1.15), ("flex", 1.0)], "fwd+bwd": [("sdpa_flash", 1.0)]}
+            for peer, need in want.get(r["pass"], []):
+                got = r["ratio"].get(peer)
+                checks.append({"check": f"D128 causal S={r['seqlen']} {r['pass']} vs {peer}",
+                               "need": need, "got": got, "ok": got is not None and got >= need})  # fmt: skip
+        if r["mask"] == "window" and r["seqlen"] == 32768 and r["pass"] in ("fwd", "fwd+bwd"):
+            got = r.get("window_speedup_vs_causal")
+            checks.append({"check": f"D{r['head_dim']} window S=32K {r['pass']} vs own causal",
+                           "need": 3.0, "got": got, "ok": got is not None and got >= 3.0})  # fmt: skip
+    return checks
+
+
+# --------------------------------------------------------------------------------------------
+# --sweep-configs: hf_flash launch parameters (hf_flash.kernels.configs.override)
+# --------------------------------------------------------------------------------------------
+
+
+def _cfg(bm, bn, w, s):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+
+
+# Candidates for head_dim 128 on Hopper; shared-memory overflows show up as errors in the rows.
+SWEEP = {
+    "fwd": [_cfg(128, 128, 8, 2), _cfg(128, 128, 8, 3), _cfg(128, 64, 8, 3), _cfg(128, 64, 8, 4),
+            _cfg(128, 64, 4, 3), _cfg(128, 32, 4, 4), _cfg(64, 128, 4, 3), _cfg(64, 64, 4, 3),
+            _cfg(64, 64, 4, 4), _cfg(128, 128, 4, 2)],
+    "bwd_dkdv": [_cfg(32, 128, 8, 2), _cfg(32, 128, 4, 2), _cfg(32, 128, 8, 3), _cfg(64, 128, 8, 2),
+                 _cfg(64, 128, 8, 1), _cfg(64, 64, 4, 2), _cfg(64, 64, 8, 3), _cfg(16, 128, 8, 2),
+                 _cfg(32, 64, 4, 3)],
+    "bwd_dq": [_cfg(128, 32, 8, 2), _cfg(128, 64, 8, 2), _cfg(128, 64, 8, 1), _cfg(64, 64, 4, 2),
+               _cfg(64, 32, 4, 3), _cfg(64, 128, 8, 2), _cfg(128, 32, 4, 3)],
+}  # fmt: skip
+SWEEP_SEQLENS = (4096, 16384)
+
+
+@contextlib.contextmanager
+def _record_configs(configs):
+    """Record the launch parameters the launchers actually asked for (to see that an override
+    took effect also where a kernel launches on autograd's worker thread)."""
+    seen = {}
+    fwd, bwd = configs.fwd_config, configs.bwd_configs
+
+    def fwd_spy(*a, **kw):
+        seen["fwd"] = cfg = fwd(*a, **kw)
+        return cfg
+
+    def bwd_spy(*a, **kw):
+        seen["bwd_dkdv"], seen["bwd_dq"] = cfgs = bwd(*a, **kw)
+        return cfgs
+
+    configs.fwd_config, configs.bwd_configs = fwd_spy, bwd_spy
+    try:
+        yield seen
+    finally:
+        configs.fwd_config, configs.bwd_configs = fwd, bwd
+
+
+def sweep_configs(args, timing) -> list[dict]:
+    from hf_flash import flash_attn_func
+    from hf_flash.kernels import configs
+
+    rows = []
+    head_dim = 128
+    for seqlen in args.seqlens or SWEEP_SEQLENS:
+        batch = max(1, TOKENS // seqlen)
+        gen = torch.Generator(device=DEVICE).manual_seed(seqlen)
+        q, k, v, dout = (
+            torch.randn(batch, seqlen, h, head_dim, device=DEVICE, dtype=torch.bfloat16,
+                        generator=gen).requires_grad_(True)
+            for h in (NHEADS_Q, NHEADS_KV, NHEADS_KV, NHEADS_Q)
+        )  # fmt: skip
+        dout = dout.detach()
+        flops = fwd_flops(batch, seqlen, head_dim, "causal")
+        # the default configuration first, then each candidate for one kernel at a time
+        for kernel, cands in [("default", [None])] + list(SWEEP.items()):
+            for cand in cands:
+                row = {"head_dim": head_dim, "mask": "causal", "seqlen": seqlen, "batch": batch,
+                       "kernel": kernel, "config": cand}  # fmt: skip
+                forced = {} if cand is None else {kernel: cand}
+                timed_pass = "fwd" if kernel == "fwd" else "bwd"
+                passes = ("fwd", "bwd") if kernel == "default" else (timed_pass,)
+                try:
+                    with configs.override(**forced), _record_configs(configs) as seen:
+                        for p in passes:
+                            if p == "fwd":
+                                with torch.no_grad():
+                                    flash_attn_func(q, k, v, causal=True)
+                                    t = bench_ms(lambda: flash_attn_func(q, k, v, causal=True),
+                                                 **timing)  # fmt: skip
+                            else:
+                                out = flash_attn_func(q, k, v, causal=True)
+                                g = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
+                                g()
+                                t = bench_ms(g, **timing)
+                                out = None
+                            row[f"{p}_ms"] = t["ms"]
+                            row[f"{p}_tflops"] = flops * PASS_FACTOR[p] / (t["ms"] * 1e-3) / 1e12
+                    if cand is not None:
+                        used = seen.get(kernel)
+                        row["applied"] = None if used is None else all(used.get(x) == y for x, y in cand.items())
+                    else:
+                        row["used"] = dict(seen)
+                except Exception as e:
+                    row["error"] = _error(e)
+                rows.append(row)
+                _free()
+                ms = row.get(f"{timed_pass}_ms")
+                print(f"sweep S={seqlen} {kernel:8s} {cand or 'default'}: "
+                      f"{'%.3f ms' % ms if ms else row.get('error')}"
+                      f"{'' if row.get('applied', True) else '  (override NOT applied)'}", flush=True)  # fmt: skip
+        del q, k, v, dout
+        _free()
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS)
+    p.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES)
+    p.add_argument("--head-dims", nargs="+", type=int, help="only these head dims")
+    p.add_argument("--masks", nargs="+", choices=MASKS, help="only these masks")
+    p.add_argument("--seqlens", nargs="+", type=int, help="only these sequence lengths")
+    p.add_argument("--flex-compile", choices=("dynamic", "static"), default="dynamic",
+                   help="torch.compile FlexAttention with dynamic shapes or once per shape")  # fmt: skip
+    p.add_argument("--warmup-ms", type=float, default=10.0)
+    p.add_argument("--rep-ms", type=float, default=40.0)
+    p.add_argument("--sweep-configs", action="store_true",
+                   help="instead of the grid: time hf_flash's forward and backward under "
+                        "alternative launch configs (head_dim 128, causal, S=4K and 16K)")  # fmt: skip
+    return p.parse_args(argv)
+
+
+def _cell(r: dict, name: str) -> str:
+    x = r["tflops"].get(name)
+    if x is not None:
+        return f"{x:.0f}"
+    return "n/a" if "unsupported" in r["results"].get(name, {}) else "err"
+
+
+def print_summary(rows: list[dict], providers, checks) -> None:
+    short = {"hf_flash": "hf", "sdpa": "sdpa", "sdpa_flash": "fa2", "sdpa_cudnn": "cudnn", "flex": "flex"}
+    table = []
+    for r in rows:
+        t = {"D": r["head_dim"], "mask": r["mask"], "S": r["seqlen"], "pass": r["pass"]}
+        for name in providers:
+            t[short[name]] = _cell(r, name)
+        for peer in PEERS:
+            if peer in providers and "hf_flash" in providers:
+                x = r["ratio"].get(peer)
+                t[f"/{short[peer]}"] = f"{x:.2f}" if x else "-"
+        d = r["max_abs_diff_vs_sdpa"]
+        t["diff"] = f"{d:.1e}" if d is not None else "-"
+        if r["mask"] == "window":
+            x = r.get("window_speedup_vs_causal")
+            t["w/c"] = f"{x:.2f}" if x else "-"
+        table.append(t)
+    cols = list(dict.fromkeys(c for t in table for c in t))
+    print("\nTFLOP/s (bf16, Hq=32, Hkv=8, 16K tokens per batch); /x = hf_flash / x; "
+          "diff = max|hf_flash - sdpa|; w/c = window speedup over hf_flash causal")  # fmt: skip
+    print_table(table, cols)
+    errors = {}
+    for r in rows:
+        for name, res in r["results"].items():
+            if "error" in res:
+                errors.setdefault((name, res["error"]), []).append(f"D{r['head_dim']}/{r['mask']}/{r['seqlen']}/{r['pass']}")
+    for (name, err), where in errors.items():
+        print(f"[{name}] {err}  ({len(where)} rows, e.g. {where[0]})")
+    if checks:
+        print("\nissue-2 bar:")
+        for c in checks:
+            got = "-" if c["got"] is None else f"{c['got']:.2f}"
+            print(f"  {'PASS' if c['ok'] else 'FAIL'}  {c['check']}: {got} (need >= {c['need']})")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/attention.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    timing = {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms}
+    t0 = time.time()
+    if args.sweep_configs:
+        rows = sweep_configs(args, timing)
+        path = write_results("attention_configs", rows, args.out, timing=timing,
+                             head_dim=128, mask="causal", tokens_per_batch=TOKENS)  # fmt: skip
+        print(f"wrote {path} in {time.time() - t0:.0f}s")
+        return 0
+
+    meta = {
+        "nheads_q": NHEADS_Q, "nheads_kv": NHEADS_KV, "dtype": "bfloat16",
+        "tokens_per_batch": TOKENS, "window": WINDOW, "timing": timing,
+        "flex_compile": args.flex_compile, "quick": args.quick,
+        "flops": "fwd = 4*B*Hq*D*pairs (S^2 full, S^2/2 causal, exact for window); "
+                 "bwd = 2.5x fwd; fwd+bwd = 3.5x fwd",
+        "fwd_timing": "torch.no_grad forward",
+    }  # fmt: skip
+    build = builders(args.flex_compile)
+    rows: list[dict] = []
+    path = None
+    for head_dim, mask, seqlen in grid(args):
+        t = time.time()
+        rows += run_shape(head_dim, mask, seqlen, args, build, timing)
+        window_speedups(rows)
+        # rewrite after every shape: a run stopped by a timeout keeps what it measured
+        path = write_results("attention", rows, args.out, **meta, bar=bar_checks(rows))
+        print(f"D={head_dim} {mask:6s} S={seqlen:5d}: {time.time() - t:5.1f}s "
+              f"(total {time.time() - t0:.0f}s)", flush=True)  # fmt: skip
+    print_summary(rows, args.providers, bar_checks(rows))
+    print(f"wrote {path} in {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,378 @@
+"""The attention and mask functions behind ``attn_implementation="hf_flash"``.
+
+This module is plain PyTorch on top of :mod:`hf_flash.interface`; it never imports transformers,
+so it can be unit-tested on its own. :mod:`hf_flash.integration.registration` plugs the two
+functions into transformers' ``AttentionInterface`` and ``AttentionMaskInterface``.
+
+Contract with transformers (5.17 ... 5.x)::
+
+    hf_flash_attention_forward(module, query, key, value, attention_mask, dropout, scaling, ...)
+        query (B, Hq, Sq, D), key/value (B, Hkv, Skv, D)  ->  (out (B, Sq, Hq, D), None)
+
+``attention_mask`` is what :func:`hf_flash_mask` returned for this forward pass: ``None`` (no
+padding: every key is valid) or a 2-D bool ``(B, M)`` key mask with ``M <= Skv``. Keys at index
+``>= M`` are never valid: that is how a StaticCache's zero-padded ``max_cache_len`` buffer is
+described, exactly as transformers' FlashAttention path does. The queries are the last ``Sq``
+positions of the mask (``M - Sq ... M - 1``).
+
+Padded batches never gather or copy tokens. The valid keys of row ``b`` form one contiguous block
+``[s_b, e_b)`` (left or right padding, checked by :func:`hf_flash_mask`), so the flattened
+``(B * S, H, D)`` tensors can be cut into five varlen "sequences" per row, with boundaries
+computed on the device (no host sync, CUDA-graph safe)::
+
+    row b, keys    |  pad [0, s)  | valid [s, e) | pad [e, Skv) |
+                 A: q [0, qs)  k {}          pad queries see no key: output 0
+                 B: q {}       k [0, s)      swallows the left padding
+                 C: q [qs, qe) k [s, e)      the real attention (bottom-right aligned)
+                 D: q [qe, Sq) k {}          right-pad queries: output 0
+                 E: q {}       k [e, Skv)    swallows the right padding / unused cache slots
+
+``qs, qe`` are ``s, e`` moved into query coordinates (``- (M - Sq)``, clamped to ``[0, Sq]``).
+For non-causal attention without a window every query is kept (segment C holds all ``Sq``
+queries), which is also what eager attention computes for padded query rows.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+ATTN_IMPLEMENTATION = "hf_flash"
+
+__all__ = ["ATTN_IMPLEMENTATION", "hf_flash_attention_forward", "hf_flash_mask"]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+# --------------------------------------------------------------------------------------------
+# Mask function (once per forward pass and mask type)
+# --------------------------------------------------------------------------------------------
+
+
+def hf_flash_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset=0,
+    kv_offset: int = 0,
+    mask_function=None,
+    attention_mask: Optional[Tensor] = None,
+    **kwargs,
+) -> Optional[Tensor]:
+    """FlashAttention-style mask for transformers' ``AttentionMaskInterface``.
+
+    Returns ``None`` when every key of the layer is valid, else a 2-D bool ``(batch, M)`` key mask
+    (``M <= kv_length``; see the module docstring). Causality, sliding windows and packed
+    sequences are not encoded here: the kernel applies them.
+
+    Arguments (transformers' mask-interface keywords):
+        batch_size, q_length, kv_length: int. Sizes of this layer's attention.
+        q_offset: int or 0-d tensor. Tokens the cache held before this forward pass (a tensor for
+            StaticCache layers).
+        kv_offset: int. Absolute position of key index 0 (sliding-window caches).
+        attention_mask: (batch, >= kv_length) bool, or None. The user's padding mask.
+        kwargs: ``use_vmap=True`` means the model combined a custom ``or``/``and`` mask function
+            (e.g. bidirectional image tokens), which a flash kernel cannot express: rejected.
+    """
+    if kwargs.get("use_vmap", False):
+        raise ValueError(
+            "attn_implementation='hf_flash' cannot apply this model's custom mask function "
+            "(an or_mask_function/and_mask_function, e.g. bidirectional attention over image "
+            "tokens); load the model with attn_implementation='sdpa' or 'eager' for this input"
+        )
+    compiling = torch.compiler.is_compiling()
+    if attention_mask is not None:
+        if attention_mask.dim() != 2:
+            raise ValueError(
+                f"hf_flash needs a 2-D (batch, kv_len) padding mask, got shape "
+                f"{tuple(attention_mask.shape)}; custom 4-D masks need attn_implementation='sdpa'"
+            )
+        mask = attention_mask[:, -kv_length:]
+        if mask.dtype != torch.bool:
+            mask = mask != 0
+        if compiling:
+            return mask  # no host reads while tracing; the attention handles any contiguous mask
+        all_valid, contiguous = _mask_stats(mask)
+        if not contiguous:
+            raise ValueError(
+                "attention_mask has padding inside a sequence (a 0 between two 1s in a row); "
+                "hf_flash supports left and right padding only. Pack such inputs as separate "
+                "sequences (position_ids restarts) instead"
+            )
+        if all_valid and mask.shape[1] == kv_length:
+            return None
+        return mask
+    # No user mask: every key written so far is valid. Only a static cache has more key slots
+    # (zero-filled) than that, and its layers report how many tokens they hold.
+    valid = q_offset + q_length - kv_offset
+    if isinstance(valid, Tensor):
+        if compiling:
+            raise ValueError(
+                "hf_flash with a StaticCache under torch.compile needs the 2-D attention_mask "
+                "(generate passes it); call the model with attention_mask=torch.ones(batch, "
+                "past + new tokens)"
+            )
+        valid = int(valid)
+    if valid >= kv_length:
+        return None
+    device = kwargs.get("device")
+    if device is None:
+        device = q_offset.device if isinstance(q_offset, Tensor) else "cpu"
+    return torch.ones(batch_size, valid, dtype=torch.bool, device=device)
+
+
+def _mask_stats(mask: Tensor) -> tuple[bool, bool]:
+    """(every entry True, every row's True entries contiguous), with one device sync."""
+    start, end = _valid_block(mask)
+    count = mask.sum(dim=1, dtype=torch.int32)
+    stats = torch.stack([mask.all(), ((end - start) == count).all()])
+    all_valid, contiguous = stats.tolist()
+    return bool(all_valid), bool(contiguous)
+
+
+def _valid_block(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Per row, the first valid index and one past the last: ``[s, e)``; ``s = e = M`` if none."""
+    m = mask.shape[1]
+    pos = torch.arange(m, device=mask.device, dtype=torch.int32)
+    start = torch.where(mask, pos, m).amin(dim=1)
+    end = torch.where(mask, pos + 1, 0).amax(dim=1)
+    return start, torch.maximum(end, start)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention function (every layer)
+# --------------------------------------------------------------------------------------------
+
+
+def hf_flash_attention_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    s_aux: Optional[Tensor] = None,
+    **kwargs,
+) -> tuple[Tensor, None]:
+    """transformers attention function running hf_flash's kernels.
+
+    Arguments:
+        module: the attention module (reads ``is_causal`` and the projection dtype).
+        query: (B, Hq, Sq, D). key, value: (B, Hkv, Skv, D), Hq a multiple of Hkv (GQA/MQA are
+            never expanded). RoPE already applied; any strides with a unit last stride.
+        attention_mask: None or the 2-D bool key mask from :func:`hf_flash_mask`.
+        dropout: float. Attention dropout (the module passes 0 in eval).
+        scaling: float. Softmax scale; default 1/sqrt(D).
+        sliding_window: int. Key j is visible to query i iff ``i - w < j <= i`` (causal).
+        softcap: float. Logit soft-capping (Gemma 2); None or 0 disables it.
+        is_causal: bool. Defaults to ``module.is_causal``.
+        s_aux: attention sinks; not supported (raises).
+        kwargs: ``position_ids`` (packed sequences are detected from restarts), and
+            ``cu_seq_lens_q/k``, ``max_length_q/k`` from ``DataCollatorWithFlattening``.
+
+    Return:
+        (out (B, Sq, Hq, D), None). Attention probabilities are never materialised.
+    """
+    if s_aux is not None:
+        raise ValueError(
+            "hf_flash does not support attention sinks (s_aux); use attn_implementation='eager' "
+            "or 'sdpa' for this model"
+        )
+    if kwargs.get("output_attentions", False):
+        raise ValueError(
+            "output_attentions=True needs the attention probabilities, which hf_flash never "
+            "materialises; call model.set_attn_implementation('eager') to get them"
+        )
+    if kwargs.get("cache") is not None:
+        raise ValueError(
+            "continuous batching (paged KV cache) is not supported by attn_implementation="
+            "'hf_flash' yet; use generate() with a DynamicCache or StaticCache"
+        )
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError(
+            f"expected 4-D (batch, heads, seq, head_dim) query/key/value, got shapes "
+            f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+        )
+    if any(n == 0 for n in query.shape) or any(n == 0 for n in key.shape):
+        raise ValueError(
+            f"hf_flash got an empty tensor: query {tuple(query.shape)}, key {tuple(key.shape)}"
+        )
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    batch, _, seqlen_q, head_dim = query.shape
+    seqlen_k = key.shape[2]
+
+    # (B, S, H, D) views; projections are usually laid out this way already, so no copy.
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    v_head_dim = v.shape[-1]
+    if v_head_dim < head_dim:  # MLA-style smaller value heads: pad, crop the output below
+        v = torch.nn.functional.pad(v, (0, head_dim - v_head_dim))
+    q, k, v = _cast_to_kernel_dtype(module, q, k, v)
+
+    opts = dict(
+        dropout_p=float(dropout or 0.0),
+        softmax_scale=scaling,
+        causal=causal,
+        window_size=_window(sliding_window),
+        softcap=float(softcap or 0.0),
+    )
+
+    if attention_mask is not None:
+        out = _padded_attention(q, k, v, attention_mask, causal, opts)
+    elif _has_varlen_kwargs(kwargs):
+        out = _packed_attention(
+            q, k, v, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"],
+            kwargs["max_length_q"], kwargs["max_length_k"], opts,
+        )  # fmt: skip
+    else:
+        packed = None
+        if seqlen_q == seqlen_k and seqlen_q > 1:
+            packed = _boundaries_from_position_ids(kwargs.get("position_ids"), batch, seqlen_q)
+        if packed is not None:
+            cu, max_len = packed
+            out = _packed_attention(q, k, v, cu, cu, max_len, max_len, opts)
+        else:
+            from hf_flash.interface import flash_attn_func
+
+            out = flash_attn_func(q, k, v, **opts)
+
+    if v_head_dim < head_dim:
+        out = out[..., :v_head_dim]
+    return out, None
+
+
+def _window(sliding_window) -> tuple[int, int]:
+    if sliding_window is None or sliding_window is False:
+        return (-1, -1)
+    w = int(sliding_window)
+    if w <= 0:
+        raise ValueError(f"sliding_window={sliding_window} must be a positive int or None")
+    # transformers' window counts the query itself: i - w < j <= i (flash-attn's inclusive left).
+    return (w - 1, w - 1)
+
+
+def _cast_to_kernel_dtype(module, q, k, v):
+    """PEFT (fp32 layer norms) and autocast hand over fp32 q/k/v; run them in the half dtype the
+    model computes in, as transformers' flash path does. A genuinely fp32 model stays fp32."""
+    if q.dtype != torch.float32:
+        return q, k.to(q.dtype), v.to(q.dtype)
+    target = None
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type):
+        target = torch.get_autocast_dtype(device_type)
+    else:
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_is_quantized"):
+            target = getattr(config, "dtype", None)
+        else:
+            for sub in module.modules():
+                if isinstance(sub, torch.nn.Linear):
+                    target = sub.weight.dtype
+                    break
+    if target in _HALF:
+        return q.to(target), k.to(target), v.to(target)
+    return q, k.float(), v.float()
+
+
+def _has_varlen_kwargs(kwargs) -> bool:
+    names = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+    return all(kwargs.get(n) is not None for n in names)
+
+
+def _packed_attention(q, k, v, cu_q, cu_k, max_q, max_k, opts):
+    """Sequences already concatenated along the sequence axis (padding-free training)."""
+    from hf_flash.interface import flash_attn_varlen_func
+
+    batch, seqlen_q = q.shape[:2]
+    device = q.device
+    cu_q = cu_q.to(device=device, dtype=torch.int32)
+    cu_k = cu_k.to(device=device, dtype=torch.int32)
+    out = flash_attn_varlen_func(
+        q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
+        cu_q, cu_k, _as_int(max_q), _as_int(max_k), **opts,
+    )  # fmt: skip
+    return out.view(batch, seqlen_q, *out.shape[1:])
+
+
+def _as_int(x) -> int:
+    return int(x.item()) if isinstance(x, Tensor) else int(x)
+
+
+def _boundaries_from_position_ids(position_ids, batch: int, seqlen: int):
+    """(cu_seqlens, max_seqlen) if position_ids restart inside a row (packed sequences), else
+    None. A new sequence starts wherever the position does not follow its predecessor, the rule
+    transformers' own masks use. Reads the boundaries on the host (one sync per call)."""
+    if position_ids is None or position_ids.dim() != 2 or position_ids.shape[-1] != seqlen:
+        return None
+    if position_ids.shape[0] not in (1, batch):
+        return None
+    pos = position_ids.expand(batch, seqlen)
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+    idx = starts.reshape(-1).nonzero().flatten()
+    if idx.numel() == batch:
+        return None  # one sequence per row: the dense kernel is the fast path
+    cu = torch.cat([idx, idx.new_tensor([batch * seqlen])]).to(torch.int32)
+    max_len = int((cu[1:] - cu[:-1]).max().item())
+    return cu, max_len
+
+
+def _padded_attention(q, k, v, mask: Tensor, causal: bool, opts) -> Tensor:
+    """Attention over the padded (B, S, H, D) tensors through the varlen kernel, cutting each row
+    into the five segments of the module docstring. Device-only arithmetic: no host sync."""
+    from hf_flash.interface import flash_attn_varlen_func
+
+    batch, seqlen_q = q.shape[:2]
+    seqlen_k = k.shape[1]
+    if mask.dim() != 2 or mask.shape[0] != batch:
+        raise ValueError(
+            f"attention_mask must be a 2-D (batch={batch}, kv_len) padding mask, got shape "
+            f"{tuple(mask.shape)}; custom 4-D masks need attn_implementation='sdpa' or 'eager'"
+        )
+    m = mask.shape[1]
+    if m > seqlen_k or m < seqlen_q:
+        raise ValueError(
+            f"attention_mask covers {m} keys, but the layer has {seqlen_q} queries and "
+            f"{seqlen_k} keys; it must cover between seqlen_q and seqlen_k positions"
+        )
+    if mask.dtype != torch.bool:
+        mask = mask != 0
+    mask = mask.to(q.device)
+    # Non-causal attention without a window is a pure key-padding mask: every query row sees
+    # the valid keys (as eager computes it). Otherwise queries sit at key positions M-Sq..M-1.
+    keep_all_queries = not causal and tuple(opts["window_size"]) == (-1, -1)
+    cu_q, cu_k = _segment_boundaries(mask, seqlen_q, seqlen_k, keep_all_queries)
+    out = flash_attn_varlen_func(
+        q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
+        cu_q, cu_k, seqlen_q, seqlen_k, **opts,
+    )  # fmt: skip
+    return out.view(batch, seqlen_q, *out.shape[1:])
+
+
+def _segment_boundaries(mask: Tensor, seqlen_q: int, seqlen_k: int, keep_all_queries: bool):
+    """cu_seqlens_q/k (int32, 5 * B + 1) of the segments A..E per row (module docstring)."""
+    batch, m = mask.shape
+    start, end = _valid_block(mask)
+    if keep_all_queries:
+        q_start = torch.zeros_like(start)
+        q_end = torch.full_like(start, seqlen_q)
+    else:
+        shift = m - seqlen_q  # key position of query 0
+        q_start = (start - shift).clamp(0, seqlen_q)
+        q_end = (end - shift).clamp(0, seqlen_q)
+    zero = torch.zeros_like(start)
+    full_q = torch.full_like(start, seqlen_q)
+    full_k = torch.full_like(start, seqlen_k)
+    rows = torch.arange(batch, device=mask.device, dtype=torch.int32).unsqueeze(1)
+    # end of segments A, B, C, D, E in each row, offset by the row's first flattened token
+    q_ends = torch.stack([q_start, q_start, q_end, full_q, full_q], dim=1) + rows * seqlen_q
+    k_ends = torch.stack([zero, start, end, end, full_k], dim=1) + rows * seqlen_k
+    first = torch.zeros(1, dtype=torch.int32, device=mask.device)
+    cu_q = torch.cat([first, q_ends.reshape(-1)]).to(torch.int32)
+    cu_k = torch.cat([first, k_ends.reshape(-1)]).to(torch.int32)
+    return cu_q, cu_k

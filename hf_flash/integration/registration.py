@@ -1,0 +1,233 @@
+"""Register ``attn_implementation="hf_flash"`` with transformers (5.17 <= version < 6).
+
+What :func:`register` does, each step idempotent:
+
+1. Version gate: transformers outside ``[5.17, 6)``, or a release whose flash loader no longer has
+   the shape patched below, raises an ``ImportError`` that says what to install.
+2. ``AttentionInterface.register("hf_flash", hf_flash_attention_forward)`` and
+   ``AttentionMaskInterface.register("hf_flash", hf_flash_mask)``.
+3. The name contains "flash", so transformers treats it as a FlashAttention flavour: at model
+   init it calls ``modeling_flash_attention_utils.lazy_import_flash_attention("hf_flash")``,
+   whose ``_lazy_imports`` would fall through to the hub-kernel loader and fail. ``_lazy_imports``
+   is wrapped so that exactly the name "hf_flash" resolves to hf_flash's flash-attn-compatible
+   functions; every other name goes to the original untouched.
+4. ``PreTrainedModel.post_init`` and ``PreTrainedModel.set_attn_implementation`` are wrapped so a
+   model built with, or switched to, "hf_flash" is checked (attention sinks are rejected here, at
+   load time) and gets the model-family patches enabled by the switches (fused RoPE, fused
+   decode); switching away reverts them.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import threading
+
+import torch
+
+from .attention import ATTN_IMPLEMENTATION, hf_flash_attention_forward, hf_flash_mask
+
+MIN_TRANSFORMERS = "5.17"
+MAX_TRANSFORMERS_EXCLUSIVE = "6"
+
+# switch name -> module providing patch_model(model) / revert_model(model)
+FAMILY_PATCH_MODULES = {
+    "fused_rope": "hf_flash.integration.rope_patch",
+    "fused_decode": "hf_flash.integration.decode_patch",
+}
+
+_switches = {"fused_rope": True, "fused_decode": True}
+_lock = threading.RLock()  # re-entered when register() itself triggers the import hook
+_registered = False
+_PATCHED_ATTR = "_hf_flash_patches"  # on a model: names of the family patches applied to it
+
+
+def register(*, fused_rope: bool = True, fused_decode: bool = True) -> None:
+    """See :func:`hf_flash.integration.register`."""
+    global _registered
+    with _lock:
+        _switches["fused_rope"] = bool(fused_rope)
+        _switches["fused_decode"] = bool(fused_decode)
+        if _registered:
+            return
+        check_transformers_version()
+        from transformers import modeling_flash_attention_utils as fa_utils
+        from transformers import modeling_utils
+        from transformers.masking_utils import AttentionMaskInterface
+
+        _check_flash_loader_shape(fa_utils)
+        modeling_utils.AttentionInterface.register(ATTN_IMPLEMENTATION, hf_flash_attention_forward)
+        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, hf_flash_mask)
+        if not hasattr(fa_utils._lazy_imports, "__hf_flash_original__"):
+            fa_utils._lazy_imports = _wrap_lazy_imports(fa_utils._lazy_imports)
+        model_cls = modeling_utils.PreTrainedModel
+        if not hasattr(model_cls.post_init, "__hf_flash_original__"):
+            model_cls.post_init = _wrap_post_init(model_cls.post_init)
+        if not hasattr(model_cls.set_attn_implementation, "__hf_flash_original__"):
+            model_cls.set_attn_implementation = _wrap_set_attn(model_cls.set_attn_implementation)
+        _registered = True
+
+
+def check_transformers_version() -> str:
+    """The installed transformers version; ImportError with the fix when it is unsupported."""
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(
+            "attn_implementation='hf_flash' needs transformers: pip install "
+            f"'transformers>={MIN_TRANSFORMERS},<{MAX_TRANSFORMERS_EXCLUSIVE}'"
+        ) from err
+    from packaging.version import Version
+
+    found = Version(transformers.__version__)
+    if not (Version(MIN_TRANSFORMERS) <= found < Version(MAX_TRANSFORMERS_EXCLUSIVE)):
+        raise ImportError(
+            f"hf_flash supports transformers >= {MIN_TRANSFORMERS}, < {MAX_TRANSFORMERS_EXCLUSIVE}; "
+            f"found {transformers.__version__}. Install a supported release: pip install "
+            f"'transformers>={MIN_TRANSFORMERS},<{MAX_TRANSFORMERS_EXCLUSIVE}' (the flash-attention "
+            "loader hf_flash plugs into changes between major versions)"
+        )
+    return transformers.__version__
+
+
+def _check_flash_loader_shape(fa_utils) -> None:
+    loader = getattr(fa_utils, "_lazy_imports", None)
+    loader = getattr(loader, "__hf_flash_original__", loader)
+    expected = ["implementation", "attention_wrapper", "allow_all_kernels"]
+    if loader is None or list(inspect.signature(loader).parameters) != expected:
+        import transformers
+
+        raise ImportError(
+            "transformers.modeling_flash_attention_utils._lazy_imports(implementation, "
+            "attention_wrapper, allow_all_kernels) is missing or changed in transformers "
+            f"{transformers.__version__}; hf_flash cannot plug into its flash loader. Install "
+            f"transformers>={MIN_TRANSFORMERS},<{MAX_TRANSFORMERS_EXCLUSIVE} at a release hf_flash "
+            "was tested with (5.17 ... 5.23)"
+        )
+
+
+def flash_functions():
+    """What transformers' flash loader returns for "hf_flash": (flash_attn_func,
+    flash_attn_varlen_func, None, pad_input, unpad_input).
+
+    The third slot (a paged ``flash_attn_with_kvcache``) only serves continuous batching, which
+    hf_flash's attention function rejects, so it stays None."""
+    from hf_flash import interface
+    from transformers import modeling_flash_attention_utils as fa_utils
+
+    return (
+        interface.flash_attn_func,
+        interface.flash_attn_varlen_func,
+        None,
+        fa_utils._pad_input,
+        fa_utils._unpad_input,
+    )
+
+
+def _wrap_lazy_imports(original):
+    @functools.wraps(original)
+    def _lazy_imports(implementation, attention_wrapper=None, allow_all_kernels=False):
+        if implementation == ATTN_IMPLEMENTATION:
+            return flash_functions()
+        if isinstance(implementation, str) and implementation.endswith("|" + ATTN_IMPLEMENTATION):
+            raise ValueError(
+                f"attn_implementation={implementation!r}: hf_flash does not support paged "
+                "attention (continuous batching) yet; use 'hf_flash' with generate()"
+            )
+        return original(implementation, attention_wrapper, allow_all_kernels=allow_all_kernels)
+
+    _lazy_imports.__hf_flash_original__ = original
+    return _lazy_imports
+
+
+def _wrap_post_init(original):
+    @functools.wraps(original)
+    def post_init(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        if _uses_hf_flash(self):
+            on_hf_flash_model(self)
+        return result
+
+    post_init.__hf_flash_original__ = original
+    return post_init
+
+
+def _wrap_set_attn(original):
+    @functools.wraps(original)
+    def set_attn_implementation(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        if _uses_hf_flash(self):
+            on_hf_flash_model(self)
+        else:
+            revert_family_patches(self)
+        return result
+
+    set_attn_implementation.__hf_flash_original__ = original
+    return set_attn_implementation
+
+
+def _uses_hf_flash(model) -> bool:
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+
+
+def on_hf_flash_model(model) -> None:
+    """The single hook point for a model that runs on "hf_flash": load-time checks, then the
+    family patches enabled by :func:`register`'s switches. Called from ``post_init`` (each
+    ``PreTrainedModel`` in the tree, inner first) and after ``set_attn_implementation``."""
+    reject_unsupported(model)
+    apply_family_patches(model)
+
+
+def reject_unsupported(model) -> None:
+    """Raise at load time for features hf_flash does not implement."""
+    # transformers only runs its own support check for names "flash_attention_<n>", so models
+    # whose attention needs more than a padding mask (they declare no flash support) land here.
+    if not getattr(model, "_supports_flash_attn", False):
+        raise ValueError(
+            f"{type(model).__name__} does not support FlashAttention-style attention "
+            "(_supports_flash_attn is False), so attn_implementation='hf_flash' cannot run it; "
+            "use 'sdpa' or 'eager'"
+        )
+    for name, module in model.named_modules():
+        if isinstance(getattr(module, "sinks", None), torch.Tensor):
+            raise ValueError(
+                f"{type(model).__name__} uses attention sinks ({name}.sinks), which hf_flash does "
+                "not support; load it with attn_implementation='eager' or 'sdpa'"
+            )
+
+
+def _family_module(switch: str):
+    """The patch module for a switch, or None when it is not installed (that ImportError
+    only; an error raised while importing an existing module propagates)."""
+    name = FAMILY_PATCH_MODULES[switch]
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name == name:
+            return None
+        raise
+
+
+def apply_family_patches(model) -> None:
+    applied = set(getattr(model, _PATCHED_ATTR, ()))
+    for switch, enabled in _switches.items():
+        if not enabled or switch in applied:
+            continue
+        module = _family_module(switch)
+        if module is None:
+            continue
+        module.patch_model(model)
+        applied.add(switch)
+    object.__setattr__(model, _PATCHED_ATTR, frozenset(applied))
+
+
+def revert_family_patches(model) -> None:
+    applied = set(getattr(model, _PATCHED_ATTR, ()))
+    for switch in sorted(applied):
+        module = _family_module(switch)
+        if module is not None:
+            module.revert_model(model)
+    if applied:
+        object.__setattr__(model, _PATCHED_ATTR, frozenset())

@@ -1,0 +1,208 @@
+"""Rotary position embedding (RoPE) in Triton: one launch rotates up to two tensors (q and k).
+
+Each token's head vector is split into ``rotary_dim / 2`` feature pairs ``(x1, x2)`` and every
+pair is rotated by its own angle::
+
+    out1 = x1 * cos1 - x2 * sin1          (forward)
+    out2 = x2 * cos2 + x1 * sin2
+
+    out1 = x1 * cos1 + x2 * sin2          (CONJUGATE: the transpose, used by the backward pass)
+    out2 = x2 * cos2 - x1 * sin1
+
+With one cos/sin value per pair (cos1 == cos2, sin1 == sin2) this is a rotation and CONJUGATE is
+its inverse. Transformers' ``apply_rotary_pos_emb`` takes cos/sin of width ``rotary_dim`` whose
+halves are normally equal; reading both halves (``COS_HALF_OFFSET = rotary_dim / 2``) makes the
+kernel exact for any cos/sin, and the transpose stays the correct gradient.
+
+Pairing: non-interleaved ("rotate half", Llama/Mistral) pairs feature ``i`` with
+``i + rotary_dim / 2``; interleaved (GPT-J) pairs ``2i`` with ``2i + 1``. Features past
+``rotary_dim`` are copied unless the kernel works in place.
+
+Work split: tensors are viewed as rows ``(batch, seqlen, nheads)`` of ``headdim`` features with
+arbitrary strides. A program owns BLOCK_R rows of one tensor: the first ``cdiv(rows_a, BLOCK_R)``
+programs rotate tensor A, the rest tensor B. The angle row of a token is found from its position:
+``position_ids[b, s]`` when given, else ``s + offset (+ seqlen_offsets[b])``; the cos/sin row is
+``cos[b * stride_cb + position * stride_cs]`` (stride_cb = 0 for a shared table).
+
+Arithmetic is float32 whatever the storage dtype (float16, bfloat16, float32). Row offsets are
+int64 so tensors with more than 2**31 elements are addressed correctly.
+"""
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rotate_rows(
+    block, x_ptr, o_ptr,
+    stride_xb, stride_xs, stride_xh, stride_ob, stride_os, stride_oh,
+    nheads, seqlen, nrows,
+    cos_ptr, sin_ptr, stride_cb, stride_cs, seqlen_ro,
+    pos_ptr, stride_pb, stride_ps, offsets_ptr, offset,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, COS_HALF_OFFSET: tl.constexpr,
+    TAIL: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    BLOCK_R: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr,
+    HAS_POS: tl.constexpr, HAS_OFFSETS: tl.constexpr, COPY_TAIL: tl.constexpr,
+):  # fmt: skip
+    rows = tl.cast(block, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)  # [BLOCK_R]
+    row_ok = rows < nrows
+    h = rows % nheads
+    t = rows // nheads
+    s = t % seqlen
+    b = t // seqlen
+    if HAS_POS:
+        pos = tl.load(pos_ptr + b * stride_pb + s * stride_ps, mask=row_ok, other=0).to(tl.int64)
+    else:
+        pos = s + offset
+        if HAS_OFFSETS:
+            pos += tl.load(offsets_ptr + b, mask=row_ok, other=0).to(tl.int64)
+    # positions outside the table were rejected on the host; the mask keeps reads in bounds
+    # when that check is skipped (torch.compile tracing, CUDA-graph capture)
+    pos_ok = row_ok & (pos >= 0) & (pos < seqlen_ro)
+
+    i = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    i_ok = i < HALF
+    cs_mask = pos_ok[:, None] & i_ok[None, :]
+    cs_row = b[:, None] * stride_cb + pos[:, None] * stride_cs  # [BLOCK_R, 1]
+    cos1 = tl.load(cos_ptr + cs_row + i[None, :], mask=cs_mask, other=0.0).to(tl.float32)
+    sin1 = tl.load(sin_ptr + cs_row + i[None, :], mask=cs_mask, other=0.0).to(tl.float32)
+    if COS_HALF_OFFSET == 0:
+        cos2 = cos1
+        sin2 = sin1
+    else:
+        cos2 = tl.load(cos_ptr + cs_row + COS_HALF_OFFSET + i[None, :], mask=cs_mask, other=0.0).to(tl.float32)
+        sin2 = tl.load(sin_ptr + cs_row + COS_HALF_OFFSET + i[None, :], mask=cs_mask, other=0.0).to(tl.float32)
+
+    if INTERLEAVED:
+        col1 = 2 * i
+        col2 = 2 * i + 1
+    else:
+        col1 = i
+        col2 = i + HALF
+    x_row = (b * stride_xb + s * stride_xs + h * stride_xh)[:, None]  # [BLOCK_R, 1]
+    o_row = (b * stride_ob + s * stride_os + h * stride_oh)[:, None]
+    mask = row_ok[:, None] & i_ok[None, :]
+    x1 = tl.load(x_ptr + x_row + col1[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + x_row + col2[None, :], mask=mask, other=0.0).to(tl.float32)
+    if CONJUGATE:
+        o1 = x1 * cos1 + x2 * sin2
+        o2 = x2 * cos2 - x1 * sin1
+    else:
+        o1 = x1 * cos1 - x2 * sin1
+        o2 = x2 * cos2 + x1 * sin2
+    tl.store(o_ptr + o_row + col1[None, :], o1.to(o_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_ptr + o_row + col2[None, :], o2.to(o_ptr.dtype.element_ty), mask=mask)
+
+    if COPY_TAIL:
+        j = tl.arange(0, BLOCK_TAIL)
+        tmask = row_ok[:, None] & (j < TAIL)[None, :]
+        tail = tl.load(x_ptr + x_row + 2 * HALF + j[None, :], mask=tmask, other=0.0)
+        tl.store(o_ptr + o_row + 2 * HALF + j[None, :], tail, mask=tmask)
+
+
+@triton.jit
+def _rotary_kernel(
+    xa_ptr, oa_ptr, stride_xab, stride_xas, stride_xah, stride_oab, stride_oas, stride_oah,
+    nheads_a, nrows_a, nblocks_a,
+    xb_ptr, ob_ptr, stride_xbb, stride_xbs, stride_xbh, stride_obb, stride_obs, stride_obh,
+    nheads_b, nrows_b,
+    seqlen,
+    cos_ptr, sin_ptr, stride_cb, stride_cs, seqlen_ro,
+    pos_ptr, stride_pb, stride_ps, offsets_ptr, offset,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, COS_HALF_OFFSET: tl.constexpr,
+    TAIL: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    BLOCK_R: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr,
+    HAS_POS: tl.constexpr, HAS_OFFSETS: tl.constexpr, COPY_TAIL: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    if pid < nblocks_a:
+        _rotate_rows(
+            pid, xa_ptr, oa_ptr, stride_xab, stride_xas, stride_xah, stride_oab, stride_oas, stride_oah,
+            nheads_a, seqlen, nrows_a,
+            cos_ptr, sin_ptr, stride_cb, stride_cs, seqlen_ro,
+            pos_ptr, stride_pb, stride_ps, offsets_ptr, offset,
+            HALF, BLOCK_HALF, COS_HALF_OFFSET, TAIL, BLOCK_TAIL, BLOCK_R, INTERLEAVED, CONJUGATE,
+            HAS_POS, HAS_OFFSETS, COPY_TAIL,
+        )  # fmt: skip
+    else:
+        _rotate_rows(
+            pid - nblocks_a, xb_ptr, ob_ptr, stride_xbb, stride_xbs, stride_xbh, stride_obb, stride_obs, stride_obh,
+            nheads_b, seqlen, nrows_b,
+            cos_ptr, sin_ptr, stride_cb, stride_cs, seqlen_ro,
+            pos_ptr, stride_pb, stride_ps, offsets_ptr, offset,
+            HALF, BLOCK_HALF, COS_HALF_OFFSET, TAIL, BLOCK_TAIL, BLOCK_R, INTERLEAVED, CONJUGATE,
+            HAS_POS, HAS_OFFSETS, COPY_TAIL,
+        )  # fmt: skip
+
+
+def _block_rows(block_d: int) -> int:
+    # about 4K elements of each half per program: enough bytes in flight per SM to stream at
+    # copy bandwidth, few enough registers to keep occupancy high
+    return max(1, min(256, 4096 // block_d))
+
+
+def rotary_forward(
+    xs,
+    outs,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    rotary_dim: int,
+    cos_half_offset: int,
+    position_ids=None,
+    seqlen_offsets=None,
+    offset: int = 0,
+    interleaved: bool = False,
+    conjugate: bool = False,
+) -> None:
+    """Rotate ``xs[i]`` into ``outs[i]`` (one or two tensors, one launch).
+
+    xs, outs: sequences of 1 or 2 tensors of shape (batch, seqlen, nheads_i, headdim), any strides
+        with unit stride on headdim; ``outs[i]`` may be ``xs[i]`` (in place: the tail past
+        rotary_dim is then left untouched).
+    cos, sin: (batch or 1, seqlen_ro, width), unit stride on the last axis; width >= rotary_dim / 2
+        and, with ``cos_half_offset > 0``, >= cos_half_offset + rotary_dim / 2.
+    position_ids: None or (batch, seqlen) integer tensor of rows of the cos/sin table.
+    seqlen_offsets: None or (batch,) integer tensor added to ``s + offset`` when position_ids is None.
+    """
+    xa, oa = xs[0], outs[0]
+    two = len(xs) == 2
+    xb, ob = (xs[1], outs[1]) if two else (xa, oa)
+    batch, seqlen, _, headdim = xa.shape
+    half = rotary_dim // 2
+    block_half = triton.next_power_of_2(half)
+    tail = headdim - rotary_dim
+    copy_tail = tail > 0 and any(o.data_ptr() != x.data_ptr() for x, o in zip(xs, outs))
+    block_tail = triton.next_power_of_2(max(tail, 1))
+    block_r = _block_rows(2 * block_half)
+    nrows_a = batch * seqlen * xa.shape[2]
+    nrows_b = batch * seqlen * xb.shape[2] if two else 0
+    nblocks_a = triton.cdiv(nrows_a, block_r)
+    grid = (nblocks_a + triton.cdiv(nrows_b, block_r),)
+    if grid[0] == 0:
+        return
+    has_pos = position_ids is not None
+    has_offsets = seqlen_offsets is not None
+    pos = position_ids if has_pos else cos  # placeholder pointer, never read
+    offs = seqlen_offsets if has_offsets else cos
+    stride_pb, stride_ps = (position_ids.stride(0), position_ids.stride(1)) if has_pos else (0, 0)
+    stride_cb = cos.stride(0) if cos.shape[0] > 1 else 0
+    with torch.cuda.device(xa.device) if xa.is_cuda else contextlib.nullcontext():
+        _rotary_kernel[grid](
+            xa, oa, xa.stride(0), xa.stride(1), xa.stride(2), oa.stride(0), oa.stride(1), oa.stride(2),
+            xa.shape[2], nrows_a, nblocks_a,
+            xb, ob, xb.stride(0), xb.stride(1), xb.stride(2), ob.stride(0), ob.stride(1), ob.stride(2),
+            xb.shape[2], nrows_b,
+            seqlen,
+            cos, sin, stride_cb, cos.stride(1), cos.shape[1],
+            pos, stride_pb, stride_ps, offs, int(offset),
+            HALF=half, BLOCK_HALF=block_half, COS_HALF_OFFSET=int(cos_half_offset),
+            TAIL=tail, BLOCK_TAIL=block_tail, BLOCK_R=block_r,
+            INTERLEAVED=bool(interleaved), CONJUGATE=bool(conjugate),
+            HAS_POS=has_pos, HAS_OFFSETS=has_offsets, COPY_TAIL=copy_tail,
+            num_warps=4,
+        )  # fmt: skip
+

@@ -1,0 +1,272 @@
+"""Recipe configuration: one flat dataclass, filled from a YAML file and then the command line.
+
+Every field can be set in the YAML file (``--config``) and overridden as ``--name value`` on the
+command line; values on the command line are parsed as YAML scalars/lists, so
+``--lora_target_modules "[q_proj, v_proj]"``, ``--max_steps 50`` and ``--save_merged true`` all
+work. Unknown keys are errors (a typo must not silently train with a default).
+
+Checks that need only the configuration run in :func:`RecipeConfig.validate`; checks that need
+the model (LoRA targets, original context, predicted memory) run in the recipe right after the
+model is loaded, still before the first training step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+ROPE_METHODS = ("none", "pi", "linear", "ntk", "dynamic", "yarn", "llama3")
+LOSS_IMPLS = ("chunked", "liger", "full")
+DTYPES = ("float32", "bfloat16", "float16")
+MIXED_PRECISION = ("no", "bf16", "fp16")
+TINY_FAMILIES = ("llama", "mistral")
+
+
+class ConfigError(ValueError):
+    """A configuration problem found before training starts."""
+
+
+@dataclass
+class RecipeConfig:
+    # model ------------------------------------------------------------------------------------
+    model: Optional[str] = None
+    """Local model directory (config.json + weights). None: build the embedded tiny model."""
+    tiny_model: str = "llama"
+    """Family of the embedded tiny model when ``model`` is None: llama or mistral."""
+    tokenizer: Optional[str] = None
+    """Tokenizer directory; defaults to ``model`` (the tiny model uses a byte tokenizer)."""
+    attn_implementation: str = "hf_flash"
+    dtype: str = "bfloat16"
+    """dtype of the frozen base weights; LoRA weights stay float32."""
+    mixed_precision: str = "bf16"
+    """accelerate autocast: bf16, fp16 or no. Overridden by ``accelerate launch`` flags."""
+    gradient_checkpointing: bool = True
+
+    # context extension --------------------------------------------------------------------------
+    seq_len: int = 16384
+    """Tokens per packed row (the training context)."""
+    rope_method: str = "yarn"
+    """hf_flash.extend_context method: yarn, pi (alias linear), ntk, dynamic, llama3, or none."""
+    rope_factor: Optional[float] = None
+    """Scaling factor; None derives it from seq_len / the model's original context."""
+
+    # data -------------------------------------------------------------------------------------
+    data: Optional[list] = None
+    """Local files/directories: .jsonl/.json (``text_field``), .txt/.md (one document per file),
+    or a ``datasets`` directory saved with save_to_disk. None: synthetic long documents."""
+    text_field: str = "text"
+    synthetic_documents: int = 256
+    """Number of synthetic documents when ``data`` is None."""
+    max_documents: Optional[int] = None
+    """Read at most this many documents (after the deterministic shuffle)."""
+
+    # LoRA -------------------------------------------------------------------------------------
+    lora_r: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.0
+    lora_target_modules: list = field(
+        default_factory=lambda: [
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+        ]
+    )
+
+    # optimisation -----------------------------------------------------------------------------
+    micro_batch_size: int = 1
+    """Packed rows per process per forward pass (flattened into one row for varlen attention)."""
+    gradient_accumulation_steps: int = 1
+    max_steps: int = 200
+    learning_rate: float = 2e-4
+    min_lr_ratio: float = 0.1
+    """Cosine schedule floor as a fraction of learning_rate."""
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    max_grad_norm: float = 1.0
+    loss_impl: str = "chunked"
+    """chunked (hf_flash recipes' chunked linear cross-entropy), liger (Liger-Kernel's fused
+    linear cross-entropy, if installed), or full (materialises the logits; small models only)."""
+    loss_chunk_tokens: Optional[int] = None
+    """Tokens per logits chunk of the chunked loss; None: about 512 MiB of fp32 logits."""
+    seed: int = 0
+
+    # output, checkpoints, logging -------------------------------------------------------------
+    output_dir: str = "runs/lora_long_context"
+    save_every: int = 0
+    """Save a resumable checkpoint every N optimiser steps (0: never)."""
+    keep_checkpoints: int = 2
+    resume: bool = False
+    """Continue from ``output_dir``'s latest complete checkpoint."""
+    save_adapter: bool = True
+    save_merged: bool = False
+    """Also save base + LoRA merged into one model directory at the end."""
+    log_every: int = 1
+    progress: bool = True
+
+    # safety checks ----------------------------------------------------------------------------
+    max_memory_gib: Optional[float] = None
+    """Memory available per device for the start-up prediction; None: the device's total."""
+    skip_memory_check: bool = False
+    interrupt_after: Optional[int] = None
+    """Testing aid: stop abruptly after this many steps of this run, as a kill would."""
+
+    # ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, values: dict, source: str = "config") -> "RecipeConfig":
+        unknown = sorted(set(values) - set(cls.field_names()))
+        if unknown:
+            raise ConfigError(
+                f"unknown option(s) in {source}: {', '.join(unknown)}. "
+                f"Valid options: {', '.join(cls.field_names())}"
+            )
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        cfg = cls(**{k: _coerce(k, v, types[k]) for k, v in values.items()})
+        cfg.normalise()
+        return cfg
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def normalise(self) -> None:
+        if isinstance(self.data, (str, Path)):
+            self.data = [str(self.data)]
+        if isinstance(self.lora_target_modules, str):
+            self.lora_target_modules = [
+                m.strip() for m in self.lora_target_modules.split(",") if m.strip()
+            ]
+        if self.rope_method == "linear":
+            self.rope_method = "pi"
+
+    def validate(self) -> None:
+        """Checks that need nothing but the configuration. Raises ConfigError."""
+        errors = []
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                errors.append(msg)
+
+        need(self.dtype in DTYPES, f"dtype={self.dtype!r}; choose one of {DTYPES}")
+        need(
+            self.mixed_precision in MIXED_PRECISION,
+            f"mixed_precision={self.mixed_precision!r}; choose one of {MIXED_PRECISION}",
+        )
+        need(
+            self.rope_method in ROPE_METHODS,
+            f"rope_method={self.rope_method!r}; choose one of {ROPE_METHODS}",
+        )
+        need(self.loss_impl in LOSS_IMPLS, f"loss_impl={self.loss_impl!r}; choose one of {LOSS_IMPLS}")
+        need(
+            self.tiny_model in TINY_FAMILIES,
+            f"tiny_model={self.tiny_model!r}; choose one of {TINY_FAMILIES}",
+        )
+        need(self.seq_len >= 2, f"seq_len={self.seq_len} must be at least 2")
+        need(self.rope_factor is None or self.rope_factor > 1, f"rope_factor={self.rope_factor} must be > 1")
+        for name in ("micro_batch_size", "gradient_accumulation_steps", "max_steps", "lora_r", "log_every"):
+            need(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("warmup_steps", "save_every", "keep_checkpoints"):
+            need(getattr(self, name) >= 0, f"{name}={getattr(self, name)} must be >= 0")
+        need(self.keep_checkpoints >= 1 or self.save_every == 0, "keep_checkpoints must be >= 1 when save_every > 0")
+        need(self.learning_rate > 0, f"learning_rate={self.learning_rate} must be > 0")
+        need(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        need(0 <= self.lora_dropout < 1, f"lora_dropout={self.lora_dropout} must be in [0, 1)")
+        need(
+            isinstance(self.lora_target_modules, list) and len(self.lora_target_modules) > 0,
+            "lora_target_modules must be a non-empty list of module names",
+        )
+        need(
+            self.loss_chunk_tokens is None or self.loss_chunk_tokens >= 1,
+            f"loss_chunk_tokens={self.loss_chunk_tokens} must be >= 1",
+        )
+        need(self.synthetic_documents >= 1, "synthetic_documents must be >= 1")
+        if self.model is not None:
+            path = Path(self.model)
+            need(path.is_dir(), f"model directory {self.model} does not exist (give a local model directory)")
+            need(
+                not path.is_dir() or (path / "config.json").is_file(),
+                f"model directory {self.model} has no config.json (is it a transformers model directory?)",
+            )
+        if self.tokenizer is not None:
+            need(Path(self.tokenizer).exists(), f"tokenizer path {self.tokenizer} does not exist")
+        for p in self.data or []:
+            need(Path(p).exists(), f"data path {p} does not exist")
+        if errors:
+            raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
+
+
+def _coerce(name: str, value: Any, type_name: str) -> Any:
+    """Check/convert one option against its annotation (YAML reads ``1e-4`` as a string)."""
+    optional = type_name.startswith("Optional[")
+    base = type_name[len("Optional["):-1] if optional else type_name
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"option {name} cannot be null")
+    try:
+        if base == "float" and isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            return float(value)
+        if base == "int" and not isinstance(value, bool):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            if isinstance(value, (int, str)):
+                return int(value)
+        if base == "bool" and isinstance(value, bool):
+            return value
+        if base == "str" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        if base == "list" and isinstance(value, (list, str)):
+            return value
+    except ValueError:
+        pass
+    raise ConfigError(f"option {name}={value!r} is not a valid {base}")
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m recipes.lora_long_context",
+        description="Long-context LoRA fine-tuning with hf_flash attention, RoPE scaling, "
+        "packing and a chunked cross-entropy (accelerate + peft).",
+    )
+    parser.add_argument("--config", type=Path, help="YAML file with any of the options below")
+    for f in dataclasses.fields(RecipeConfig):
+        # nargs="?" lets boolean options be given as bare flags (--resume) or with a value
+        parser.add_argument(
+            f"--{f.name}", dest=f.name, type=_parse_value, nargs="?", const=True,
+            default=argparse.SUPPRESS, metavar="VALUE",
+        )
+    return parser
+
+
+def load_config(argv: Optional[list] = None) -> RecipeConfig:
+    """YAML file first, then command-line overrides; validated."""
+    args = vars(build_parser().parse_args(argv))
+    values: dict = {}
+    config_path = args.pop("config", None)
+    if config_path is not None:
+        if not config_path.is_file():
+            raise ConfigError(f"config file {config_path} does not exist")
+        loaded = yaml.safe_load(config_path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{config_path} must hold a mapping of option: value")
+        RecipeConfig.from_dict(loaded, source=str(config_path))  # unknown keys named per file
+        values.update(loaded)
+    values.update(args)
+    cfg = RecipeConfig.from_dict(values)
+    cfg.validate()
+    return cfg

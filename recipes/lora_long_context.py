@@ -1,0 +1,278 @@
+"""Long-context LoRA fine-tuning with hf_flash attention.
+
+    python -m recipes.lora_long_context --config recipes/configs/llama-32k.yaml --model /models/llama
+    accelerate launch --config_file recipes/configs/accelerate_fsdp.yaml \\
+        -m recipes.lora_long_context --config recipes/configs/llama-64k.yaml --model /models/llama
+    python -m recipes.lora_long_context --config recipes/configs/tiny.yaml   # CPU, no downloads
+
+Steps: validate the options; load the model with ``attn_implementation`` (hf_flash by default)
+after extending its RoPE with ``hf_flash.extend_context``; add LoRA; read, tokenise and pack the
+documents (restarting ``position_ids``, no padding); check the predicted memory; train with
+warmup + cosine, gradient accumulation, gradient checkpointing and a chunked linear
+cross-entropy; save atomic checkpoints, the adapter and optionally the merged model. Every
+option is documented in :mod:`recipes.config`; see recipes/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .checkpoint import (
+    RESUME_KEYS, clean_partial, latest_checkpoint, load_checkpoint, save_checkpoint,
+    trainable_only_hook,
+)
+from .config import ConfigError, RecipeConfig, load_config
+from .data import IGNORE_INDEX, PackedBatches, build_rows, load_tokenizer
+from .model import (
+    CausalLMWithLinearCE, apply_lora, build_tiny_model, check_memory, count_parameters, human,
+    load_model, lr_lambda,
+)
+
+
+def _memory_gib(device) -> tuple[float, float]:
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**30, torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    return rss, rss
+
+
+class MetricsLog:
+    """Append-only JSONL on the main process; on resume, lines past the checkpoint are dropped."""
+
+    def __init__(self, path: Path, keep_until_step: int, enabled: bool):
+        self.path = path
+        self.enabled = enabled
+        if not enabled:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = []
+        if keep_until_step > 0 and path.is_file():
+            lines = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l).get("step", 0) <= keep_until_step]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(l + "\n" for l in lines))
+        os.replace(tmp, path)
+
+    def write(self, row: dict) -> None:
+        if self.enabled:
+            with self.path.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+
+
+def train(cfg: RecipeConfig) -> dict:
+    """Run the recipe; returns a summary (final loss, tokens/s, peak memory, paths)."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType, set_seed
+
+    accelerator = Accelerator(
+        mixed_precision=None if os.environ.get("ACCELERATE_MIXED_PRECISION") else cfg.mixed_precision,
+        cpu=not torch.cuda.is_available(),
+    )
+    main = accelerator.is_main_process
+    log = (lambda *a: print(*a, flush=True)) if main else (lambda *a: None)
+    fsdp = accelerator.distributed_type == DistributedType.FSDP
+    device = accelerator.device
+    out = Path(cfg.output_dir)
+    set_seed(cfg.seed)
+
+    # model ------------------------------------------------------------------------------------
+    if cfg.model is None:
+        from .data import ByteTokenizer
+
+        tiny_dir = out / f"tiny-{cfg.tiny_model}-base"
+        if main:
+            build_tiny_model(tiny_dir, cfg.tiny_model, ByteTokenizer.vocab_size, cfg.seed)
+        accelerator.wait_for_everyone()
+        model_path = tiny_dir
+        log(f"model: embedded tiny {cfg.tiny_model} ({tiny_dir})")
+    else:
+        model_path = Path(cfg.model)
+    tokenizer = load_tokenizer(cfg.tokenizer or str(model_path))
+
+    # data (first: bad data fails before a large model is loaded) ------------------------------
+    rows = build_rows(cfg, tokenizer, log)
+    batches = PackedBatches(
+        rows, cfg.micro_batch_size, accelerator.process_index, accelerator.num_processes, cfg.seed,
+        flash_kwargs="flash" in cfg.attn_implementation,
+    )
+
+    model = load_model(cfg, model_path, log)
+    if getattr(tokenizer, "vocab_size", 0) > model.config.vocab_size:
+        raise ConfigError(
+            f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {model.config.vocab_size}"
+        )
+    model = apply_lora(model, cfg)
+    total, trainable = count_parameters(model)
+    log(f"model: {human(total)} parameters, {human(trainable)} trainable (LoRA r={cfg.lora_r}), "
+        f"attention {cfg.attn_implementation}, loss {cfg.loss_impl}")
+    check_memory(model, cfg, device, accelerator.num_processes, fsdp, log)
+
+    # optimisation -----------------------------------------------------------------------------
+    wrapper = CausalLMWithLinearCE(model, cfg.loss_impl, cfg.loss_chunk_tokens)
+    wrapper = accelerator.prepare_model(wrapper)
+    params = [p for p in wrapper.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+        weight_decay=cfg.weight_decay,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
+    if not fsdp:
+        accelerator.register_save_state_pre_hook(trainable_only_hook)
+
+    # resume -----------------------------------------------------------------------------------
+    start_step, tokens_seen = 0, 0
+    if main:
+        clean_partial(out)
+    accelerator.wait_for_everyone()
+    if cfg.resume:
+        ckpt = latest_checkpoint(out)
+        if ckpt is None:
+            raise ConfigError(f"--resume: no complete checkpoint under {out / 'checkpoints'}")
+        state = load_checkpoint(accelerator, ckpt, cfg)
+        start_step, tokens_seen = state["step"], state["tokens_seen"]
+        log(f"resumed from {ckpt} at step {start_step}")
+    elif main and latest_checkpoint(out) is not None:
+        log(f"note: {out / 'checkpoints'} holds checkpoints; starting fresh (pass --resume to continue)")
+    metrics = MetricsLog(out / "metrics.jsonl", start_step, main)
+    if main:
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+
+    # loop -------------------------------------------------------------------------------------
+    wrapper.train()
+    progress = None
+    if main and cfg.progress:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=cfg.max_steps, initial=start_step, desc="train", dynamic_ncols=True)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    ga = cfg.gradient_accumulation_steps
+    step, loss_value, run_tokens, run_time = start_step, float("nan"), 0, 0.0
+    steps_this_run = 0
+    while step < cfg.max_steps:
+        t0 = time.perf_counter()
+        micro = [batches.get(step * ga + i, device) for i in range(ga)]
+        n_label = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro)
+        loss_sum = torch.zeros((), device=device)
+        for i, batch in enumerate(micro):
+            sync = accelerator.no_sync(wrapper) if i < ga - 1 else _nullcontext()
+            with sync, accelerator.autocast():
+                loss = wrapper(**batch) / max(n_label, 1)
+            accelerator.backward(loss)
+            loss_sum += loss.detach()
+        grad_norm = accelerator.clip_grad_norm_(params, cfg.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        steps_this_run += 1
+        loss_value = float(accelerator.reduce(loss_sum, reduction="mean"))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        step_tokens = cfg.micro_batch_size * cfg.seq_len * ga * accelerator.num_processes
+        tokens_seen += step_tokens
+        if steps_this_run > 1 or cfg.max_steps - start_step == 1:  # first step pays warm-up costs
+            run_tokens += step_tokens
+            run_time += dt
+        mem, peak = _memory_gib(device)
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            metrics.write({
+                "step": step, "loss": loss_value, "lr": scheduler.get_last_lr()[0],
+                "grad_norm": float(grad_norm), "tokens": tokens_seen, "step_time_s": dt,
+                "tok_per_s": step_tokens / dt, "mem_gib": round(mem, 3), "peak_mem_gib": round(peak, 3),
+            })
+        if progress is not None:
+            progress.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{step_tokens / dt:,.0f}", mem=f"{peak:.1f}GiB")
+            progress.update(1)
+        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
+            save_checkpoint(accelerator, out, step, {
+                "step": step, "tokens_seen": tokens_seen, "world_size": accelerator.num_processes,
+                "config": {k: cfg.to_dict()[k] for k in RESUME_KEYS},
+            }, cfg.keep_checkpoints)
+        if cfg.interrupt_after is not None and steps_this_run >= cfg.interrupt_after:
+            if progress is not None:
+                progress.close()
+            log(f"interrupt_after={cfg.interrupt_after}: stopping at step {step} without saving")
+            accelerator.wait_for_everyone()
+            return {"interrupted_at": step}
+    if progress is not None:
+        progress.close()
+
+    # save -------------------------------------------------------------------------------------
+    summary = {
+        "final_loss": loss_value, "steps": step,
+        "tok_per_s": run_tokens / run_time if run_time else None,
+        "peak_mem_gib": _memory_gib(device)[1],
+    }
+    accelerator.wait_for_everyone()
+    if cfg.save_adapter or cfg.save_merged:
+        summary.update(save_outputs(accelerator, wrapper, cfg, model_path, tokenizer, out, log))
+    if main:
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        log(f"done: loss {loss_value:.4f}, {summary['tok_per_s'] or 0:,.0f} tok/s, peak {summary['peak_mem_gib']:.2f} GiB")
+    accelerator.end_training()
+    return summary
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def save_outputs(accelerator, wrapper, cfg, model_path: Path, tokenizer, out: Path, log) -> dict:
+    """The LoRA adapter (with the RoPE-extended base config beside it) and, optionally, the
+    merged model, rebuilt on the CPU from the base weights so it works under FSDP too."""
+    state = accelerator.get_state_dict(wrapper)  # full tensors on the main process under FSDP
+    result = {}
+    if not accelerator.is_main_process:
+        return result
+    unwrapped = accelerator.unwrap_model(wrapper)
+    peft_model = unwrapped.model
+    prefix = "model."
+    peft_state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    adapter_dir = out / "adapter"
+    peft_model.save_pretrained(adapter_dir, state_dict=peft_state)
+    peft_model.get_base_model().config.save_pretrained(adapter_dir / "base_config")
+    tokenizer.save_pretrained(adapter_dir)
+    result["adapter_dir"] = str(adapter_dir)
+    log(f"saved LoRA adapter to {adapter_dir} (base config with the extended RoPE in base_config/)")
+    if cfg.save_merged:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(
+            model_path, config=peft_model.get_base_model().config, dtype=getattr(torch, cfg.dtype),
+        )
+        merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+        merged_dir = out / "merged"
+        merged.save_pretrained(merged_dir)
+        tokenizer.save_pretrained(merged_dir)
+        result["merged_dir"] = str(merged_dir)
+        log(f"saved merged model to {merged_dir}")
+    return result
+
+
+def main(argv=None) -> int:
+    try:
+        cfg = load_config(argv)
+        train(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Tiny models of every supported family on attn_implementation="hf_flash" versus eager/sdpa.
+
+Logits, losses and gradients follow DESIGN.md's error rule against the same model in float64
+eager (see ``tiny_models.assert_model_close``); generation must equal sdpa token for token in
+float32. On CPU the kernels run through Triton's interpreter in float32; the bfloat16 cases run on
+the GPU (``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attn_check import FWD_FACTOR, GRAD_FACTOR
+from conftest import DEVICE
+import hf_flash
+from tiny_models import FAMILIES, VOCAB, assert_model_close, load
+
+hf_flash.register()
+
+FAMILY_IDS = list(FAMILIES)
+DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.bfloat16, id="bf16", marks=pytest.mark.gpu),
+]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny_models")
+
+
+def _trio(family, root, dtype):
+    """(hf_flash model in dtype, eager in dtype, eager in float64)."""
+    ours = load(family, "hf_flash", root, dtype=dtype, device=DEVICE)
+    lowp = load(family, "eager", root, dtype=dtype, device=DEVICE)
+    exact = load(family, "eager", root, dtype=torch.float64, device=DEVICE)
+    return ours, lowp, exact
+
+
+def _padded_batch():
+    """Row 0 left-padded by 5, row 1 right-padded by 4; labels ignore pads."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (2, 24), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    mask[1, -4:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    return ids.to(DEVICE), mask.to(DEVICE), labels.to(DEVICE)
+
+
+def _forward_backward(model, ids, mask, labels):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), out.loss.detach(), grads
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
+@pytest.mark.parametrize("family", FAMILY_IDS)
+def test_logits_loss_grads_match_eager(family, padded, dtype, root):
+    ours, lowp, exact = _trio(family, root, dtype)
+    ids, mask, labels = _padded_batch()
+    if not padded:
+        mask, labels = None, ids
+    res = {name: _forward_backward(m, ids, mask, labels) for name, m in
+           (("ours", ours), ("lowp", lowp), ("exact", exact))}  # fmt: skip
+    valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    logits = {k: v[0][valid] for k, v in res.items()}
+    assert_model_close("logits", logits["ours"], logits["exact"], logits["lowp"], FWD_FACTOR, dtype)
+    assert_model_close(
+        "loss", res["ours"][1], res["exact"][1], res["lowp"][1], FWD_FACTOR, dtype
+    )
+    grads = res["ours"][2]
+    assert grads.keys() == res["exact"][2].keys()
+    for name in grads:
+        assert_model_close(
+            f"grad {name}", grads[name], res["exact"][2][name], res["lowp"][2][name],
+            GRAD_FACTOR, dtype,
+        )  # fmt: skip
+
+
+def _three_sequences():
+    g = torch.Generator().manual_seed(2)
+    return [torch.randint(3, VOCAB, (n,), generator=g) for n in (7, 11, 6)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", FAMILY_IDS)
+def test_packed_equals_separate(family, dtype, root):
+    """One packed row (position_ids restarts, and DataCollatorWithFlattening's cu_seq_lens) gives
+    each sequence the logits it gets alone."""
+    from transformers import DataCollatorWithFlattening
+
+    ours, lowp, exact = _trio(family, root, dtype)
+    seqs = _three_sequences()
+    with torch.no_grad():
+        alone = {
+            name: torch.cat([m(input_ids=s[None].to(DEVICE)).logits[0] for s in seqs])
+            for name, m in (("lowp", lowp), ("exact", exact))
+        }
+        collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+        batch = collator([{"input_ids": s.tolist()} for s in seqs])
+        ids = batch["input_ids"].to(DEVICE)
+        pos = batch["position_ids"].to(DEVICE)
+        by_position_ids = ours(input_ids=ids, position_ids=pos).logits[0]
+        flash_kwargs = {k: batch[k] for k in ("cu_seq_lens_q", "cu_seq_lens_k",
+                                              "max_length_q", "max_length_k")}  # fmt: skip
+        by_cu_seqlens = ours(input_ids=ids, position_ids=pos, **flash_kwargs).logits[0]
+    for name, got in (("position_ids", by_position_ids), ("cu_seq_lens", by_cu_seqlens)):
+        assert_model_close(f"packed via {name}", got, alone["exact"], alone["lowp"], FWD_FACTOR, dtype)
+
+
+def _prompts():
+    """Left-padded batch of two prompts (lengths 9 and 6)."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, VOCAB, (2, 9), generator=g)
+    mask = torch.ones_like(ids)
+    ids[1, :3] = 0
+    mask[1, :3] = 0
+    return ids.to(DEVICE), mask.to(DEVICE)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("family", FAMILY_IDS)
+def test_greedy_generate_equals_sdpa(family, cache, root):
+    ours = load(family, "hf_flash", root, device=DEVICE)
+    sdpa = load(family, "sdpa", root, device=DEVICE)
+    ids, mask = _prompts()
+    # 9-token prompts > the sliding window of 8: windows slide in prefill and decode.
+    gen = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    if cache == "static":
+        gen["cache_implementation"] = "static"
+    expected = sdpa.generate(ids, attention_mask=mask, **gen)
+    got = ours.generate(ids, attention_mask=mask, **gen)
+    assert torch.equal(got, expected), f"hf_flash {got.tolist()} != sdpa {expected.tolist()}"
+    if cache == "dynamic":  # and a single unpadded prompt (no mask at all)
+        got1 = ours.generate(ids[:1], **gen)
+        assert torch.equal(got1, sdpa.generate(ids[:1], **gen))
+
+
+def test_static_cache_forward_without_mask(root):
+    """A StaticCache hands the attention its whole zero-padded buffer; with no attention_mask the
+    valid length comes from the cache itself."""
+    from transformers import StaticCache
+
+    ours = load("llama", "hf_flash", root, device=DEVICE)
+    exact = load("llama", "eager", root, dtype=torch.float64, device=DEVICE)
+    lowp = load("llama", "eager", root, device=DEVICE)
+    ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    with torch.no_grad():
+        cache = StaticCache(config=ours.config, max_cache_len=32)
+        ours(input_ids=ids[:, :8], past_key_values=cache)
+        got = ours(input_ids=ids[:, 8:], past_key_values=cache).logits
+        want = exact(input_ids=ids).logits[:, 8:]
+        want_lp = lowp(input_ids=ids).logits[:, 8:]
+    assert_model_close("static-cache continuation", got, want, want_lp, FWD_FACTOR, torch.float32)
+
+
+def test_set_attn_implementation_round_trip(root):
+    model = load("llama", "sdpa", root, device=DEVICE)
+    ids = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        model.set_attn_implementation("hf_flash")
+        assert model.config._attn_implementation == "hf_flash"
+        got = model(input_ids=ids).logits
+        model.set_attn_implementation("sdpa")
+        assert model.config._attn_implementation == "sdpa"
+    exact = load("llama", "eager", root, dtype=torch.float64, device=DEVICE)
+    with torch.no_grad():
+        want = exact(input_ids=ids).logits
+    assert_model_close("after set_attn_implementation", got, want, ref, FWD_FACTOR, torch.float32)
+
+
+def test_save_and_reload_does_not_persist_the_name(root, tmp_path):
+    model = load("llama", "hf_flash", root, device=DEVICE)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "hf_flash" not in json.dumps(saved), saved
+    again = type(model).from_pretrained(tmp_path, attn_implementation="hf_flash").to(DEVICE)
+    plain = type(model).from_pretrained(tmp_path).to(DEVICE)
+    assert again.config._attn_implementation == "hf_flash"
+    assert plain.config._attn_implementation != "hf_flash"
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_output_attentions_is_refused(root):
+    model = load("llama", "hf_flash", root, device=DEVICE)
+    ids = torch.randint(3, VOCAB, (1, 8)).to(DEVICE)
+    with pytest.raises(ValueError, match="output_attentions"):
+        model(input_ids=ids, output_attentions=True)

@@ -1,0 +1,146 @@
+"""Recipe building blocks that need no model: packing, labels, batches, loss, config, schedule."""
+
+import math
+
+import pytest
+import torch
+
+from recipes.config import ConfigError, RecipeConfig, load_config
+from recipes.data import (
+    IGNORE_INDEX, PackedBatches, cu_seqlens_from_positions, labels_for, pack_documents,
+    synthetic_documents,
+)
+from recipes.loss import chunked_linear_cross_entropy, full_linear_cross_entropy
+from recipes.model import lr_lambda
+
+
+def _docs(lengths, start=1000):
+    docs, t = [], start
+    for n in lengths:
+        docs.append(list(range(t, t + n)))
+        t += n
+    return docs
+
+
+def test_pack_restarts_positions_per_document_and_row():
+    rows = pack_documents(_docs([5, 3, 9, 2]), seq_len=6)  # 19 tokens -> 3 rows, 1 dropped
+    assert rows.num_rows == 3 and rows.dropped_tokens == 1
+    # a document cut by a row boundary restarts at 0 in the next row
+    assert rows.position_ids.tolist() == [[0, 1, 2, 3, 4, 0], [0, 1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 0]]
+    assert rows.input_ids.flatten().tolist() == list(range(1000, 1018))
+
+
+def test_labels_never_cross_a_segment_start():
+    ids = torch.tensor([[10, 11, 12, 20, 21, 30]])
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0]])
+    assert labels_for(ids, pos).tolist() == [[11, 12, IGNORE_INDEX, 21, IGNORE_INDEX, IGNORE_INDEX]]
+    cu, max_len = cu_seqlens_from_positions(pos[0])
+    assert cu.tolist() == [0, 3, 5, 6] and cu.dtype == torch.int32 and max_len == 3
+
+
+def test_batches_are_deterministic_disjoint_across_ranks_and_flattened():
+    rows = pack_documents(_docs([7] * 40), seq_len=8)  # 35 rows
+    per_rank = [PackedBatches(rows, 2, r, 2, seed=3, flash_kwargs=True) for r in range(2)]
+    assert per_rank[0].per_epoch == 35 // 4
+    seen = []
+    for k in range(per_rank[0].per_epoch):
+        for b in per_rank:
+            batch = b.get(k, "cpu")
+            assert batch["input_ids"].shape == (1, 16)
+            assert batch["cu_seq_lens_q"][-1] == 16
+            seen.append(tuple(batch["input_ids"][0, :8].tolist()))
+    assert len(set(seen)) == len(seen)  # no row used twice within an epoch
+    again = PackedBatches(rows, 2, 1, 2, seed=3, flash_kwargs=False)
+    assert torch.equal(again.get(5, "cpu")["input_ids"], per_rank[1].get(5, "cpu")["input_ids"])
+    # a new epoch reshuffles
+    e0 = per_rank[0].get(0, "cpu")["input_ids"]
+    e1 = per_rank[0].get(per_rank[0].per_epoch, "cpu")["input_ids"]
+    assert not torch.equal(e0, e1)
+
+
+def test_too_little_data_is_a_config_error():
+    rows = pack_documents(_docs([7] * 3), seq_len=8)
+    with pytest.raises(ConfigError, match="fewer than"):
+        PackedBatches(rows, 2, 0, 2, seed=0, flash_kwargs=False)
+
+
+def test_synthetic_documents_hold_their_pass_key():
+    docs = synthetic_documents(4, seed=1, min_chars=200, max_chars=400)
+    for d in docs:
+        key = d.rsplit("The pass key is ", 1)[1].rstrip(".")
+        assert d.count(key) == 3 and 200 <= len(d) <= 520
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, None], ids=lambda c: f"chunk{c}")
+@pytest.mark.parametrize("head_grad", [False, True], ids=["frozen_head", "trainable_head"])
+def test_chunked_cross_entropy_matches_full(chunk, head_grad):
+    torch.manual_seed(0)
+    n, h, v = 50, 16, 37
+    hidden = torch.randn(n, h, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(v, h, dtype=torch.float64, requires_grad=head_grad)
+    labels = torch.randint(0, v, (n,))
+    labels[::5] = IGNORE_INDEX
+    got = chunked_linear_cross_entropy(hidden, weight, labels, chunk)
+    (got * 0.37).backward()
+    gh = hidden.grad.clone()
+    gw = weight.grad.clone() if head_grad else None
+    hidden.grad = None
+    if head_grad:
+        weight.grad = None
+    ref = full_linear_cross_entropy(hidden, weight, labels)
+    (ref * 0.37).backward()
+    torch.testing.assert_close(got, ref.to(got.dtype))
+    torch.testing.assert_close(gh, hidden.grad)
+    if head_grad:
+        torch.testing.assert_close(gw, weight.grad)
+
+
+def test_chunked_cross_entropy_all_ignored_is_zero():
+    hidden = torch.randn(4, 8, requires_grad=True)
+    weight = torch.randn(11, 8)
+    loss = chunked_linear_cross_entropy(hidden, weight, torch.full((4,), IGNORE_INDEX), 2)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.count_nonzero(hidden.grad) == 0
+
+
+def test_config_yaml_then_command_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("seq_len: 1024\nlearning_rate: 1e-4\nlora_target_modules: [q_proj, v_proj]\n")
+    cfg = load_config(["--config", str(path), "--seq_len", "2048", "--resume", "--lora_dropout", "0.05"])
+    assert cfg.seq_len == 2048 and cfg.learning_rate == 1e-4 and cfg.resume is True
+    assert cfg.lora_target_modules == ["q_proj", "v_proj"] and cfg.lora_dropout == 0.05
+    assert RecipeConfig().attn_implementation == "hf_flash"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--seq_lenn", "10"], "unrecognized arguments"),
+        (["--rope_method", "magic"], "rope_method='magic'"),
+        (["--max_steps", "0"], "max_steps=0 must be >= 1"),
+        (["--model", "/nonexistent/model"], "does not exist"),
+        (["--data", "/nonexistent/data.jsonl"], "data path /nonexistent/data.jsonl does not exist"),
+        (["--learning_rate", "fast"], "learning_rate='fast' is not a valid float"),
+    ],
+    ids=["typo", "rope", "steps", "model", "data", "type"],
+)
+def test_bad_options(args, message, capsys):
+    with pytest.raises((ConfigError, SystemExit)) as err:
+        load_config(args)
+    text = str(err.value) if err.type is ConfigError else capsys.readouterr().err
+    assert message in text
+
+
+def test_unknown_key_in_yaml_names_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("seq_len: 64\nlora_rank: 8\n")
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) in .*bad.yaml: lora_rank"):
+        load_config(["--config", str(path)])
+
+
+def test_warmup_then_cosine_to_floor():
+    cfg = RecipeConfig(max_steps=110, warmup_steps=10, min_lr_ratio=0.1)
+    f = lr_lambda(cfg)
+    assert f(0) < f(5) < f(9) < 1.0
+    assert math.isclose(f(10), 1.0) and math.isclose(f(110), 0.1)
+    assert all(f(s) >= f(s + 1) for s in range(10, 110))

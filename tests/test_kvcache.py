@@ -1,0 +1,391 @@
+"""flash_attn_with_kvcache against kvcache_attention_ref: append, rotary, splits, paging, bad input.
+
+Without a GPU the split-KV kernel runs through Triton's interpreter (16-key tiles), so the
+shapes below are small but cross several tiles and splits. The GPU grid is at the end
+(``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attn_check import FWD_FACTOR, assert_close_to_ref, poisoned_like
+from conftest import DEVICE
+from hf_flash import flash_attn_with_kvcache
+from hf_flash.kernels import decode
+from hf_flash.reference import kvcache_attention_ref, max_abs_err
+
+
+def _rotary(rows, rotary_dim, dtype=torch.float32):
+    angle = torch.rand(rows, rotary_dim // 2, device=DEVICE) * 2 * math.pi
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+def _paged(k_cache, v_cache, page_size):
+    """Scatter dense caches (B, S, Hk, D) into shuffled pages; returns (k_pages, v_pages,
+    block_table) with two spare pages that no row uses."""
+    batch, seqlen = k_cache.shape[:2]
+    per_seq = seqlen // page_size
+    num_pages = batch * per_seq + 2
+    perm = torch.randperm(num_pages, device=DEVICE)[: batch * per_seq]
+    table = perm.view(batch, per_seq).to(torch.int32)
+    kp = torch.randn(num_pages, page_size, *k_cache.shape[2:], device=DEVICE, dtype=k_cache.dtype)
+    vp = torch.randn_like(kp)
+    kp[perm] = k_cache.reshape(-1, page_size, *k_cache.shape[2:])
+    vp[perm] = v_cache.reshape(-1, page_size, *v_cache.shape[2:])
+    return kp, vp, table
+
+
+def _check(
+    batch=2, seqlen_q=1, nheads=4, nheads_k=2, d=32, seqlen_cache=70, seqlen_new=1,
+    lens=(40, 23), dtype=torch.float16, rotary_dim=0, interleaved=False, paged=0,
+    batch_idx=False, leftpad=None, num_splits=0, int_seqlens=False, **opts,
+):  # fmt: skip
+    q = torch.randn(batch, seqlen_q, nheads, d, device=DEVICE, dtype=dtype)
+    batch_cache = batch + 2 if batch_idx else batch
+    k_cache = torch.randn(batch_cache, seqlen_cache, nheads_k, d, device=DEVICE, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    k = v = None
+    if seqlen_new:
+        k = torch.randn(batch, seqlen_new, nheads_k, d, device=DEVICE, dtype=dtype)
+        v = torch.randn_like(k)
+    kw = dict(opts)
+    if lens is not None:
+        kw["cache_seqlens"] = (
+            lens[0] if int_seqlens else torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+        )
+    if rotary_dim:
+        kw["rotary_cos"], kw["rotary_sin"] = _rotary(seqlen_cache, rotary_dim)
+        kw["rotary_interleaved"] = interleaved
+    if batch_idx:
+        kw["cache_batch_idx"] = torch.randperm(batch_cache, device=DEVICE)[:batch].to(torch.int32)
+    if leftpad is not None:
+        kw["cache_leftpad"] = torch.tensor(leftpad, dtype=torch.int32, device=DEVICE)
+    if paged:
+        k_cache, v_cache, kw["block_table"] = _paged(k_cache, v_cache, paged)
+
+    ref, k_ref, v_ref, ref_lse = kvcache_attention_ref(
+        q, k_cache, v_cache, k, v, return_lse=True, **kw
+    )
+    ref_lp, _, _ = kvcache_attention_ref(q, k_cache, v_cache, k, v, upcast=False, **kw)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, k, v, num_splits=num_splits, return_softmax_lse=True, **kw
+    )
+    assert out.shape == q.shape and out.dtype == dtype
+    assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, dtype)
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin), "lse must be +inf exactly for rows with no key"
+    assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-3 if dtype != torch.float32 else 1e-5)
+    # the append: values bit-exact, rotated keys within one rounding of the reference's
+    assert torch.equal(vc, v_ref), "v_cache after the append differs from the reference"
+    k_tol = 0.0 if not rotary_dim else {torch.float32: 1e-5, torch.float16: 2e-3}.get(dtype, 1e-2)
+    assert max_abs_err(kc, k_ref) <= k_tol, f"k_cache after the append: {max_abs_err(kc, k_ref)}"
+    return out
+
+
+CASES = [
+    pytest.param({}, id="decode-gqa"),
+    pytest.param({"causal": True, "rotary_dim": 32}, id="decode-rotary-half"),
+    pytest.param({"causal": True, "rotary_dim": 16, "interleaved": True}, id="rotary-interleaved-partial"),
+    pytest.param({"rotary_dim": 32, "seqlen_q": 3, "seqlen_new": 3}, id="rotary-noncausal-q-same-pos"),
+    pytest.param({"seqlen_new": 0, "lens": (70, 5)}, id="no-append"),
+    pytest.param({"seqlen_new": 0, "lens": None}, id="whole-cache"),
+    pytest.param({"int_seqlens": True, "lens": (33,), "causal": True}, id="int-seqlens"),
+    pytest.param({"seqlen_q": 5, "seqlen_new": 5, "causal": True, "lens": (30, 64)}, id="chunk-causal"),
+    pytest.param({"seqlen_q": 2, "seqlen_new": 6, "causal": True, "window_size": (3, 0)}, id="window-unseen-new"),
+    pytest.param({"seqlen_q": 3, "seqlen_new": 2, "window_size": (20, 4), "lens": (60, 17)}, id="window-both"),
+    pytest.param({"leftpad": (12, 0), "causal": True, "rotary_dim": 32, "lens": (41, 23)}, id="leftpad"),
+    pytest.param({"batch_idx": True, "causal": True}, id="cache-batch-idx"),
+    pytest.param({"paged": 16, "seqlen_cache": 64, "causal": True, "rotary_dim": 32}, id="paged16"),
+    pytest.param({"paged": 32, "seqlen_cache": 96, "seqlen_q": 2, "seqlen_new": 2, "causal": True,
+                  "leftpad": (5, 0), "lens": (50, 31)}, id="paged32-leftpad"),  # fmt: skip
+    pytest.param({"softcap": 2.0, "causal": True}, id="softcap"),
+    pytest.param({"alibi_slopes": "per-batch", "causal": True, "seqlen_q": 2, "seqlen_new": 2}, id="alibi"),
+    pytest.param({"nheads_k": 1, "nheads": 8, "seqlen_q": 3, "seqlen_new": 3, "causal": True}, id="mqa-m-tiles"),
+    pytest.param({"nheads_k": 3, "nheads": 3, "d": 80, "rotary_dim": 64}, id="mha-d80"),
+    pytest.param({"d": 59, "nheads": 2, "nheads_k": 1, "lens": (9, 1)}, id="d59-short"),
+    pytest.param({"num_splits": 1, "causal": True, "lens": (68, 3)}, id="one-split"),
+    pytest.param({"num_splits": 7, "causal": True, "lens": (68, 0), "rotary_dim": 32}, id="many-splits-empty-cache"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("opts", CASES)
+def test_matches_reference(opts, dtype):
+    torch.manual_seed(len(str(opts)))
+    opts = dict(opts)
+    if opts.get("alibi_slopes") == "per-batch":
+        opts["alibi_slopes"] = torch.rand(2, opts.get("nheads", 4), device=DEVICE)
+    _check(dtype=dtype, **opts)
+
+
+def test_bf16_load_store_path():
+    # bf16 operands are multiplied in fp32 under the interpreter; loads, the append and stores
+    # are still bf16. No rotary here: the interpreter truncates fp32 -> bf16 casts instead of
+    # rounding them. The GPU tests cover bf16 tensor cores and bf16 rotary.
+    torch.manual_seed(11)
+    _check(dtype=torch.bfloat16, causal=True, seqlen_q=2, seqlen_new=2, num_splits=3)
+
+
+def test_queries_without_keys_are_zero():
+    """seqlen_q > visible keys (causal): leading queries see nothing -> 0 and +inf."""
+    torch.manual_seed(12)
+    out = _check(seqlen_q=6, seqlen_new=0, lens=(3, 0), causal=True, num_splits=2)
+    assert (out[0, :3] == 0).all() and (out[1] == 0).all()
+
+
+def test_every_output_element_written():
+    torch.manual_seed(13)
+    dtype = torch.float16
+    q = torch.randn(2, 3, 4, 40, device=DEVICE, dtype=dtype)
+    kc = torch.randn(2, 50, 2, 40, device=DEVICE, dtype=dtype)
+    vc = torch.randn_like(kc)
+    lens = torch.tensor([2, 45], dtype=torch.int32, device=DEVICE)
+    for splits in (1, 4):
+        out = poisoned_like(q)
+        lse = torch.full((2, 4, 3), float("nan"), device=DEVICE)
+        decode.flash_decode(
+            q, kc, vc, None, None, out, lse, cache_seqlens=lens, cache_batch_idx=None,
+            cache_leftpad=None, block_table=None, rotary_cos=None, rotary_sin=None,
+            rotary_interleaved=False, rotary_q_per_row=True, softmax_scale=0.2,
+            window_left=-1, window_right=0, softcap=0.0, alibi_slopes=None, num_splits=splits,
+        )  # fmt: skip
+        assert not out.isnan().any() and not lse.isnan().any(), f"unwritten with {splits} splits"
+        assert (out[0, 0] == 0).all() and torch.isinf(lse[0, :, 0]).all()
+
+
+def test_decode_steps_equal_full_attention():
+    """Prefill a cache, then append token by token: every step equals causal attention over
+    the whole sequence so far (the cache written by step t is what step t + 1 reads)."""
+    torch.manual_seed(14)
+    from hf_flash.reference import attention_ref
+
+    b, h, hk, d, n, steps = 1, 4, 2, 32, 20, 4
+    dtype = torch.float32
+    q = torch.randn(b, n + steps, h, d, device=DEVICE, dtype=dtype)
+    k = torch.randn(b, n + steps, hk, d, device=DEVICE, dtype=dtype)
+    v = torch.randn_like(k)
+    kc = torch.zeros(b, 40, hk, d, device=DEVICE, dtype=dtype)
+    vc = torch.zeros_like(kc)
+    kc[:, :n], vc[:, :n] = k[:, :n], v[:, :n]
+    lens = torch.full((b,), n, dtype=torch.int32, device=DEVICE)
+    full = attention_ref(q, k, v, causal=True)
+    for t in range(n, n + steps):
+        out = flash_attn_with_kvcache(
+            q[:, t : t + 1], kc, vc, k[:, t : t + 1], v[:, t : t + 1], cache_seqlens=lens,
+            causal=True, num_splits=2,
+        )  # fmt: skip
+        lens += 1
+        assert max_abs_err(out, full[:, t : t + 1]) < 1e-5
+    assert torch.equal(kc[:, : n + steps], k) and torch.equal(vc[:, : n + steps], v)
+
+
+def test_transposed_cache_buffers_are_updated_in_place():
+    """transformers' caches are (B, Hk, S, D); their transposed views go in without a copy."""
+    torch.manual_seed(15)
+    buf_k = torch.randn(2, 2, 48, 32, device=DEVICE, dtype=torch.float16)
+    buf_v = torch.randn_like(buf_k)
+    kc, vc = buf_k.transpose(1, 2), buf_v.transpose(1, 2)
+    q = torch.randn(2, 1, 4, 32, device=DEVICE, dtype=torch.float16)
+    k = torch.randn(2, 1, 2, 32, device=DEVICE, dtype=torch.float16)
+    v = torch.randn_like(k)
+    lens = torch.tensor([10, 30], dtype=torch.int32, device=DEVICE)
+    ref, k_ref, v_ref = kvcache_attention_ref(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
+    out = flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
+    assert torch.equal(buf_k.transpose(1, 2), k_ref) and torch.equal(buf_v.transpose(1, 2), v_ref)
+    assert max_abs_err(out, ref) < 2e-3
+
+
+def test_split_heuristic():
+    dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    sms = decode.sm_count(dev)
+    # one sequence, 8 K/V heads, long cache: enough splits for two waves, capped by tiles
+    assert decode.choose_num_splits(8, 32768, 64, dev) == min(-(-2 * sms // 8), decode.MAX_SPLITS)
+    assert decode.choose_num_splits(8, 64, 64, dev) == 1  # one tile: nothing to split
+    assert decode.choose_num_splits(8 * 4096, 4096, 64, dev) == 1  # grid already full
+
+
+def test_compile_fullgraph_mutates_cache():
+    torch.manual_seed(16)
+    kc = torch.zeros(1, 32, 1, 16, device=DEVICE)
+    vc = torch.zeros_like(kc)
+    lens = torch.tensor([4], dtype=torch.int32, device=DEVICE)
+
+    def step(q, k, v, kc, vc, lens):
+        return flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True) * 2
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    q = torch.randn(1, 1, 2, 16, device=DEVICE)
+    k = torch.randn(1, 1, 1, 16, device=DEVICE)
+    v = torch.randn(1, 1, 1, 16, device=DEVICE)
+    out = compiled(q, k, v, kc, vc, lens)
+    assert torch.equal(kc[0, 4], k[0, 0]) and torch.equal(vc[0, 4], v[0, 0])
+    ref, _, _ = kvcache_attention_ref(
+        q, torch.zeros_like(kc), torch.zeros_like(vc), k, v, cache_seqlens=lens, causal=True
+    )
+    assert max_abs_err(out, 2 * ref) < 1e-5
+
+
+def _args(**over):
+    q = torch.randn(2, 1, 4, 32, device=DEVICE, dtype=torch.float16)
+    kc = torch.randn(2, 64, 2, 32, device=DEVICE, dtype=torch.float16)
+    a = dict(
+        q=q, k_cache=kc, v_cache=kc.clone(), k=torch.randn(2, 1, 2, 32, device=DEVICE, dtype=q.dtype),
+        v=torch.randn(2, 1, 2, 32, device=DEVICE, dtype=q.dtype),
+        cache_seqlens=torch.tensor([3, 5], dtype=torch.int32, device=DEVICE),
+    )  # fmt: skip
+    a.update(over)
+    return a
+
+
+def _pages(n=4, size=16):
+    return torch.randn(n, size, 2, 32, device=DEVICE, dtype=torch.float16)
+
+
+BAD = [
+    pytest.param(
+        lambda: _args(cache_seqlens=torch.tensor([3, 64], dtype=torch.int32, device=DEVICE)),
+        ValueError, "does not fit", id="cache-too-short",
+    ),
+    pytest.param(lambda: _args(cache_seqlens=64), ValueError, "does not fit", id="int-too-long"),
+    pytest.param(
+        lambda: _args(cache_seqlens=torch.tensor([3, 5], device=DEVICE)), ValueError, "int32",
+        id="seqlens-int64",
+    ),
+    pytest.param(lambda: _args(cache_seqlens=None), ValueError, "cache_seqlens", id="append-no-lens"),
+    pytest.param(lambda: _args(v=None), ValueError, "both k and v", id="k-without-v"),
+    pytest.param(
+        lambda: _args(k=torch.randn(2, 1, 2, 32, device=DEVICE)), TypeError, "dtype", id="k-dtype"
+    ),
+    pytest.param(
+        lambda: _args(v_cache=torch.randn(2, 64, 2, 32, device=DEVICE)), TypeError, "one dtype",
+        id="cache-dtype",
+    ),
+    pytest.param(
+        lambda: _args(k_cache=torch.randn(2, 64, 3, 32, device=DEVICE, dtype=torch.float16),
+                      v_cache=torch.randn(2, 64, 3, 32, device=DEVICE, dtype=torch.float16)),
+        ValueError, "multiple", id="heads",
+    ),  # fmt: skip
+    pytest.param(
+        lambda: _args(k_cache=torch.randn(3, 64, 2, 32, device=DEVICE, dtype=torch.float16),
+                      v_cache=torch.randn(3, 64, 2, 32, device=DEVICE, dtype=torch.float16)),
+        ValueError, "cache_batch_idx", id="cache-batch",
+    ),  # fmt: skip
+    pytest.param(
+        lambda: _args(cache_leftpad=torch.tensor([4, 0], dtype=torch.int32, device=DEVICE)),
+        ValueError, "cache_leftpad", id="leftpad-past-seqlens",
+    ),
+    pytest.param(
+        lambda: _args(cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32, device=DEVICE)),
+        ValueError, "cache_batch_idx", id="batch-idx-range",
+    ),
+    pytest.param(
+        lambda: _args(k_cache=_pages(), v_cache=_pages(),
+                      block_table=torch.tensor([[0, 1], [2, 4]], dtype=torch.int32, device=DEVICE),
+                      cache_seqlens=torch.tensor([3, 20], dtype=torch.int32, device=DEVICE)),
+        ValueError, "block_table", id="page-out-of-range",
+    ),  # fmt: skip
+    pytest.param(
+        lambda: _args(k_cache=_pages(size=24), v_cache=_pages(size=24),
+                      block_table=torch.zeros(2, 2, dtype=torch.int32, device=DEVICE)),
+        ValueError, "multiple of 16", id="page-size",
+    ),  # fmt: skip
+    pytest.param(
+        lambda: _args(rotary_cos=torch.ones(64, 16, device=DEVICE), rotary_sin=None),
+        ValueError, "rotary_sin", id="cos-without-sin",
+    ),
+    pytest.param(
+        lambda: _args(rotary_cos=torch.ones(32, 16, device=DEVICE),
+                      rotary_sin=torch.ones(32, 16, device=DEVICE)),
+        ValueError, "cover every cache row", id="rotary-too-short",
+    ),  # fmt: skip
+    pytest.param(
+        lambda: _args(rotary_cos=torch.ones(64, 20, device=DEVICE),
+                      rotary_sin=torch.ones(64, 20, device=DEVICE)),
+        ValueError, "rotary_dim", id="rotary-too-wide",
+    ),  # fmt: skip
+    pytest.param(
+        lambda: _args(k=None, v=None, rotary_cos=torch.ones(64, 16, device=DEVICE),
+                      rotary_sin=torch.ones(64, 16, device=DEVICE)),
+        ValueError, "new k only", id="rotary-without-k",
+    ),  # fmt: skip
+    pytest.param(lambda: _args(num_splits=-1), ValueError, "num_splits", id="num-splits"),
+    pytest.param(lambda: _args(window_size=(-2, 0)), ValueError, "window_size", id="window"),
+    pytest.param(
+        lambda: _args(q=torch.randn(2, 4, 32, device=DEVICE, dtype=torch.float16)), ValueError,
+        "4-D", id="q-3d",
+    ),
+]
+
+
+@pytest.mark.parametrize("make,exc,match", BAD)
+def test_bad_input_raises_before_launch(make, exc, match):
+    args = make()
+    before = (args["k_cache"].clone(), args["v_cache"].clone())
+    with pytest.raises(exc, match=match):
+        flash_attn_with_kvcache(**args)
+    assert torch.equal(args["k_cache"], before[0]), "the cache changed although the call failed"
+
+
+# --------------------------------------------------------------------------------------------
+# GPU: bf16 tensor cores, long caches, every split count, CUDA-graph capture
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        pytest.param({"batch": 1, "seqlen_cache": 8192, "lens": (8000,), "nheads": 32,
+                      "nheads_k": 8, "d": 128, "causal": True, "rotary_dim": 128}, id="b1-8k-llama"),
+        pytest.param({"batch": 3, "seqlen_cache": 2048, "lens": (2000, 1, 777), "nheads": 32,
+                      "nheads_k": 8, "d": 128, "causal": True, "paged": 256}, id="paged256"),
+        pytest.param({"batch": 2, "seqlen_cache": 1024, "lens": (1000, 511), "seqlen_q": 4,
+                      "seqlen_new": 4, "causal": True, "window_size": (300, 0), "d": 64,
+                      "leftpad": (100, 3)}, id="spec-window-leftpad"),
+        pytest.param({"batch": 2, "seqlen_cache": 1030, "lens": (1000, 0), "d": 256,
+                      "nheads": 8, "nheads_k": 8, "softcap": 30.0, "causal": True}, id="d256"),
+        pytest.param({"batch": 2, "lens": (1000, 77), "seqlen_cache": 1030, "d": 96,
+                      "rotary_dim": 64, "interleaved": True, "num_splits": 17}, id="d96-17splits"),
+    ],
+)  # fmt: skip
+def test_gpu_matches_reference(opts, dtype):
+    torch.manual_seed(21)
+    _check(dtype=dtype, **opts)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture():
+    torch.manual_seed(22)
+    dtype = torch.bfloat16
+    kc = torch.randn(2, 4096, 8, 128, device="cuda", dtype=dtype)
+    vc = torch.randn_like(kc)
+    q = torch.randn(2, 1, 32, 128, device="cuda", dtype=dtype)
+    k = torch.randn(2, 1, 8, 128, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    lens = torch.tensor([100, 3000], dtype=torch.int32, device="cuda")
+    k0, v0 = kc.clone(), vc.clone()
+    ref, _, _ = kvcache_attention_ref(q, k0, v0, k, v, cache_seqlens=lens, causal=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up compiles the kernels outside the capture
+        flash_attn_with_kvcache(q, kc.clone(), vc.clone(), k, v, cache_seqlens=lens, causal=True)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
+    kc.copy_(k0)
+    vc.copy_(v0)
+    graph.replay()
+    torch.cuda.synchronize()
+    lp, _, _ = kvcache_attention_ref(q, k0, v0, k, v, cache_seqlens=lens, causal=True, upcast=False)
+    assert_close_to_ref("graph out", out, ref, lp, FWD_FACTOR, dtype)
+    lens.add_(1)  # the graph reads the new lengths from the device
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(kc[1, 3001], k[1, 0])
