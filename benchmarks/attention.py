@@ -48,10 +48,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import sys
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -203,6 +201,7 @@ def _sdpa_builder(name: str):
 
 
 _FLEX: dict[str, Callable] = {}
+_FLEX_DYNAMIC_ERROR: list[str] = []  # once dynamic shapes failed, later shapes compile statically
 
 
 def _flex_fn(mode: str) -> Callable:
@@ -238,19 +237,23 @@ def build_flex(shape, q, k, v, dout, mode: str = "dynamic"):
         mod = _causal if mask == "causal" else _sliding
         block_mask = create_block_mask(mod, None, None, seqlen, seqlen, device=q.device)
     leaves = (_leaf(_bhsd(q)), _leaf(_bhsd(k)), _leaf(_bhsd(v)))
+    if mode == "dynamic" and _FLEX_DYNAMIC_ERROR:
+        mode = "static"
     info = {"compile": mode}
-    fn = _flex_fn(mode)
+    state = {"fn": _flex_fn(mode)}
 
     def attn():
-        return fn(*leaves, block_mask=block_mask, enable_gqa=True)
-
-    if mode == "dynamic":
         try:
-            with torch.no_grad():
-                attn()
-        except Exception as e:  # a dynamic-shape compile failure must not lose the peer
-            info = {"compile": "static", "dynamic_error": _error(e)}
-            fn = _flex_fn("static")
+            return state["fn"](*leaves, block_mask=block_mask, enable_gqa=True)
+        except Exception as e:
+            # a dynamic-shape compile failure must not lose the peer: compile this shape alone
+            if info["compile"] != "dynamic":
+                raise
+            info.update({"compile": "static", "dynamic_error": _error(e)})
+            _FLEX_DYNAMIC_ERROR.append(info["dynamic_error"])
+            state["fn"] = _flex_fn("static")
+            return state["fn"](*leaves, block_mask=block_mask, enable_gqa=True)
+
     return attn, leaves, _bhsd(dout), info
 
 
@@ -436,23 +439,37 @@ SWEEP_SEQLENS = (4096, 16384)
 
 
 @contextlib.contextmanager
-def _record_configs(configs):
-    """Record the launch parameters the launchers actually asked for (to see that an override
-    took effect also where a kernel launches on autograd's worker thread)."""
+def _force_configs(configs, forced: dict):
+    """``configs.override(**forced)``, made to hold on every thread.
+
+    The override is a ContextVar, and on CUDA autograd runs backward on its own worker thread,
+    where a ContextVar set by the caller is not visible (torch <= 2.12). The launchers read
+    ``configs.fwd_config`` / ``configs.bwd_configs`` at launch, so these wrappers see what each
+    launch was given, record whether the override reached it, and apply it where it did not.
+    """
     seen = {}
     fwd, bwd = configs.fwd_config, configs.bwd_configs
 
-    def fwd_spy(*a, **kw):
-        seen["fwd"] = cfg = fwd(*a, **kw)
+    def settle(kind, cfg):
+        want = forced.get(kind)
+        if want is not None:
+            reached = all(cfg.get(x) == y for x, y in want.items())
+            seen[f"{kind}_override_reached_launcher"] = reached
+            cfg = cfg if reached else {**cfg, **want}
+        seen[kind] = cfg
         return cfg
 
+    def fwd_spy(*a, **kw):
+        return settle("fwd", fwd(*a, **kw))
+
     def bwd_spy(*a, **kw):
-        seen["bwd_dkdv"], seen["bwd_dq"] = cfgs = bwd(*a, **kw)
-        return cfgs
+        dkdv, dq = bwd(*a, **kw)
+        return settle("bwd_dkdv", dkdv), settle("bwd_dq", dq)
 
     configs.fwd_config, configs.bwd_configs = fwd_spy, bwd_spy
     try:
-        yield seen
+        with configs.override(**forced):
+            yield seen
     finally:
         configs.fwd_config, configs.bwd_configs = fwd, bwd
 
@@ -482,7 +499,7 @@ def sweep_configs(args, timing) -> list[dict]:
                 timed_pass = "fwd" if kernel == "fwd" else "bwd"
                 passes = ("fwd", "bwd") if kernel == "default" else (timed_pass,)
                 try:
-                    with configs.override(**forced), _record_configs(configs) as seen:
+                    with _force_configs(configs, forced) as seen:
                         for p in passes:
                             if p == "fwd":
                                 with torch.no_grad():
@@ -497,19 +514,20 @@ def sweep_configs(args, timing) -> list[dict]:
                                 out = None
                             row[f"{p}_ms"] = t["ms"]
                             row[f"{p}_tflops"] = flops * PASS_FACTOR[p] / (t["ms"] * 1e-3) / 1e12
-                    if cand is not None:
-                        used = seen.get(kernel)
-                        row["applied"] = None if used is None else all(used.get(x) == y for x, y in cand.items())
+                    if cand is None:
+                        row["used"] = {k: v for k, v in seen.items() if isinstance(v, dict)}
+                    elif kernel not in seen:
+                        row["error"] = f"the {kernel} launcher never asked configs for parameters"
                     else:
-                        row["used"] = dict(seen)
+                        row["override_reached_launcher"] = seen[f"{kernel}_override_reached_launcher"]
                 except Exception as e:
                     row["error"] = _error(e)
                 rows.append(row)
                 _free()
                 ms = row.get(f"{timed_pass}_ms")
+                note = "" if row.get("override_reached_launcher", True) else "  (forced by the benchmark)"
                 print(f"sweep S={seqlen} {kernel:8s} {cand or 'default'}: "
-                      f"{'%.3f ms' % ms if ms else row.get('error')}"
-                      f"{'' if row.get('applied', True) else '  (override NOT applied)'}", flush=True)  # fmt: skip
+                      f"{'%.3f ms' % ms if ms else row.get('error')}{note}", flush=True)  # fmt: skip
         del q, k, v, dout
         _free()
     return rows

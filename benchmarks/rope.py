@@ -2,7 +2,7 @@
 
 Run on a GPU from the repository root::
 
-    PYTHONPATH=. python benchmarks/rope.py --out OUTDIR [--quick] [--skip-train]
+    PYTHONPATH=. python benchmarks/rope.py --out OUTDIR [--quick] [--skip-train] [--sweep]
 
 Part 1, kernel (bf16, q with 32 heads and k with 8 heads, head_dim 128, batch 1, T tokens):
 
@@ -99,6 +99,27 @@ def kernel_rows(tokens_list, device="cuda"):
     return rows
 
 
+def sweep_rows(tokens: int = BAR_TOKENS, device="cuda"):
+    """Forward GB/s of the fused kernel for a few tile sizes and warp counts (tuning aid)."""
+    from hf_flash.kernels import rotary as kernel
+    from hf_flash.rotary import apply_rotary_pos_emb as fused
+
+    q, k, cos, sin = _rotary_inputs(tokens, device)
+    saved = kernel._TILE_ELEMS, kernel._NUM_WARPS
+    rows = []
+    try:
+        for tile in (1024, 2048, 4096):
+            for warps in (2, 4, 8):
+                kernel._TILE_ELEMS, kernel._NUM_WARPS = tile, warps
+                with torch.no_grad():
+                    t = bench_ms(lambda: fused(q, k, cos, sin))
+                rows.append({"bench": "sweep", "tokens": tokens, "pass": "fwd", "provider": "hf_flash",
+                             "tile": tile, "num_warps": warps, **t, "gbps": _bytes(tokens) / t["ms"] / 1e6})  # fmt: skip
+    finally:
+        kernel._TILE_ELEMS, kernel._NUM_WARPS = saved
+    return rows
+
+
 def train_rows(seqlen: int, steps: int, attn: str, device="cuda"):
     import peft
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -161,6 +182,7 @@ def main(argv=None):
     parser.add_argument("--train-seqlen", type=int, default=32768)
     parser.add_argument("--train-steps", type=int, default=None, help="timed steps (3; 2 with --quick)")
     parser.add_argument("--attn", default="sdpa", help="attn_implementation of the training model")
+    parser.add_argument("--sweep", action="store_true", help="also sweep kernel tile / num_warps")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/rope.py needs a CUDA GPU")
@@ -173,6 +195,10 @@ def main(argv=None):
             verdicts.append(f"bar {r['pass']} @ {BAR_TOKENS}: {r['speedup_vs_transformers']:.2f}x "
                             f"transformers, {100 * r['frac_copy']:.0f}% of copy -> "
                             f"{'PASS' if ok else 'FAIL'}")  # fmt: skip
+    if args.sweep:
+        sweep = sweep_rows()
+        print_table(sweep, ["tokens", "tile", "num_warps", "ms", "gbps"])
+        rows += sweep
     if not args.skip_train:
         steps = args.train_steps or (2 if args.quick else 3)
         train = train_rows(args.train_seqlen, steps, args.attn)

@@ -63,7 +63,13 @@ def _attn_with_kvcache(
     softcap: float,
     rotary_interleaved: bool,
     num_splits: int,
+    cache_heads_first: bool,
 ) -> Tuple[Tensor, Tensor]:
+    """``cache_heads_first``: the caches are (batch, nheads_k, seqlen, headdim) buffers
+    (transformers' layout), viewed here, inside the op, so torch.compile sees the buffers
+    themselves as the mutated arguments."""
+    if cache_heads_first:
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     out = torch.empty_like(q)
     b, s, h, _ = q.shape
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
@@ -82,7 +88,7 @@ def _attn_with_kvcache(
 @_attn_with_kvcache.register_fake
 def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
       cache_leftpad, block_table, alibi_slopes, softmax_scale, rotary_q_per_row, window_left,
-      window_right, softcap, rotary_interleaved, num_splits):  # fmt: skip
+      window_right, softcap, rotary_interleaved, num_splits, cache_heads_first):  # fmt: skip
     b, s, h, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32)
 
@@ -198,25 +204,34 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
         for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
             if not isinstance(t, Tensor) or not t.is_floating_point():
                 raise TypeError(f"{name} must be a floating-point tensor")
-            if t.dim() != 2 or t.device != q.device:
+            if t.dim() not in (2, 3) or t.device != q.device:
                 raise ValueError(
-                    f"{name} must be 2-D (seqlen_ro, rotary_dim / 2) on {q.device}, got shape "
-                    f"{tuple(t.shape)} on {t.device}"
+                    f"{name} must be (seqlen_ro, rotary_dim / 2) or per token (batch, seqlen_new, "
+                    f"rotary_dim / 2), on {q.device}; got shape {tuple(t.shape)} on {t.device}"
                 )
-            if t.stride(-1) != 1:
-                raise ValueError(f"{name} must have unit stride on its last dimension")
         if rotary_cos.shape != rotary_sin.shape:
             raise ValueError(
                 f"rotary_cos {tuple(rotary_cos.shape)} and rotary_sin "
                 f"{tuple(rotary_sin.shape)} differ in shape"
             )
-        rotary_dim = 2 * rotary_cos.shape[1]
+        rotary_dim = 2 * rotary_cos.shape[-1]
         if not 0 < rotary_dim <= head_dim:
             raise ValueError(
-                f"rotary_dim = 2 * rotary_cos.shape[1] = {rotary_dim} must be in 1..headdim "
+                f"rotary_dim = 2 * rotary_cos.shape[-1] = {rotary_dim} must be in 1..headdim "
                 f"({head_dim})"
             )
-        if rotary_cos.shape[0] < capacity:
+        if rotary_cos.dim() == 3:
+            if rotary_cos.shape[0] not in (1, batch) or rotary_cos.shape[1] != seqlen_new:
+                raise ValueError(
+                    f"per-token rotary tables have shape {tuple(rotary_cos.shape)}; expected "
+                    f"({batch} or 1, seqlen_new={seqlen_new}, rotary_dim / 2)"
+                )
+            if seqlen_q != seqlen_new:
+                raise ValueError(
+                    f"per-token rotary tables need seqlen_q ({seqlen_q}) == seqlen_new "
+                    f"({seqlen_new}): query i is rotated like new token i"
+                )
+        elif rotary_cos.shape[0] < capacity:
             raise ValueError(
                 f"rotary_cos/sin have {rotary_cos.shape[0]} positions but the cache holds "
                 f"{capacity} rows; they must cover every cache row"
@@ -324,7 +339,11 @@ def flash_attn_with_kvcache(
         rotary_cos: (seqlen_ro, rotary_dim / 2), seqlen_ro >= the cache's row count. With
             rotary_sin, rotates q and the new k in the kernel (see module docstring for the
             positions); only together with k/v. Features past rotary_dim are unchanged.
-        rotary_sin: (seqlen_ro, rotary_dim / 2).
+            hf_flash extension: per-token tables (batch or 1, seqlen_new, rotary_dim / 2) hold
+            the angles of the new tokens themselves (new key t and query t use row t; needs
+            seqlen_q == seqlen_new), for callers whose positions are not cache rows
+            (transformers' left-padded batches).
+        rotary_sin: same shape as rotary_cos.
         cache_seqlens: int or (batch,) int32 on q's device. Tokens already in each row's cache
             (before this call's append). Default None: the whole cache (needs k=None).
         cache_batch_idx: (batch,) int32. Row ``b`` uses cache row ``cache_batch_idx[b]``.
@@ -368,6 +387,10 @@ def flash_attn_with_kvcache(
         cache_seqlens = torch.full((batch,), full, dtype=torch.int32, device=q.device)
     elif isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    if rotary_cos is not None and (
+        rotary_cos.stride(-1) != 1 or rotary_cos.stride() != rotary_sin.stride()
+    ):
+        rotary_cos, rotary_sin = rotary_cos.contiguous(), rotary_sin.contiguous()
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     left, right = int(window_size[0]), int(window_size[1])
     local = (left, right) != (-1, -1)
@@ -378,6 +401,6 @@ def flash_attn_with_kvcache(
         _prepare(k) if k is not None else None, _prepare(v) if v is not None else None,
         rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
         alibi_slopes, float(scale), bool(causal or local), left, right, float(softcap),
-        bool(rotary_interleaved), int(num_splits),
+        bool(rotary_interleaved), int(num_splits), False,
     )  # fmt: skip
     return (out, lse) if return_softmax_lse else out

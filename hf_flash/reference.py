@@ -249,6 +249,8 @@ def kvcache_attention_ref(
     ``[cache_leftpad[b], cache_seqlens[b] + seqlen_new)`` with :func:`attention_ref` (its
     bottom-right causal alignment and windows count keys from the left pad); q is rotated at
     rows ``cache_seqlens[b] + i`` when causal or windowed, else all at ``cache_seqlens[b]``.
+    3-D rotary tables ``(batch or 1, seqlen_new, rotary_dim / 2)`` hold per-token angles: new
+    token t and query t use row t (row 0 for every query when neither causal nor windowed).
     Other keyword arguments (softmax_scale, softcap, upcast) go to :func:`attention_ref`.
     """
     batch, seqlen_q = q.shape[0], q.shape[1]
@@ -274,19 +276,24 @@ def kvcache_attention_ref(
             kc, vc = k_cache[row], v_cache[row]  # views: writes land in the cache copies
         cs, lp = int(cache_seqlens[b]), int(leftpad[b])
         qb = q[b : b + 1]
+        cos, sin, first = rotary_cos, rotary_sin, cs
+        if rotary_cos is not None and rotary_cos.dim() == 3:
+            # per-token tables: row t holds the angles of new token t
+            row = b if rotary_cos.shape[0] > 1 else 0
+            cos, sin, first = rotary_cos[row], rotary_sin[row], 0
         if seqlen_new:
             kb = k[b : b + 1]
             if rotary_cos is not None:
-                pos = torch.arange(cs, cs + seqlen_new, device=q.device)
-                kb = rotary_ref(kb, rotary_cos[pos], rotary_sin[pos], interleaved=rotary_interleaved)
+                pos = torch.arange(first, first + seqlen_new, device=q.device)
+                kb = rotary_ref(kb, cos[pos], sin[pos], interleaved=rotary_interleaved)
             kc[cs : cs + seqlen_new] = kb[0]
             vc[cs : cs + seqlen_new] = v[b]
         if rotary_cos is not None and seqlen_new:
             if causal or local:
-                pos = torch.arange(cs, cs + seqlen_q, device=q.device)
+                pos = torch.arange(first, first + seqlen_q, device=q.device)
             else:
-                pos = torch.full((seqlen_q,), cs, device=q.device, dtype=torch.long)
-            qb = rotary_ref(qb, rotary_cos[pos], rotary_sin[pos], interleaved=rotary_interleaved)
+                pos = torch.full((seqlen_q,), first, device=q.device, dtype=torch.long)
+            qb = rotary_ref(qb, cos[pos], sin[pos], interleaved=rotary_interleaved)
         if block_table is not None:
             page_size = k_cache.shape[1]
             k_cache[pages] = kc.view(-1, page_size, *kc.shape[1:])

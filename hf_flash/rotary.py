@@ -24,6 +24,7 @@ past ``rotary_dim`` (partial rotary) pass through unchanged. Arithmetic is float
 from __future__ import annotations
 
 import math
+import os
 from typing import List, Optional, Tuple, Union
 
 import torch
@@ -38,8 +39,6 @@ _INT_DTYPES = (torch.int32, torch.int64)
 
 
 def _interpreter_active() -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 

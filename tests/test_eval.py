@@ -9,7 +9,6 @@ import string
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from hf_flash.eval import (
     build_passkey_prompt,

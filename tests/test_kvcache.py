@@ -42,7 +42,7 @@ def _paged(k_cache, v_cache, page_size):
 def _check(
     batch=2, seqlen_q=1, nheads=4, nheads_k=2, d=32, seqlen_cache=70, seqlen_new=1,
     lens=(40, 23), dtype=torch.float16, rotary_dim=0, interleaved=False, paged=0,
-    batch_idx=False, leftpad=None, num_splits=0, int_seqlens=False, **opts,
+    batch_idx=False, leftpad=None, num_splits=0, int_seqlens=False, per_token_rotary=0, **opts,
 ):  # fmt: skip
     q = torch.randn(batch, seqlen_q, nheads, d, device=DEVICE, dtype=dtype)
     batch_cache = batch + 2 if batch_idx else batch
@@ -59,6 +59,14 @@ def _check(
         )
     if rotary_dim:
         kw["rotary_cos"], kw["rotary_sin"] = _rotary(seqlen_cache, rotary_dim)
+        kw["rotary_interleaved"] = interleaved
+    if per_token_rotary:
+        # (rows, seqlen_new, rotary_dim / 2) views with a padded last axis, as transformers'
+        # cos[..., :half] slices are
+        rows = batch if per_token_rotary == "batch" else 1
+        cos, sin = _rotary(rows * seqlen_new, 2 * rotary_dim, dtype)
+        kw["rotary_cos"] = cos.view(rows, seqlen_new, rotary_dim)[..., : rotary_dim // 2]
+        kw["rotary_sin"] = sin.view(rows, seqlen_new, rotary_dim)[..., : rotary_dim // 2]
         kw["rotary_interleaved"] = interleaved
     if batch_idx:
         kw["cache_batch_idx"] = torch.randperm(batch_cache, device=DEVICE)[:batch].to(torch.int32)
@@ -103,6 +111,10 @@ CASES = [
     pytest.param({"paged": 16, "seqlen_cache": 64, "causal": True, "rotary_dim": 32}, id="paged16"),
     pytest.param({"paged": 32, "seqlen_cache": 96, "seqlen_q": 2, "seqlen_new": 2, "causal": True,
                   "leftpad": (5, 0), "lens": (50, 31)}, id="paged32-leftpad"),  # fmt: skip
+    pytest.param({"leftpad": (7, 2), "seqlen_q": 2, "seqlen_new": 2, "causal": True,
+                  "rotary_dim": 32, "per_token_rotary": "batch"}, id="per-token-rotary"),
+    pytest.param({"rotary_dim": 16, "per_token_rotary": "shared", "interleaved": True},
+                 id="per-token-rotary-shared-partial"),
     pytest.param({"softcap": 2.0, "causal": True}, id="softcap"),
     pytest.param({"alibi_slopes": "per-batch", "causal": True, "seqlen_q": 2, "seqlen_new": 2}, id="alibi"),
     pytest.param({"nheads_k": 1, "nheads": 8, "seqlen_q": 3, "seqlen_new": 3, "causal": True}, id="mqa-m-tiles"),
@@ -198,6 +210,30 @@ def test_transposed_cache_buffers_are_updated_in_place():
     out = flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
     assert torch.equal(buf_k.transpose(1, 2), k_ref) and torch.equal(buf_v.transpose(1, 2), v_ref)
     assert max_abs_err(out, ref) < 2e-3
+
+
+def test_cache_capacity_is_never_exceeded():
+    """Past the cache's rows (possible only when validation is skipped, e.g. during CUDA-graph
+    capture) the kernel drops the append and reads nothing: no out-of-bounds memory access."""
+    torch.manual_seed(17)
+    backing = torch.randn(2, 40, 2, 16, device=DEVICE)
+    kc, vc = backing[:, :32].clone(), backing[:, :32].clone()
+    guard_k = backing[:, 32:].clone()
+    q = torch.randn(2, 1, 2, 16, device=DEVICE)
+    k = torch.randn(2, 2, 2, 16, device=DEVICE)
+    out, lse = torch.empty_like(q), torch.empty(2, 2, 1, device=DEVICE)
+    lens = torch.tensor([31, 5], dtype=torch.int32, device=DEVICE)  # row 0: 31 + 2 > 32
+    kc_big = backing.clone()
+    kc_view = kc_big[:, :32]
+    decode.flash_decode(
+        q, kc_view, vc, k, k, out, lse, cache_seqlens=lens, cache_batch_idx=None,
+        cache_leftpad=None, block_table=None, rotary_cos=None, rotary_sin=None,
+        rotary_interleaved=False, rotary_q_per_row=True, softmax_scale=0.25,
+        window_left=-1, window_right=0, softcap=0.0, alibi_slopes=None, num_splits=2,
+    )  # fmt: skip
+    assert torch.equal(kc_big[:, 32:], guard_k), "wrote past the cache"
+    assert torch.equal(kc_view[0, 31], k[0, 0]) and torch.equal(kc_view[1, 5:7], k[1])
+    assert torch.isfinite(out).all()
 
 
 def test_split_heuristic():
@@ -314,6 +350,11 @@ BAD = [
         ValueError, "new k only", id="rotary-without-k",
     ),  # fmt: skip
     pytest.param(lambda: _args(num_splits=-1), ValueError, "num_splits", id="num-splits"),
+    pytest.param(
+        lambda: _args(rotary_cos=torch.ones(2, 3, 16, device=DEVICE),
+                      rotary_sin=torch.ones(2, 3, 16, device=DEVICE)),
+        ValueError, "per-token", id="per-token-rotary-shape",
+    ),  # fmt: skip
     pytest.param(lambda: _args(window_size=(-2, 0)), ValueError, "window_size", id="window"),
     pytest.param(
         lambda: _args(q=torch.randn(2, 4, 32, device=DEVICE, dtype=torch.float16)), ValueError,

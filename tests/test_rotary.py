@@ -147,6 +147,29 @@ def test_apply_rotary_emb_varlen_and_position_ids(device):
     assert max_abs_err(outb, refb) <= _floor(refb)
 
 
+def test_head_blocks_split_for_wide_tokens(device, monkeypatch):
+    """Tiny tiles force several head blocks and token blocks per tensor (the path taken on GPU
+    when heads * rotary_dim / 2 exceeds the tile); k has fewer heads, so some of its head
+    blocks are empty."""
+    from hf_flash.kernels import rotary as rotary_kernel
+
+    monkeypatch.setattr(rotary_kernel, "_TILE_ELEMS", 32)
+    torch.manual_seed(9)
+    q = torch.randn(2, 5, 7, 24, device=device).transpose(1, 2)
+    k = torch.randn(2, 5, 2, 24, device=device).transpose(1, 2)
+    cos = torch.randn(2, 5, 16, device=device)
+    sin = torch.randn(2, 5, 16, device=device)
+    qo, ko = apply_rotary_pos_emb(q, k, cos, sin)
+    qr, kr = hf_apply(q[..., :16], k[..., :16], cos, sin)
+    assert max_abs_err(qo[..., :16], qr) <= _floor(qr) and max_abs_err(ko[..., :16], kr) <= _floor(kr)
+    assert torch.equal(qo[..., 16:], q[..., 16:]) and torch.equal(ko[..., 16:], k[..., 16:])
+    x = torch.randn(3, 4, 5, 32, device=device)
+    c, s_ = _table(4, 32, device)
+    out = apply_rotary_emb(x, c, s_, interleaved=True)
+    ref = rotary_ref(x, c, s_, interleaved=True)
+    assert max_abs_err(out, ref) <= _floor(ref)
+
+
 def test_long_positions_beyond_128k(device):
     """Angles at positions >= 128K: the float32 table is the truth, the kernel only rotates."""
     torch.manual_seed(3)

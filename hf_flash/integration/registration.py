@@ -11,10 +11,12 @@ What :func:`register` does, each step idempotent:
    whose ``_lazy_imports`` would fall through to the hub-kernel loader and fail. ``_lazy_imports``
    is wrapped so that exactly the name "hf_flash" resolves to hf_flash's flash-attn-compatible
    functions; every other name goes to the original untouched.
-4. ``PreTrainedModel.post_init`` and ``PreTrainedModel.set_attn_implementation`` are wrapped so a
-   model built with, or switched to, "hf_flash" is checked (attention sinks are rejected here, at
-   load time) and gets the model-family patches enabled by the switches (fused RoPE, fused
-   decode); switching away reverts them.
+4. ``PreTrainedModel._check_and_adjust_attn_implementation`` rejects model classes that cannot
+   run on "hf_flash" (no flash support declared, or a fixed list of flash kernels they need),
+   before the model is built. ``PreTrainedModel.post_init`` and ``set_attn_implementation`` are
+   wrapped so a model built with, or switched to, "hf_flash" is checked (attention sinks are
+   rejected here, at load time) and gets the model-family patches enabled by the switches
+   (fused RoPE, fused decode); switching away reverts them.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ def register(*, fused_rope: bool = True, fused_decode: bool = True) -> None:
         if not hasattr(fa_utils._lazy_imports, "__hf_flash_original__"):
             fa_utils._lazy_imports = _wrap_lazy_imports(fa_utils._lazy_imports)
         model_cls = modeling_utils.PreTrainedModel
+        if not hasattr(model_cls._check_and_adjust_attn_implementation, "__hf_flash_original__"):
+            model_cls._check_and_adjust_attn_implementation = _wrap_check_and_adjust(
+                model_cls._check_and_adjust_attn_implementation
+            )
         if not hasattr(model_cls.post_init, "__hf_flash_original__"):
             model_cls.post_init = _wrap_post_init(model_cls.post_init)
         if not hasattr(model_cls.set_attn_implementation, "__hf_flash_original__"):
@@ -141,6 +147,38 @@ def _wrap_lazy_imports(original):
     return _lazy_imports
 
 
+def _wrap_check_and_adjust(original):
+    @functools.wraps(original)
+    def _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs):
+        if attn_implementation == ATTN_IMPLEMENTATION:
+            check_model_supported(type(self))
+        return original(self, attn_implementation, *args, **kwargs)
+
+    _check_and_adjust_attn_implementation.__hf_flash_original__ = original
+    return _check_and_adjust_attn_implementation
+
+
+def check_model_supported(model_cls) -> None:
+    """Raise before the model is built when its class cannot run on "hf_flash"."""
+    # transformers only runs its own support check for names "flash_attention_<n>", so models
+    # whose attention needs more than a padding mask (they declare no flash support) land here.
+    if not getattr(model_cls, "_supports_flash_attn", False):
+        raise ValueError(
+            f"{model_cls.__name__} does not support FlashAttention-style attention "
+            "(_supports_flash_attn is False), so attn_implementation='hf_flash' cannot run it; "
+            "use 'sdpa' or 'eager'"
+        )
+    # Models that list the flash kernels they need (e.g. for attention sinks) would otherwise
+    # swap "hf_flash" for the first of those, behind the user's back.
+    compatible = getattr(model_cls, "_compatible_flash_implementations", None)
+    if compatible is not None and ATTN_IMPLEMENTATION not in compatible:
+        raise ValueError(
+            f"{model_cls.__name__} runs only the flash kernels it lists ({list(compatible)}), "
+            "for features hf_flash does not implement (such as attention sinks); use "
+            "attn_implementation='eager' or 'sdpa'"
+        )
+
+
 def _wrap_post_init(original):
     @functools.wraps(original)
     def post_init(self, *args, **kwargs):
@@ -182,14 +220,6 @@ def on_hf_flash_model(model) -> None:
 
 def reject_unsupported(model) -> None:
     """Raise at load time for features hf_flash does not implement."""
-    # transformers only runs its own support check for names "flash_attention_<n>", so models
-    # whose attention needs more than a padding mask (they declare no flash support) land here.
-    if not getattr(model, "_supports_flash_attn", False):
-        raise ValueError(
-            f"{type(model).__name__} does not support FlashAttention-style attention "
-            "(_supports_flash_attn is False), so attn_implementation='hf_flash' cannot run it; "
-            "use 'sdpa' or 'eager'"
-        )
     for name, module in model.named_modules():
         if isinstance(getattr(module, "sinks", None), torch.Tensor):
             raise ValueError(

@@ -18,13 +18,15 @@ Pairing: non-interleaved ("rotate half", Llama/Mistral) pairs feature ``i`` with
 ``i + rotary_dim / 2``; interleaved (GPT-J) pairs ``2i`` with ``2i + 1``. Features past
 ``rotary_dim`` are copied unless the kernel works in place.
 
-Work split: tensors are viewed as rows ``(batch, seqlen, nheads)`` of ``headdim`` features with
-arbitrary strides. A program owns BLOCK_R rows of one tensor: the first ``cdiv(rows_a, BLOCK_R)``
-programs rotate tensor A, the rest tensor B. The angle row of a token is found from its position:
-``position_ids[b, s]`` when given, else ``s + offset (+ seqlen_offsets[b])``; the cos/sin row is
-``cos[b * stride_cb + position * stride_cs]`` (stride_cb = 0 for a shared table).
+Work split: a tensor is a grid of tokens ``(batch, seqlen)`` by heads, each head a row of
+``headdim`` features, with arbitrary strides. A program owns a [BLOCK_T tokens, BLOCK_H heads,
+rotary_dim / 2 pairs] tile of one tensor: the first ``cdiv(tokens, BLOCK_TA)`` programs rotate
+tensor A (q), the rest tensor B (k). Each token's cos/sin row is loaded once and broadcast over
+its heads. The row is found from the token's position: ``position_ids[b, s]`` when given, else
+``s + offset (+ seqlen_offsets[b])``; it starts at ``cos + b * stride_cb + position *
+stride_cs`` (stride_cb = 0 for a table shared by the batch).
 
-Arithmetic is float32 whatever the storage dtype (float16, bfloat16, float32). Row offsets are
+Arithmetic is float32 whatever the storage dtype (float16, bfloat16, float32). Offsets are
 int64 so tensors with more than 2**31 elements are addressed correctly.
 """
 
@@ -36,112 +38,130 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate_rows(
-    block, x_ptr, o_ptr,
+def _rotate_tokens(
+    block, hblock, x_ptr, o_ptr,
     stride_xb, stride_xs, stride_xh, stride_ob, stride_os, stride_oh,
-    nheads, seqlen, nrows,
+    nheads, seqlen, ntokens,
     cos_ptr, sin_ptr, stride_cb, stride_cs, seqlen_ro,
     pos_ptr, stride_pb, stride_ps, offsets_ptr, offset,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, COS_HALF_OFFSET: tl.constexpr,
-    TAIL: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-    BLOCK_R: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr,
+    TAIL: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr,
     HAS_POS: tl.constexpr, HAS_OFFSETS: tl.constexpr, COPY_TAIL: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.cast(block, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)  # [BLOCK_R]
-    row_ok = rows < nrows
-    h = rows % nheads
-    t = rows // nheads
-    s = t % seqlen
-    b = t // seqlen
+    """Rotate heads [hblock * BLOCK_H, +BLOCK_H) of tokens [block * BLOCK_T, +BLOCK_T)."""
+    tok = tl.cast(block, tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)  # [BLOCK_T]
+    tok_ok = tok < ntokens
+    s = tok % seqlen
+    b = tok // seqlen
     if HAS_POS:
-        pos = tl.load(pos_ptr + b * stride_pb + s * stride_ps, mask=row_ok, other=0).to(tl.int64)
+        pos = tl.load(pos_ptr + b * stride_pb + s * stride_ps, mask=tok_ok, other=0).to(tl.int64)
     else:
         pos = s + offset
         if HAS_OFFSETS:
-            pos += tl.load(offsets_ptr + b, mask=row_ok, other=0).to(tl.int64)
+            pos += tl.load(offsets_ptr + b, mask=tok_ok, other=0).to(tl.int64)
     # positions outside the table were rejected on the host; the mask keeps reads in bounds
     # when that check is skipped (torch.compile tracing, CUDA-graph capture)
-    pos_ok = row_ok & (pos >= 0) & (pos < seqlen_ro)
+    pos_ok = tok_ok & (pos >= 0) & (pos < seqlen_ro)
 
-    i = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    # one cos/sin row per token, broadcast over its heads: [BLOCK_T, 1, BLOCK_HALF]
+    i = tl.arange(0, BLOCK_HALF)
     i_ok = i < HALF
-    cs_mask = pos_ok[:, None] & i_ok[None, :]
-    cs_row = b[:, None] * stride_cb + pos[:, None] * stride_cs  # [BLOCK_R, 1]
-    cos1 = tl.load(cos_ptr + cs_row + i[None, :], mask=cs_mask, other=0.0).to(tl.float32)
-    sin1 = tl.load(sin_ptr + cs_row + i[None, :], mask=cs_mask, other=0.0).to(tl.float32)
+    cs_ptrs = (b * stride_cb + pos * stride_cs)[:, None, None] + i[None, None, :]
+    cs_mask = pos_ok[:, None, None] & i_ok[None, None, :]
+    cos1 = tl.load(cos_ptr + cs_ptrs, mask=cs_mask, other=0.0).to(tl.float32)
+    sin1 = tl.load(sin_ptr + cs_ptrs, mask=cs_mask, other=0.0).to(tl.float32)
     if COS_HALF_OFFSET == 0:
         cos2 = cos1
         sin2 = sin1
     else:
-        cos2 = tl.load(cos_ptr + cs_row + COS_HALF_OFFSET + i[None, :], mask=cs_mask, other=0.0).to(tl.float32)
-        sin2 = tl.load(sin_ptr + cs_row + COS_HALF_OFFSET + i[None, :], mask=cs_mask, other=0.0).to(tl.float32)
+        cos2 = tl.load(cos_ptr + cs_ptrs + COS_HALF_OFFSET, mask=cs_mask, other=0.0).to(tl.float32)
+        sin2 = tl.load(sin_ptr + cs_ptrs + COS_HALF_OFFSET, mask=cs_mask, other=0.0).to(tl.float32)
 
+    h = tl.cast(hblock, tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H).to(tl.int64)  # [BLOCK_H]
+    h_ok = h < nheads
     if INTERLEAVED:
         col1 = 2 * i
         col2 = 2 * i + 1
     else:
         col1 = i
         col2 = i + HALF
-    x_row = (b * stride_xb + s * stride_xs + h * stride_xh)[:, None]  # [BLOCK_R, 1]
-    o_row = (b * stride_ob + s * stride_os + h * stride_oh)[:, None]
-    mask = row_ok[:, None] & i_ok[None, :]
-    x1 = tl.load(x_ptr + x_row + col1[None, :], mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + x_row + col2[None, :], mask=mask, other=0.0).to(tl.float32)
+    x_base = (b * stride_xb + s * stride_xs)[:, None, None] + (h * stride_xh)[None, :, None]
+    o_base = (b * stride_ob + s * stride_os)[:, None, None] + (h * stride_oh)[None, :, None]
+    row_ok = tok_ok[:, None, None] & h_ok[None, :, None]  # [BLOCK_T, BLOCK_H, 1]
+    mask = row_ok & i_ok[None, None, :]
+    x1 = tl.load(x_ptr + x_base + col1[None, None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + x_base + col2[None, None, :], mask=mask, other=0.0).to(tl.float32)
     if CONJUGATE:
         o1 = x1 * cos1 + x2 * sin2
         o2 = x2 * cos2 - x1 * sin1
     else:
         o1 = x1 * cos1 - x2 * sin1
         o2 = x2 * cos2 + x1 * sin2
-    tl.store(o_ptr + o_row + col1[None, :], o1.to(o_ptr.dtype.element_ty), mask=mask)
-    tl.store(o_ptr + o_row + col2[None, :], o2.to(o_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_ptr + o_base + col1[None, None, :], o1.to(o_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_ptr + o_base + col2[None, None, :], o2.to(o_ptr.dtype.element_ty), mask=mask)
 
     if COPY_TAIL:
         j = tl.arange(0, BLOCK_TAIL)
-        tmask = row_ok[:, None] & (j < TAIL)[None, :]
-        tail = tl.load(x_ptr + x_row + 2 * HALF + j[None, :], mask=tmask, other=0.0)
-        tl.store(o_ptr + o_row + 2 * HALF + j[None, :], tail, mask=tmask)
+        tmask = row_ok & (j < TAIL)[None, None, :]
+        tail = tl.load(x_ptr + x_base + 2 * HALF + j[None, None, :], mask=tmask, other=0.0)
+        tl.store(o_ptr + o_base + 2 * HALF + j[None, None, :], tail, mask=tmask)
 
 
 @triton.jit
 def _rotary_kernel(
     xa_ptr, oa_ptr, stride_xab, stride_xas, stride_xah, stride_oab, stride_oas, stride_oah,
-    nheads_a, nrows_a, nblocks_a,
+    nheads_a, nblocks_a,
     xb_ptr, ob_ptr, stride_xbb, stride_xbs, stride_xbh, stride_obb, stride_obs, stride_obh,
-    nheads_b, nrows_b,
-    seqlen,
+    nheads_b,
+    seqlen, ntokens,
     cos_ptr, sin_ptr, stride_cb, stride_cs, seqlen_ro,
     pos_ptr, stride_pb, stride_ps, offsets_ptr, offset,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, COS_HALF_OFFSET: tl.constexpr,
     TAIL: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-    BLOCK_R: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr,
+    BLOCK_TA: tl.constexpr, BLOCK_HA: tl.constexpr, BLOCK_TB: tl.constexpr, BLOCK_HB: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr,
     HAS_POS: tl.constexpr, HAS_OFFSETS: tl.constexpr, COPY_TAIL: tl.constexpr,
 ):  # fmt: skip
+    # axis 0: the first nblocks_a programs own token blocks of tensor A (q), the rest of B (k);
+    # axis 1: head blocks (a single one unless heads * head_dim is very large)
     pid = tl.program_id(0)
+    hblock = tl.program_id(1)
     if pid < nblocks_a:
-        _rotate_rows(
-            pid, xa_ptr, oa_ptr, stride_xab, stride_xas, stride_xah, stride_oab, stride_oas, stride_oah,
-            nheads_a, seqlen, nrows_a,
+        _rotate_tokens(
+            pid, hblock, xa_ptr, oa_ptr, stride_xab, stride_xas, stride_xah, stride_oab, stride_oas, stride_oah,
+            nheads_a, seqlen, ntokens,
             cos_ptr, sin_ptr, stride_cb, stride_cs, seqlen_ro,
             pos_ptr, stride_pb, stride_ps, offsets_ptr, offset,
-            HALF, BLOCK_HALF, COS_HALF_OFFSET, TAIL, BLOCK_TAIL, BLOCK_R, INTERLEAVED, CONJUGATE,
-            HAS_POS, HAS_OFFSETS, COPY_TAIL,
+            HALF, BLOCK_HALF, COS_HALF_OFFSET, TAIL, BLOCK_TAIL, BLOCK_TA, BLOCK_HA,
+            INTERLEAVED, CONJUGATE, HAS_POS, HAS_OFFSETS, COPY_TAIL,
         )  # fmt: skip
     else:
-        _rotate_rows(
-            pid - nblocks_a, xb_ptr, ob_ptr, stride_xbb, stride_xbs, stride_xbh, stride_obb, stride_obs, stride_obh,
-            nheads_b, seqlen, nrows_b,
+        _rotate_tokens(
+            pid - nblocks_a, hblock, xb_ptr, ob_ptr, stride_xbb, stride_xbs, stride_xbh, stride_obb, stride_obs, stride_obh,
+            nheads_b, seqlen, ntokens,
             cos_ptr, sin_ptr, stride_cb, stride_cs, seqlen_ro,
             pos_ptr, stride_pb, stride_ps, offsets_ptr, offset,
-            HALF, BLOCK_HALF, COS_HALF_OFFSET, TAIL, BLOCK_TAIL, BLOCK_R, INTERLEAVED, CONJUGATE,
-            HAS_POS, HAS_OFFSETS, COPY_TAIL,
+            HALF, BLOCK_HALF, COS_HALF_OFFSET, TAIL, BLOCK_TAIL, BLOCK_TB, BLOCK_HB,
+            INTERLEAVED, CONJUGATE, HAS_POS, HAS_OFFSETS, COPY_TAIL,
         )  # fmt: skip
 
 
-def _block_rows(block_d: int) -> int:
-    # about 4K elements of each half per program: enough bytes in flight per SM to stream at
-    # copy bandwidth, few enough registers to keep occupancy high
-    return max(1, min(256, 4096 // block_d))
+# Elements per program and half (x1 or x2). The broadcast cos/sin rows are held in registers
+# at the tile's full shape (four fp32 tiles for transformers' cos/sin), so the tile is kept
+# small: 2K elements need ~85 registers per thread at 4 warps (ptxas, sm_90), leaving room
+# for several programs per SM to keep loads in flight.
+_TILE_ELEMS = 2048
+_NUM_WARPS = 4
+
+
+def _blocks(nheads: int, width: int):
+    """(BLOCK_T, BLOCK_H): all heads of a few tokens per program, so each token's cos/sin row
+    is loaded once and broadcast over its heads; heads are split only for very wide tokens.
+    ``width`` is the widest column block (rotary pairs or the copied tail)."""
+    block_h = min(triton.next_power_of_2(nheads), max(1, _TILE_ELEMS // width))
+    block_t = max(1, _TILE_ELEMS // (block_h * width))
+    return block_t, block_h
 
 
 def rotary_forward(
@@ -163,8 +183,9 @@ def rotary_forward(
     xs, outs: sequences of 1 or 2 tensors of shape (batch, seqlen, nheads_i, headdim), any strides
         with unit stride on headdim; ``outs[i]`` may be ``xs[i]`` (in place: the tail past
         rotary_dim is then left untouched).
-    cos, sin: (batch or 1, seqlen_ro, width), unit stride on the last axis; width >= rotary_dim / 2
-        and, with ``cos_half_offset > 0``, >= cos_half_offset + rotary_dim / 2.
+    cos, sin: (batch or 1, seqlen_ro, width), same strides, unit stride on the last axis;
+        width >= rotary_dim / 2 and, with ``cos_half_offset > 0``, >= cos_half_offset +
+        rotary_dim / 2.
     position_ids: None or (batch, seqlen) integer tensor of rows of the cos/sin table.
     seqlen_offsets: None or (batch,) integer tensor added to ``s + offset`` when position_ids is None.
     """
@@ -172,17 +193,20 @@ def rotary_forward(
     two = len(xs) == 2
     xb, ob = (xs[1], outs[1]) if two else (xa, oa)
     batch, seqlen, _, headdim = xa.shape
+    ntokens = batch * seqlen
     half = rotary_dim // 2
     block_half = triton.next_power_of_2(half)
     tail = headdim - rotary_dim
     copy_tail = tail > 0 and any(o.data_ptr() != x.data_ptr() for x, o in zip(xs, outs))
     block_tail = triton.next_power_of_2(max(tail, 1))
-    block_r = _block_rows(2 * block_half)
-    nrows_a = batch * seqlen * xa.shape[2]
-    nrows_b = batch * seqlen * xb.shape[2] if two else 0
-    nblocks_a = triton.cdiv(nrows_a, block_r)
-    grid = (nblocks_a + triton.cdiv(nrows_b, block_r),)
-    if grid[0] == 0:
+    width = max(block_half, block_tail if copy_tail else 1)
+    bta, bha = _blocks(xa.shape[2], width)
+    btb, bhb = _blocks(xb.shape[2], width)
+    nblocks_a = triton.cdiv(ntokens, bta)
+    nblocks_b = triton.cdiv(ntokens, btb) if two else 0
+    hblocks = max(triton.cdiv(xa.shape[2], bha), triton.cdiv(xb.shape[2], bhb) if two else 1)
+    grid = (nblocks_a + nblocks_b, hblocks)
+    if ntokens == 0:
         return
     has_pos = position_ids is not None
     has_offsets = seqlen_offsets is not None
@@ -193,16 +217,16 @@ def rotary_forward(
     with torch.cuda.device(xa.device) if xa.is_cuda else contextlib.nullcontext():
         _rotary_kernel[grid](
             xa, oa, xa.stride(0), xa.stride(1), xa.stride(2), oa.stride(0), oa.stride(1), oa.stride(2),
-            xa.shape[2], nrows_a, nblocks_a,
+            xa.shape[2], nblocks_a,
             xb, ob, xb.stride(0), xb.stride(1), xb.stride(2), ob.stride(0), ob.stride(1), ob.stride(2),
-            xb.shape[2], nrows_b,
-            seqlen,
+            xb.shape[2],
+            seqlen, ntokens,
             cos, sin, stride_cb, cos.stride(1), cos.shape[1],
             pos, stride_pb, stride_ps, offs, int(offset),
             HALF=half, BLOCK_HALF=block_half, COS_HALF_OFFSET=int(cos_half_offset),
-            TAIL=tail, BLOCK_TAIL=block_tail, BLOCK_R=block_r,
+            TAIL=tail, BLOCK_TAIL=block_tail,
+            BLOCK_TA=bta, BLOCK_HA=bha, BLOCK_TB=btb, BLOCK_HB=bhb,
             INTERLEAVED=bool(interleaved), CONJUGATE=bool(conjugate),
             HAS_POS=has_pos, HAS_OFFSETS=has_offsets, COPY_TAIL=copy_tail,
-            num_warps=4,
+            num_warps=_NUM_WARPS,
         )  # fmt: skip
-

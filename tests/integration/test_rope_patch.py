@@ -164,6 +164,21 @@ def test_generate_and_peft(kernel_calls):
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
+def test_patched_model_compiles_fullgraph(kernel_calls):
+    """The re-bound forward and the rotary custom op trace without graph breaks."""
+    model = _model("llama", "sdpa")
+    ids = torch.randint(0, 97, (1, 20))
+    with torch.no_grad():
+        truth = copy.deepcopy(model).double()(ids).logits
+        ref = model(ids).logits
+    patch_model(model)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        out = compiled(ids).logits
+    assert kernel_calls
+    _budget_check("compiled logits", out, ref, truth.float(), 2.0)
+
+
 def test_accelerate_style_wrapper_stays_outermost():
     model = _model("llama")
     attn = model.model.layers[0].self_attn

@@ -1,0 +1,259 @@
+"""hf_flash's transformers attention function and mask function, without a model.
+
+The oracle here is written from transformers' semantics, independently of the five-segment
+varlen trick the attention function uses: row ``b``'s query ``i`` sits at key position
+``M - Sq + i``; key ``j`` is visible iff ``j < M``, ``mask[b, j]``, and (causal) ``j <= pos``,
+(window ``w``) ``pos - j < w``. Only real (unpadded) query rows are compared.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attn_check import FWD_FACTOR, GRAD_FACTOR, assert_close_to_ref
+from conftest import DEVICE
+from hf_flash.integration.attention import hf_flash_attention_forward, hf_flash_mask
+
+
+class _Attn(torch.nn.Module):
+    def __init__(self, causal=True, dtype=torch.float32):
+        super().__init__()
+        self.is_causal = causal
+        self.q_proj = torch.nn.Linear(4, 4, dtype=dtype)
+
+
+def _oracle(q, k, v, mask, *, causal, window=None, scale=None, softcap=0.0, upcast=True):
+    """q (B, Hq, Sq, D), k/v (B, Hkv, Skv, D), mask (B, M) or None -> (B, Sq, Hq, D)."""
+    dtype = torch.float64 if upcast else q.dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    b, hq, sq, d = q.shape
+    skv = k.shape[2]
+    group = hq // k.shape[1]
+    k = k.repeat_interleave(group, 1)
+    v = v.repeat_interleave(group, 1)
+    m = skv if mask is None else mask.shape[1]
+    keep = torch.ones(b, skv, dtype=torch.bool, device=q.device)
+    keep[:, m:] = False
+    if mask is not None:
+        keep[:, :m] = mask.bool()
+    pos = torch.arange(sq, device=q.device).view(-1, 1) + (m - sq)
+    j = torch.arange(skv, device=q.device).view(1, -1)
+    vis = keep.view(b, 1, 1, skv).expand(b, 1, sq, skv).clone()
+    if causal:
+        vis &= (j <= pos).view(1, 1, sq, skv)
+    if window is not None:
+        vis &= ((pos - j) < window).view(1, 1, sq, skv)
+        if not causal:
+            vis &= ((j - pos) < window).view(1, 1, sq, skv)
+    s = torch.einsum("bhid,bhjd->bhij", q, k) * (scale if scale is not None else d**-0.5)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~vis, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return torch.einsum("bhij,bhjd->bihd", p, v)
+
+
+def _query_rows(mask, sq, b):
+    """(B, Sq) bool: query rows at real tokens."""
+    if mask is None:
+        return torch.ones(b, sq, dtype=torch.bool, device=DEVICE)
+    return mask.bool()[:, mask.shape[1] - sq :]
+
+
+def _mask(b, m, pads):
+    """pads: per row (left, right) padding counts."""
+    mask = torch.ones(b, m, dtype=torch.bool, device=DEVICE)
+    for r, (left, right) in enumerate(pads):
+        mask[r, :left] = False
+        if right:
+            mask[r, m - right :] = False
+    return mask
+
+
+CASES = [
+    # id, B, Hq, Hkv, Sq, Skv, M, pads, options
+    ("prefill-left-right", 3, 4, 2, 37, 37, 37, [(5, 0), (0, 9), (0, 0)], {}),
+    ("decode-left", 2, 4, 2, 1, 40, 40, [(7, 0), (0, 0)], {}),
+    ("chunk-left", 2, 4, 1, 5, 30, 30, [(3, 0), (11, 0)], {}),
+    ("static-decode", 2, 4, 2, 1, 48, 20, [(4, 0), (0, 0)], {}),
+    ("static-prefill", 2, 4, 2, 12, 32, 12, [(2, 0), (0, 0)], {}),
+    ("static-chunk", 1, 2, 2, 6, 64, 27, [(0, 0)], {}),
+    ("window-left", 2, 4, 2, 33, 33, 33, [(6, 0), (0, 0)], {"window": 8}),
+    ("window-decode", 2, 4, 2, 1, 40, 40, [(9, 0), (0, 0)], {"window": 8}),
+    ("noncausal-pad", 2, 4, 4, 21, 21, 21, [(0, 6), (3, 0)], {"causal": False}),
+    ("softcap-scale", 2, 4, 2, 19, 19, 19, [(4, 0), (0, 2)], {"softcap": 5.0, "scale": 0.2}),
+    ("all-pad-row", 2, 2, 1, 9, 9, 9, [(9, 0), (0, 0)], {}),
+    ("dense-causal", 2, 4, 2, 23, 23, None, None, {}),
+    ("dense-decode", 2, 4, 2, 3, 29, None, None, {}),
+    ("dense-noncausal", 1, 4, 2, 17, 17, None, None, {"causal": False}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize(
+    "b,hq,hkv,sq,skv,m,pads,opts", [pytest.param(*c[1:], id=c[0]) for c in CASES]
+)
+def test_matches_masked_oracle(b, hq, hkv, sq, skv, m, pads, opts, dtype):
+    torch.manual_seed(0)
+    causal = opts.get("causal", True)
+    d = 16
+    q = torch.randn(b, hq, sq, d, device=DEVICE, dtype=dtype) * 2
+    k = torch.randn(b, hkv, skv, d, device=DEVICE, dtype=dtype) * 2
+    v = torch.randn(b, hkv, skv, d, device=DEVICE, dtype=dtype)
+    if m is not None and m < skv:
+        k[:, :, m:] = 0  # a static cache's unused slots are zeros
+        v[:, :, m:] = 0
+    mask = None if m is None else _mask(b, m, pads)
+    module = _Attn(causal, dtype)
+    out, weights = hf_flash_attention_forward(
+        module, q, k, v, mask, scaling=opts.get("scale"), sliding_window=opts.get("window"),
+        softcap=opts.get("softcap"),
+    )  # fmt: skip
+    assert weights is None and out.shape == (b, sq, hq, d) and out.dtype == dtype
+    kw = dict(causal=causal, window=opts.get("window"), scale=opts.get("scale"),
+              softcap=opts.get("softcap", 0.0))  # fmt: skip
+    ref = _oracle(q, k, v, mask, **kw)
+    ref_lp = _oracle(q, k, v, mask, upcast=False, **kw)
+    rows = _query_rows(mask, sq, b)
+    assert_close_to_ref("out", out[rows], ref[rows], ref_lp[rows], FWD_FACTOR, dtype)
+    if not causal:
+        return
+    # pad query rows get exact zeros (flash-attn's unpad/pad convention), never NaN
+    assert torch.all(out[~rows] == 0)
+
+
+def test_padded_gradients():
+    torch.manual_seed(1)
+    b, hq, hkv, s, d = 2, 4, 2, 29, 16
+    q, k, v = (torch.randn(b, h, s, d, device=DEVICE, requires_grad=True) for h in (hq, hkv, hkv))
+    mask = _mask(b, s, [(6, 0), (0, 5)])
+    out, _ = hf_flash_attention_forward(_Attn(), q, k, v, mask)
+    rows = _query_rows(mask, s, b)
+    dout = torch.randn_like(out) * rows[..., None, None]
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref = _oracle(q, k, v, mask, causal=True)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), dout.double())
+    lp = _oracle(q, k, v, mask, causal=True, upcast=False)
+    lp_grads = torch.autograd.grad(lp, (q, k, v), dout)
+    for name, g, r, l in zip(("dq", "dk", "dv"), grads, ref_grads, lp_grads):
+        assert torch.isfinite(g).all(), name
+        assert_close_to_ref(name, g, r, l, GRAD_FACTOR, torch.float32)
+
+
+def _separate_oracle(q, k, v, lengths):
+    outs, start = [], 0
+    for n in lengths:
+        sl = slice(start, start + n)
+        outs.append(_oracle(q[:, :, sl], k[:, :, sl], v[:, :, sl], None, causal=True))
+        start += n
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("source", ["position_ids", "cu_seq_lens"])
+def test_packed_sequences(source):
+    torch.manual_seed(2)
+    lengths = [5, 17, 1, 9]
+    total = sum(lengths)
+    q = torch.randn(1, 4, total, 16, device=DEVICE)
+    k = torch.randn(1, 2, total, 16, device=DEVICE)
+    v = torch.randn(1, 2, total, 16, device=DEVICE)
+    position_ids = torch.cat([torch.arange(n) for n in lengths]).view(1, -1).to(DEVICE)
+    kwargs = {"position_ids": position_ids}
+    if source == "cu_seq_lens":
+        cu = torch.tensor([0, 5, 22, 23, 32], dtype=torch.int32, device=DEVICE)
+        kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=17, max_length_k=17)
+        kwargs["position_ids"] = torch.arange(total, device=DEVICE).view(1, -1)  # ignored
+    out, _ = hf_flash_attention_forward(_Attn(), q, k, v, None, **kwargs)
+    ref = _separate_oracle(q, k, v, lengths)
+    lp = ref.float()
+    assert_close_to_ref("packed", out, ref, lp, FWD_FACTOR, torch.float32)
+
+
+def test_plain_position_ids_take_the_dense_path():
+    q = torch.randn(2, 2, 12, 16, device=DEVICE)
+    k = torch.randn(2, 2, 12, 16, device=DEVICE)
+    pos = torch.arange(3, 15, device=DEVICE).view(1, -1)  # offset, but no restart
+    out, _ = hf_flash_attention_forward(_Attn(), q, k, k, None, position_ids=pos)
+    ref = _oracle(q, k, k, None, causal=True)
+    assert_close_to_ref("dense", out, ref, ref.float(), FWD_FACTOR, torch.float32)
+
+
+def test_fp32_inputs_run_in_the_module_half_dtype():
+    """peft keeps layer norms in fp32 and hands over fp32 q/k/v: cast to the projections' dtype."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 10, 16, device=DEVICE) for _ in range(3))
+    out, _ = hf_flash_attention_forward(_Attn(dtype=torch.float16), q, k, v, None)
+    assert out.dtype == torch.float16
+    ref = _oracle(q, k, v, None, causal=True)
+    lp = _oracle(q.half(), k.half(), v.half(), None, causal=True, upcast=False)
+    assert_close_to_ref("cast", out, ref, lp, FWD_FACTOR, torch.float16)
+    out32, _ = hf_flash_attention_forward(_Attn(dtype=torch.float32), q, k, v, None)
+    assert out32.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"s_aux": torch.zeros(2)}, "sinks"),
+        ({"output_attentions": True}, "output_attentions"),
+        ({"cache": object()}, "continuous batching"),
+        ({"sliding_window": 0}, "sliding_window"),
+    ],
+    ids=["sinks", "output_attentions", "paged-cache", "bad-window"],
+)
+def test_unsupported_requests_raise(kwargs, match):
+    q = torch.randn(1, 2, 4, 16, device=DEVICE)
+    with pytest.raises(ValueError, match=match):
+        hf_flash_attention_forward(_Attn(), q, q, q, None, **kwargs)
+
+
+def test_four_d_mask_is_refused():
+    q = torch.randn(1, 2, 4, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="2-D"):
+        hf_flash_attention_forward(_Attn(), q, q, q, torch.ones(1, 1, 4, 4, dtype=torch.bool))
+
+
+# ------------------------------------------------------------------------------------------
+# mask function
+# ------------------------------------------------------------------------------------------
+
+
+def test_mask_none_without_padding_and_sliced_for_sliding_layers():
+    full = torch.ones(2, 10, dtype=torch.bool)
+    assert hf_flash_mask(2, 10, 10, attention_mask=full) is None
+    padded = full.clone()
+    padded[0, :3] = False
+    got = hf_flash_mask(2, 10, 10, attention_mask=padded)
+    assert torch.equal(got, padded)
+    # a sliding layer's cache keeps the last kv_length keys: the mask is cut the same way
+    got = hf_flash_mask(2, 1, 6, q_offset=9, kv_offset=4, attention_mask=padded)
+    assert got is None  # the padding fell out of the window
+    padded[1, 6] = False  # a hole inside a row
+    with pytest.raises(ValueError, match="padding inside a sequence"):
+        hf_flash_mask(2, 10, 10, attention_mask=padded)
+
+
+def test_mask_for_static_cache_without_user_mask():
+    # static layers report their fill level as a tensor; the buffer holds kv_length slots
+    got = hf_flash_mask(3, 2, 16, q_offset=torch.tensor(5), kv_offset=0, device="cpu")
+    assert got.shape == (3, 7) and bool(got.all())
+    assert hf_flash_mask(3, 2, 7, q_offset=5) is None  # dynamic cache: everything is valid
+
+
+def test_custom_mask_functions_are_refused():
+    with pytest.raises(ValueError, match="custom mask function"):
+        hf_flash_mask(1, 4, 4, use_vmap=True)
+
+
+def test_oracle_sanity():
+    """The oracle itself: a left-padded row equals the same tokens run unpadded."""
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 8, 16, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(1, 8, dtype=torch.bool)
+    mask[0, :3] = False
+    padded = _oracle(q, k, v, mask, causal=True)[:, 3:]
+    alone = _oracle(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], None, causal=True)
+    assert math.isclose(float((padded - alone).abs().max()), 0.0, abs_tol=1e-12)

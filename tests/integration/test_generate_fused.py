@@ -1,0 +1,216 @@
+"""The fused StaticCache decode path (hf_flash.integration.decode_patch) in real generate() runs.
+
+Greedy generation must equal sdpa's token for token (float32, tiny models, CPU interpreter), and
+the fused kernel must really run on the decode steps (counted), not silently fall back. bf16 on
+the GPU: logits of every step against sdpa within the error rule.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attn_check import FWD_FACTOR
+from conftest import DEVICE
+import hf_flash
+from hf_flash import kvcache
+from hf_flash.integration import decode_patch
+from tiny_models import VOCAB, assert_model_close, load
+
+hf_flash.register()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny_models_fused")
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts launches of the kv-cache op (the fused path calls it through the module)."""
+    calls = []
+    real = kvcache._attn_with_kvcache
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+
+    monkeypatch.setattr(kvcache, "_attn_with_kvcache", counting)
+    return calls
+
+
+def _prompts(batch):
+    """batch prompts of 9 tokens; row 1 (if any) left-padded by 3, as generate wants it."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, VOCAB, (batch, 9), generator=g)
+    mask = torch.ones_like(ids)
+    if batch > 1:
+        ids[1, :3] = 0
+        mask[1, :3] = 0
+    return ids.to(DEVICE), mask.to(DEVICE)
+
+
+def _attn_modules(model):
+    return [m for m in model.modules() if type(m).__name__.endswith("Attention")]
+
+
+@pytest.mark.parametrize("batch", [1, 2], ids=["b1", "b2-leftpad"])
+@pytest.mark.parametrize("family", ["llama", "mistral-full"])
+def test_static_generate_equals_sdpa_and_runs_fused(family, batch, root, fused_calls):
+    fam, kw = ("mistral", {"sliding_window": None}) if family == "mistral-full" else (family, {})
+    ours = load(fam, "hf_flash", root, device=DEVICE, **kw)
+    sdpa = load(fam, "sdpa", root, device=DEVICE, **kw)
+    assert all(decode_patch.is_patched(m) for m in _attn_modules(ours)), "hook did not patch"
+    ids, mask = _prompts(batch)
+    gen = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static")
+    expected = sdpa.generate(ids, attention_mask=mask, **gen)
+    got = ours.generate(ids, attention_mask=mask, **gen)
+    assert torch.equal(got, expected), f"hf_flash {got.tolist()} != sdpa {expected.tolist()}"
+    layers = ours.config.num_hidden_layers
+    # prefill takes the generic path; each of the 4 decode steps runs the fused op per layer
+    assert len(fused_calls) == 4 * layers, f"fused op ran {len(fused_calls)} times"
+    assert all(s[1] == 1 for s in fused_calls)
+
+
+def test_dynamic_and_sliding_caches_fall_back(root, fused_calls):
+    """DynamicCache (llama) and the sliding-window StaticCache (mistral, window 8 < prompt + new
+    tokens) are not fused; generation still equals sdpa."""
+    for fam, cache in (("llama", "dynamic"), ("mistral", "static")):
+        ours = load(fam, "hf_flash", root, device=DEVICE)
+        sdpa = load(fam, "sdpa", root, device=DEVICE)
+        ids, mask = _prompts(2)
+        gen = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, cache_implementation=cache)
+        expected = sdpa.generate(ids, attention_mask=mask, **gen)
+        assert torch.equal(ours.generate(ids, attention_mask=mask, **gen), expected)
+    assert fused_calls == []
+
+
+def test_fused_step_matches_generic_step(root, fused_calls):
+    """One decode step (3 speculative tokens) through the fused path and through the generic
+    hf_flash path (patch reverted) from the same cache: logits within the error rule against
+    float64 eager, and the caches hold the same keys/values afterwards."""
+    from transformers import StaticCache
+
+    ours = load("llama", "hf_flash", root, device=DEVICE)
+    exact = load("llama", "eager", root, dtype=torch.float64, device=DEVICE)
+    lowp = load("llama", "eager", root, device=DEVICE)
+    ids = torch.randint(3, VOCAB, (2, 14), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # row 0 left-padded by 4
+    results = {}
+    with torch.no_grad():
+        for mode in ("fused", "generic"):
+            if mode == "generic":
+                decode_patch.revert_model(ours)
+            cache = StaticCache(config=ours.config, max_cache_len=24)
+            ours(input_ids=ids[:, :11], attention_mask=mask[:, :11], past_key_values=cache)
+            logits = ours(input_ids=ids[:, 11:], attention_mask=mask, past_key_values=cache).logits
+            results[mode] = (logits, [(l.keys.clone(), l.values.clone()) for l in cache.layers])
+        decode_patch.patch_model(ours)
+        want = exact(input_ids=ids, attention_mask=mask).logits[:, 11:]
+        want_lp = lowp(input_ids=ids, attention_mask=mask).logits[:, 11:]
+    assert len(fused_calls) == ours.config.num_hidden_layers
+    for mode in ("fused", "generic"):
+        assert_model_close(mode, results[mode][0], want, want_lp, FWD_FACTOR, torch.float32)
+    for (kf, vf), (kg, vg) in zip(results["fused"][1], results["generic"][1]):
+        assert torch.allclose(kf, kg, atol=1e-5) and torch.allclose(vf, vg, atol=1e-5)
+
+
+def test_compiled_decode_step_is_one_graph(root):
+    """torch.compile(fullgraph=True) traces the fused step (custom op mutating the cache
+    buffers, cumulative_length bump) and gives the eager generic path's logits and caches."""
+    from transformers import StaticCache
+
+    ours = load("llama", "hf_flash", root, device=DEVICE)
+    ids = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    caches, logits = [], []
+    with torch.no_grad():
+        for mode in ("compiled", "generic"):
+            if mode == "generic":
+                decode_patch.revert_model(ours)
+            cache = StaticCache(config=ours.config, max_cache_len=24)
+            ours(input_ids=ids[:, :10], attention_mask=mask[:, :10], past_key_values=cache)
+            step = ours.forward
+            if mode == "compiled":
+                step = torch.compile(ours.forward, backend="aot_eager", fullgraph=True)
+            for t in (10, 11):
+                out = step(input_ids=ids[:, t : t + 1], attention_mask=mask[:, : t + 1],
+                           past_key_values=cache)  # fmt: skip
+                logits.append(out.logits)
+            caches.append(cache)
+        decode_patch.patch_model(ours)
+    assert int(caches[0].get_seq_length()) == 12
+    for a, b in zip(logits[:2], logits[2:]):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+    for la, lb in zip(caches[0].layers, caches[1].layers):
+        assert torch.allclose(la.keys, lb.keys, atol=1e-5)
+
+
+def test_patch_and_revert_explicitly(root):
+    ours = load("llama", "hf_flash", root, device=DEVICE)
+    mods = _attn_modules(ours)
+    decode_patch.revert_model(ours)
+    assert not any(decode_patch.is_patched(m) for m in mods)
+    assert decode_patch.patch_model(ours) is True
+    assert decode_patch.patch_model(ours) is True  # idempotent
+    assert all(m.forward.__func__.__hf_flash_fused_decode__ for m in mods)
+    decode_patch.revert_model(ours)
+    assert not any(decode_patch.is_patched(m) for m in mods)
+    qwen = load("qwen2", "hf_flash", root, device=DEVICE)
+    assert decode_patch.patch_model(qwen) is False  # not a fused-decode family
+    # switching away from hf_flash reverts the family patches (registration hook)
+    ours = load("llama", "hf_flash", root, device=DEVICE)
+    ours.set_attn_implementation("sdpa")
+    assert not any(decode_patch.is_patched(m) for m in _attn_modules(ours))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gpu_bf16_static_logits_over_128_steps(batch, root):
+    """bf16 on the GPU: 128 greedy steps; the fused run's per-step logits against sdpa's, on
+    sdpa's own tokens (teacher forcing keeps both runs on one sequence)."""
+    dtype = torch.bfloat16
+    ours = load("llama", "hf_flash", root, dtype=dtype, device=DEVICE)
+    sdpa = load("llama", "sdpa", root, dtype=dtype, device=DEVICE)
+    exact = load("llama", "eager", root, dtype=torch.float64, device=DEVICE)
+    ids, mask = _prompts(batch)
+    gen = dict(max_new_tokens=128, do_sample=False, pad_token_id=0, cache_implementation="static",
+               output_logits=True, return_dict_in_generate=True)  # fmt: skip
+    ref = sdpa.generate(ids, attention_mask=mask, **gen)
+    seq = ref.sequences
+    full_mask = torch.cat([mask, torch.ones_like(seq[:, ids.shape[1]:])], dim=1)
+    with torch.no_grad():
+        want = exact(input_ids=seq, attention_mask=full_mask).logits[:, ids.shape[1] - 1 : -1]
+    from transformers import StaticCache
+
+    cache = StaticCache(config=ours.config, max_cache_len=seq.shape[1] + 8)
+    got = []
+    with torch.no_grad():
+        n = ids.shape[1]
+        prefill = ours(input_ids=seq[:, :n], attention_mask=full_mask[:, :n], past_key_values=cache)
+        got.append(prefill.logits[:, -1])
+        for t in range(n, seq.shape[1] - 1):
+            step = ours(
+                input_ids=seq[:, t : t + 1], attention_mask=full_mask[:, : t + 1],
+                past_key_values=cache,
+            )  # fmt: skip
+            got.append(step.logits[:, -1])
+    got = torch.stack(got, dim=1)
+    lowp = torch.stack(ref.logits, dim=1)
+    assert_model_close("bf16 fused decode logits", got, want, lowp, FWD_FACTOR, dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_static_generate_compiled_equals_sdpa(root):
+    """cache_implementation="static" on CUDA: generate compiles the decode step (CUDA graphs)
+    with the fused op inside; float32 greedy tokens equal sdpa's, batch 1 and left-padded."""
+    ours = load("llama", "hf_flash", root, device=DEVICE)
+    sdpa = load("llama", "sdpa", root, device=DEVICE)
+    for batch in (1, 2):
+        ids, mask = _prompts(batch)
+        gen = dict(max_new_tokens=12, do_sample=False, pad_token_id=0,
+                   cache_implementation="static")  # fmt: skip
+        expected = sdpa.generate(ids, attention_mask=mask, **gen)
+        assert torch.equal(ours.generate(ids, attention_mask=mask, **gen), expected)
