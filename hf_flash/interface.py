@@ -117,7 +117,9 @@ def _check_options(dropout_p, softmax_scale, window_size, softcap, alibi_slopes,
             )
 
 
-def _check_cu_seqlens(name: str, cu: Tensor, total: int, max_seqlen: int, device) -> None:
+def _check_cu_seqlens(
+    name: str, cu: Tensor, total: int, max_seqlen: int, device, check_values: bool = True
+) -> None:
     if not isinstance(cu, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
     if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
@@ -127,7 +129,7 @@ def _check_cu_seqlens(name: str, cu: Tensor, total: int, max_seqlen: int, device
         )
     if cu.device != device:
         raise ValueError(f"{name} is on {cu.device} but q is on {device}")
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if not check_values or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         return  # reading values would sync; the shape checks above still ran
     vals = cu.tolist()
     lengths = [b - a for a, b in zip(vals[:-1], vals[1:])]
@@ -410,6 +412,21 @@ def flash_attn_varlen_func(
     The cu_seqlens values are checked on the host (one device sync) unless a CUDA graph is
     being captured or torch.compile is tracing.
     """
+    return varlen_attention(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+        softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+        block_table, check_cu_seqlens=True,
+    )  # fmt: skip
+
+
+def varlen_attention(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+    return_attn_probs=False, block_table=None, *, check_cu_seqlens: bool = True,
+):  # fmt: skip
+    """:func:`flash_attn_varlen_func` for callers that built ``cu_seqlens`` themselves on the
+    device (hf_flash's transformers integration): ``check_cu_seqlens=False`` skips the host-side
+    value check and its device sync; shapes, dtypes and devices are still checked."""
     if not torch.compiler.is_compiling():
         _check_tensor_basics(q, k, v)
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -426,8 +443,11 @@ def flash_attn_varlen_func(
                 "block_table=None"
             )
         _check_heads(q.shape[1], k.shape[1], v.shape[1], q.shape[2], k.shape[2], v.shape[2])
-        _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], int(max_seqlen_q), q.device)
-        _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], int(max_seqlen_k), q.device)
+        for name, cu, total, max_len in (
+            ("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+            ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k),
+        ):
+            _check_cu_seqlens(name, cu, total, int(max_len), q.device, check_cu_seqlens)
         if cu_seqlens_q.numel() != cu_seqlens_k.numel():
             raise ValueError(
                 f"cu_seqlens_q has {cu_seqlens_q.numel()} entries but cu_seqlens_k has "
