@@ -162,7 +162,10 @@ def _sdpa_builder(name: str):
         mask = shape["mask"]
         if mask == "window" and name == "sdpa_flash":
             raise Unsupported("SDPA's flash backend takes no attention mask or window")
-        ctx = (lambda: sdpa_kernel(getattr(SDPBackend, backend))) if backend else contextlib.nullcontext
+        if backend is None:
+            ctx = contextlib.nullcontext
+        else:
+            ctx = lambda: sdpa_kernel(getattr(SDPBackend, backend))  # noqa: E731
         attn_mask = _window_mask(shape["seqlen"], q.device) if mask == "window" else None
         is_causal = mask == "causal"
         qs, ks, vs, ds = _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(dout)
@@ -194,7 +197,7 @@ def _sdpa_builder(name: str):
                 del attn, leaves
         else:
             refused = "masked path (as transformers' sdpa)"
-        attn, leaves = make(ks.repeat_interleave(group, dim=1), vs.repeat_interleave(group, dim=1), False)
+        attn, leaves = make(ks.repeat_interleave(group, 1), vs.repeat_interleave(group, 1), False)
         return attn, leaves, ds, {"gqa": "expanded", "gqa_native_error": refused}
 
     return build
@@ -308,7 +311,8 @@ def time_passes(attn, leaves, dout, passes, timing) -> dict:
     # of fwd+bwd and the (no-grad) forward, flagged as derived.
     bwd, both, fwd = res.get("bwd", {}), res.get("fwd+bwd", {}), res.get("fwd", {})
     if "error" in bwd and "ms" in both and "ms" in fwd and both["ms"] > fwd["ms"]:
-        res["bwd"] = {"ms": both["ms"] - fwd["ms"], "derived": "fwd+bwd - fwd", "bwd_error": bwd["error"]}
+        res["bwd"] = {"ms": both["ms"] - fwd["ms"], "derived": "fwd+bwd - fwd",
+                      "bwd_error": bwd["error"]}  # fmt: skip
     return res
 
 
@@ -406,12 +410,14 @@ def bar_checks(rows: list[dict]) -> list[dict]:
             want = {"fwd": [("sdpa_flash", 1.15), ("flex", 1.0)], "fwd+bwd": [("sdpa_flash", 1.0)]}
             for peer, need in want.get(r["pass"], []):
                 got = r["ratio"].get(peer)
+                ok = got is not None and got >= need
                 checks.append({"check": f"D128 causal S={r['seqlen']} {r['pass']} vs {peer}",
-                               "need": need, "got": got, "ok": got is not None and got >= need})  # fmt: skip
+                               "need": need, "got": got, "ok": ok})  # fmt: skip
         if r["mask"] == "window" and r["seqlen"] == 32768 and r["pass"] in ("fwd", "fwd+bwd"):
             got = r.get("window_speedup_vs_causal")
+            ok = got is not None and got >= 3.0
             checks.append({"check": f"D{r['head_dim']} window S=32K {r['pass']} vs own causal",
-                           "need": 3.0, "got": got, "ok": got is not None and got >= 3.0})  # fmt: skip
+                           "need": 3.0, "got": got, "ok": ok})  # fmt: skip
     return checks
 
 
@@ -474,8 +480,30 @@ def _force_configs(configs, forced: dict):
         configs.fwd_config, configs.bwd_configs = fwd, bwd
 
 
-def sweep_configs(args, timing) -> list[dict]:
+def _time_hf_flash(q, k, v, dout, passes, timing) -> dict:
+    """{"<pass>_ms": ...} for hf_flash's causal forward (no grad) and/or backward alone."""
     from hf_flash import flash_attn_func
+
+    times = {}
+    if "fwd" in passes:
+        with torch.no_grad():
+            flash_attn_func(q, k, v, causal=True)
+            fwd = bench_ms(lambda: flash_attn_func(q, k, v, causal=True), **timing)
+        times["fwd_ms"] = fwd["ms"]
+    if "bwd" in passes:
+        out = flash_attn_func(q, k, v, causal=True)
+
+        def bwd():
+            return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+        bwd()
+        times["bwd_ms"] = bench_ms(bwd, **timing)["ms"]
+    return times
+
+
+def sweep_configs(args, timing) -> list[dict]:
+    """hf_flash alone, head_dim 128 causal: the default launch parameters, then each candidate
+    in SWEEP for one kernel at a time (the other kernels keep their defaults)."""
     from hf_flash.kernels import configs
 
     rows = []
@@ -490,44 +518,35 @@ def sweep_configs(args, timing) -> list[dict]:
         )  # fmt: skip
         dout = dout.detach()
         flops = fwd_flops(batch, seqlen, head_dim, "causal")
-        # the default configuration first, then each candidate for one kernel at a time
         for kernel, cands in [("default", [None])] + list(SWEEP.items()):
             for cand in cands:
                 row = {"head_dim": head_dim, "mask": "causal", "seqlen": seqlen, "batch": batch,
                        "kernel": kernel, "config": cand}  # fmt: skip
                 forced = {} if cand is None else {kernel: cand}
-                timed_pass = "fwd" if kernel == "fwd" else "bwd"
-                passes = ("fwd", "bwd") if kernel == "default" else (timed_pass,)
+                passes = {"default": ("fwd", "bwd"), "fwd": ("fwd",)}.get(kernel, ("bwd",))
                 try:
                     with _force_configs(configs, forced) as seen:
-                        for p in passes:
-                            if p == "fwd":
-                                with torch.no_grad():
-                                    flash_attn_func(q, k, v, causal=True)
-                                    t = bench_ms(lambda: flash_attn_func(q, k, v, causal=True),
-                                                 **timing)  # fmt: skip
-                            else:
-                                out = flash_attn_func(q, k, v, causal=True)
-                                g = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
-                                g()
-                                t = bench_ms(g, **timing)
-                                out = None
-                            row[f"{p}_ms"] = t["ms"]
-                            row[f"{p}_tflops"] = flops * PASS_FACTOR[p] / (t["ms"] * 1e-3) / 1e12
+                        row.update(_time_hf_flash(q, k, v, dout, passes, timing))
                     if cand is None:
-                        row["used"] = {k: v for k, v in seen.items() if isinstance(v, dict)}
+                        row["used"] = {x: y for x, y in seen.items() if isinstance(y, dict)}
                     elif kernel not in seen:
                         row["error"] = f"the {kernel} launcher never asked configs for parameters"
                     else:
-                        row["override_reached_launcher"] = seen[f"{kernel}_override_reached_launcher"]
+                        reached = seen[f"{kernel}_override_reached_launcher"]
+                        row["override_reached_launcher"] = reached
                 except Exception as e:
                     row["error"] = _error(e)
+                for p in passes:
+                    if f"{p}_ms" in row:
+                        tflops = flops * PASS_FACTOR[p] / (row[f"{p}_ms"] * 1e-3) / 1e12
+                        row[f"{p}_tflops"] = tflops
                 rows.append(row)
                 _free()
-                ms = row.get(f"{timed_pass}_ms")
-                note = "" if row.get("override_reached_launcher", True) else "  (forced by the benchmark)"
+                timed = " ".join(f"{p} {row[p + '_ms']:.3f} ms" for p in passes if p + "_ms" in row)
+                forced_here = row.get("override_reached_launcher") is False
+                note = "  (forced by the benchmark)" if forced_here else ""
                 print(f"sweep S={seqlen} {kernel:8s} {cand or 'default'}: "
-                      f"{'%.3f ms' % ms if ms else row.get('error')}{note}", flush=True)  # fmt: skip
+                      f"{timed or row.get('error')}{note}", flush=True)  # fmt: skip
         del q, k, v, dout
         _free()
     return rows
@@ -546,12 +565,12 @@ def parse_args(argv=None):
     p.add_argument("--masks", nargs="+", choices=MASKS, help="only these masks")
     p.add_argument("--seqlens", nargs="+", type=int, help="only these sequence lengths")
     p.add_argument("--flex-compile", choices=("dynamic", "static"), default="dynamic",
-                   help="torch.compile FlexAttention with dynamic shapes or once per shape")  # fmt: skip
+                   help="compile FlexAttention with dynamic shapes or once per shape")  # fmt: skip
     p.add_argument("--warmup-ms", type=float, default=10.0)
     p.add_argument("--rep-ms", type=float, default=40.0)
     p.add_argument("--sweep-configs", action="store_true",
                    help="instead of the grid: time hf_flash's forward and backward under "
-                        "alternative launch configs (head_dim 128, causal, S=4K and 16K)")  # fmt: skip
+                        "alternative launch configs (head_dim 128, causal, S=4K, 16K)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -563,7 +582,8 @@ def _cell(r: dict, name: str) -> str:
 
 
 def print_summary(rows: list[dict], providers, checks) -> None:
-    short = {"hf_flash": "hf", "sdpa": "sdpa", "sdpa_flash": "fa2", "sdpa_cudnn": "cudnn", "flex": "flex"}
+    short = {"hf_flash": "hf", "sdpa": "sdpa", "sdpa_flash": "fa2", "sdpa_cudnn": "cudnn",
+             "flex": "flex"}  # fmt: skip
     table = []
     for r in rows:
         t = {"D": r["head_dim"], "mask": r["mask"], "S": r["seqlen"], "pass": r["pass"]}
@@ -587,7 +607,8 @@ def print_summary(rows: list[dict], providers, checks) -> None:
     for r in rows:
         for name, res in r["results"].items():
             if "error" in res:
-                errors.setdefault((name, res["error"]), []).append(f"D{r['head_dim']}/{r['mask']}/{r['seqlen']}/{r['pass']}")
+                where = f"D{r['head_dim']}/{r['mask']}/{r['seqlen']}/{r['pass']}"
+                errors.setdefault((name, res["error"]), []).append(where)
     for (name, err), where in errors.items():
         print(f"[{name}] {err}  ({len(where)} rows, e.g. {where[0]})")
     if checks:

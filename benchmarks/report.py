@@ -116,8 +116,9 @@ def attention_section(data: dict) -> list[str]:
         out += [f"#### {p} (TFLOP/s)", ""] + md_table(header, body) + [""]
     out.append(
         "ᵉ K/V expanded to Hq heads outside the timed region (that SDPA backend refused "
-        "`enable_gqa`, or SDPA's masked path as transformers runs it); ᵈ backward derived as (fwd+bwd − fwd); n/a: the provider has no such "
-        "mode; err: see the error list. FLOPs are counted identically for every provider."
+        "`enable_gqa`, or SDPA's masked path as transformers runs it); ᵈ backward derived as "
+        "(fwd+bwd − fwd); n/a: the provider has no such mode; err: see the error list. FLOPs are "
+        "counted identically for every provider."
     )
     out.append("")
     errors: dict[tuple[str, str], int] = {}

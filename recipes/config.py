@@ -40,6 +40,9 @@ class RecipeConfig:
     """Family of the embedded tiny model when ``model`` is None: llama or mistral."""
     tokenizer: Optional[str] = None
     """Tokenizer directory; defaults to ``model`` (the tiny model uses a byte tokenizer)."""
+    random_init: bool = False
+    """Initialise the weights randomly from ``model``'s config.json instead of loading them
+    (throughput benchmarks of a model shape; the directory then needs no weight files)."""
     attn_implementation: str = "hf_flash"
     dtype: str = "bfloat16"
     """dtype of the frozen base weights; LoRA weights stay float32."""
@@ -188,6 +191,8 @@ class RecipeConfig:
             f"loss_chunk_tokens={self.loss_chunk_tokens} must be >= 1",
         )
         need(self.synthetic_documents >= 1, "synthetic_documents must be >= 1")
+        need(not self.random_init or self.model is not None, "random_init needs model (a directory with config.json)")
+        need(not (self.random_init and self.save_merged), "save_merged with random_init: there are no base weights to merge into")
         if self.model is not None:
             path = Path(self.model)
             need(path.is_dir(), f"model directory {self.model} does not exist (give a local model directory)")
@@ -221,6 +226,8 @@ def _coerce(name: str, value: Any, type_name: str) -> Any:
                 return int(value)
         if base == "bool" and isinstance(value, bool):
             return value
+        if base == "str" and value is False and name == "mixed_precision":  # unquoted `no` in YAML
+            return "no"
         if base == "str" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
         if base == "list" and isinstance(value, (list, str)):
@@ -231,6 +238,8 @@ def _coerce(name: str, value: Any, type_name: str) -> Any:
 
 
 def _parse_value(text: str) -> Any:
+    if text.lower() in ("no", "yes", "on", "off"):  # YAML 1.1 would read these as booleans
+        return text
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:

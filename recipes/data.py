@@ -40,8 +40,9 @@ class ByteTokenizer:
     eos_token_id = 257
     vocab_size = 258
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        return [self.bos_token_id] + ids if add_special_tokens else ids
 
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
@@ -64,8 +65,8 @@ class HFTokenizer:
         self.eos_token_id = self.tok.eos_token_id
         self.vocab_size = len(self.tok)
 
-    def encode(self, text: str) -> list[int]:
-        return self.tok(text, add_special_tokens=False)["input_ids"]
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.tok(text, add_special_tokens=add_special_tokens)["input_ids"]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode(list(ids))

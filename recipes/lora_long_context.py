@@ -103,7 +103,7 @@ def train(cfg: RecipeConfig) -> dict:
         flash_kwargs="flash" in cfg.attn_implementation,
     )
 
-    model = load_model(cfg, model_path, log)
+    model = load_model(cfg, model_path, log, device=None if fsdp else device)
     if getattr(tokenizer, "vocab_size", 0) > model.config.vocab_size:
         raise ConfigError(
             f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {model.config.vocab_size}"

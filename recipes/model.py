@@ -106,16 +106,25 @@ def extend_rope(config, cfg, log=print) -> None:
     log(f"rope: {cfg.rope_method} from {orig} to {cfg.seq_len} tokens: {config.rope_parameters}")
 
 
-def load_model(cfg, model_path: Path, log=print):
+def load_model(cfg, model_path: Path, log=print, device: Optional[torch.device] = None):
+    """Load (or, with ``random_init``, build) the model with the RoPE extension applied to its
+    config first. ``device``: where to place it directly (None: the CPU)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     require_attention(cfg.attn_implementation)
     config = AutoConfig.from_pretrained(model_path)
     extend_rope(config, cfg, log)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path, config=config, dtype=getattr(torch, cfg.dtype),
-        attn_implementation=cfg.attn_implementation,
-    )
+    dtype = getattr(torch, cfg.dtype)
+    if cfg.random_init:
+        with torch.device(device or "cpu"):
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=dtype, attn_implementation=cfg.attn_implementation
+            )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_path, config=config, dtype=dtype, attn_implementation=cfg.attn_implementation,
+            device_map={"": device} if device is not None and device.type == "cuda" else None,
+        )
     got = model.config._attn_implementation
     if got != cfg.attn_implementation:
         raise ConfigError(f"asked for attn_implementation={cfg.attn_implementation!r}, model uses {got!r}")

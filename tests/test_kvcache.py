@@ -238,11 +238,18 @@ def test_cache_capacity_is_never_exceeded():
 
 def test_split_heuristic():
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    sms = decode.sm_count(dev)
-    # one sequence, 8 K/V heads, long cache: enough splits for two waves, capped by tiles
-    assert decode.choose_num_splits(8, 32768, 64, dev) == min(-(-2 * sms // 8), decode.MAX_SPLITS)
+    slots = decode.PROGRAMS_PER_SM * decode.sm_count(dev)
+    # one sequence, 8 K/V heads, long cache: splits fill most of one wave of programs
+    s = decode.choose_num_splits(8, 1 << 20, 64, dev)
+    assert 0.85 * slots <= 8 * s <= slots or s == decode.MAX_SPLITS
     assert decode.choose_num_splits(8, 64, 64, dev) == 1  # one tile: nothing to split
-    assert decode.choose_num_splits(8 * 4096, 4096, 64, dev) == 1  # grid already full
+    assert decode.choose_num_splits(8, 4 * 64, 64, dev) <= 2  # >= 2 tiles per split
+    assert decode.choose_num_splits(slots, 1 << 20, 64, dev) == 1  # grid already full
+    # wave quantisation: never pick a split count whose last wave is mostly empty
+    for programs in (3, 5, slots // 2 + 1):
+        s = decode.choose_num_splits(programs, 1 << 20, 64, dev)
+        total = programs * s
+        assert total / (-(-total // slots) * slots) >= 0.5
 
 
 def test_compile_fullgraph_mutates_cache():

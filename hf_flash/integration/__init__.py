@@ -13,7 +13,8 @@ import importlib.abc
 import sys
 import warnings
 
-from .attention import ATTN_IMPLEMENTATION
+# The name users pass as attn_implementation; transformers sees "flash" in it (DESIGN.md).
+ATTN_IMPLEMENTATION = "hf_flash"
 
 __all__ = ["ATTN_IMPLEMENTATION", "register", "install_transformers_hook"]
 

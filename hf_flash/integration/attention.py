@@ -39,7 +39,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-ATTN_IMPLEMENTATION = "hf_flash"
+from . import ATTN_IMPLEMENTATION
 
 __all__ = ["ATTN_IMPLEMENTATION", "hf_flash_attention_forward", "hf_flash_mask"]
 

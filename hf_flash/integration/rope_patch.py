@@ -10,7 +10,8 @@ module of the patched model gets an instance-level ``forward``: the class's own 
 :func:`hf_flash.rotary.apply_rotary_pos_emb`. Everything else in the forward (projections, KV
 cache, the attention function chosen by ``config._attn_implementation``) is transformers' code.
 Other instances, and models loaded later, are untouched; :func:`revert_model` deletes the
-instance attribute.
+instance attribute, and the fused path also checks a per-module record at each call, so a revert
+takes effect even when another per-instance wrapper (the fused-decode patch) was stacked on top.
 
 cos/sin come from the model's rotary module unchanged, so every RoPE scaling method and its
 ``attention_scaling`` (YaRN's mscale, multiplied into cos and sin) is kept.
@@ -21,6 +22,7 @@ patch goes to ``module._old_forward``, which the wrapper calls.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import types
@@ -79,9 +81,16 @@ def _patched_forward(cls, modeling) -> Callable:
     patched.__kwdefaults__ = fn.__kwdefaults__
     patched.__qualname__ = fn.__qualname__
     patched.__doc__ = fn.__doc__
-    patched.__wrapped__ = fn
-    patched.__hf_flash_fused_rope__ = True
-    return patched
+
+    # The fused forward runs only while the module carries the patch record, so a revert takes
+    # effect even when a later wrapper (e.g. the fused-decode patch) still holds this function.
+    @functools.wraps(fn)
+    def forward(self, *args, **kwargs):
+        impl = patched if _ORIGINAL in self.__dict__ else fn
+        return impl(self, *args, **kwargs)
+
+    forward.__hf_flash_fused_rope__ = True
+    return forward
 
 
 class _Unsupported(Exception):

@@ -12,15 +12,14 @@ next to each entry.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import os
 from typing import Optional
 
 import torch
 
-_OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar(
-    "hf_flash_config_override", default=None
-)
+# A module global, not a ContextVar: autograd runs the backward on its own worker thread, where
+# a context variable set by the caller is not visible (torch < 2.12).
+_OVERRIDE: Optional[dict] = None
 
 
 def interpreting() -> bool:
@@ -45,15 +44,16 @@ def override(**kw):
     Keys: ``fwd``, ``bwd_dkdv``, ``bwd_dq`` mapping to dicts of BLOCK_M, BLOCK_N, num_warps,
     num_stages. Unnamed kernels keep their defaults.
     """
-    token = _OVERRIDE.set(kw)
+    global _OVERRIDE
+    previous, _OVERRIDE = _OVERRIDE, kw
     try:
         yield
     finally:
-        _OVERRIDE.reset(token)
+        _OVERRIDE = previous
 
 
 def _pick(kind: str, default: dict) -> dict:
-    forced = _OVERRIDE.get()
+    forced = _OVERRIDE
     if forced and kind in forced:
         return {**default, **forced[kind]}
     return default
@@ -100,8 +100,8 @@ def bwd_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tupl
         dkdv = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
         dq = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
     elif d <= 128:
-        # H100 bf16 d=128 causal: every probed pair of tiles lands within 2% (267-270 TFLOP/s
-        # at S = 4K, 302-307 at 16K): the backward is bound by its 7 tile products, not tiling.
+        # H100 bf16 d=128 causal: 267-270 TFLOP/s at S = 4K, 302-307 at 16K (first probe;
+        # its overrides did not reach the backward thread, so tiles are still to be swept).
         dkdv = {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
         dq = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
     else:

@@ -450,14 +450,32 @@ def decode_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> di
 # (loading q, writing an fp32 partial) outweighs the parallelism gained.
 MIN_TILES_PER_SPLIT = 2
 MAX_SPLITS = 128
+# Programs resident per SM: the Hopper config (4 warps, ~100 KB of pipeline buffers) fits two.
+PROGRAMS_PER_SM = 2
 
 
 def choose_num_splits(programs: int, max_keys: int, block_n: int, device: torch.device) -> int:
-    """Splits so that programs * splits covers ~2 waves of the GPU, from the cache capacity
-    (a host-side bound: the true lengths stay on the device)."""
+    """Key-range splits for ``programs`` (batch x K/V heads x query tiles) programs.
+
+    The cache capacity bounds the work (a host-side number: true lengths stay on the device).
+    Grids that already fill the GPU are not split. Otherwise, among split counts that leave
+    each split ``MIN_TILES_PER_SPLIT`` tiles, take the smallest whose last wave of programs is
+    nearly as full as the best choice's (wave quantisation: 384 programs on 264 slots run in two
+    waves, the second half empty, so 256 programs finish as fast).
+    """
     tiles = triton.cdiv(max(max_keys, 1), block_n)
-    want = triton.cdiv(2 * sm_count(device), max(programs, 1))
-    return int(max(1, min(want, triton.cdiv(tiles, MIN_TILES_PER_SPLIT), MAX_SPLITS)))
+    slots = PROGRAMS_PER_SM * sm_count(device)
+    programs = max(programs, 1)
+    most = min(MAX_SPLITS, triton.cdiv(tiles, MIN_TILES_PER_SPLIT))
+    if most <= 1 or programs >= 0.8 * slots:
+        return 1
+
+    def efficiency(splits: int) -> float:
+        total = programs * splits
+        return total / (triton.cdiv(total, slots) * slots)
+
+    best = max(efficiency(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if efficiency(s) >= 0.85 * best)
 
 
 def _strides3(t):

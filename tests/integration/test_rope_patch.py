@@ -202,6 +202,27 @@ def test_accelerate_style_wrapper_stays_outermost():
     assert attn.__dict__["forward"] is hooked and not is_patched(attn)
 
 
+def test_revert_under_a_later_wrapper(kernel_calls):
+    """Another per-instance patch stacked on top (as the fused-decode patch does) keeps calling
+    the forward it wrapped; reverting the RoPE patch must still switch the fused path off."""
+    model = _model("llama")
+    ids = torch.randint(0, 97, (1, 10))
+    with torch.no_grad():
+        ref = model(ids).logits
+    patch_model(model)
+    for attn in _attention_modules(model):
+        inner = attn.forward
+
+        def outer(*args, _inner=inner, **kwargs):
+            return _inner(*args, **kwargs)
+
+        attn.forward = outer
+    assert revert_model(model) == model.config.num_hidden_layers
+    with torch.no_grad():
+        out = model(ids).logits
+    assert not kernel_calls and torch.equal(out, ref)
+
+
 def _hf_flash_ready():
     """None when hf_flash attention can run here, else why not (the test is then skipped)."""
     import hf_flash
@@ -236,13 +257,42 @@ def test_extended_model_runs_beyond_original_length_on_hf_flash(kernel_calls):
     eager = copy.deepcopy(model)
     eager.set_attn_implementation("eager")
     assert not any(is_patched(m) for m in _attention_modules(eager))
-    ids = torch.randint(0, 97, (1, 100))
+    ids = torch.randint(0, 97, (1, 72))
     with torch.no_grad():
         out = model(ids).logits
         ref = eager(ids).logits
         truth = copy.deepcopy(eager).double()(ids).logits
     assert kernel_calls
     _budget_check("hf_flash logits", out.float(), ref.float(), truth.float(), 2.0)
-    gen = model.generate(ids, max_new_tokens=5, do_sample=False)
-    gen_ref = eager.generate(ids, max_new_tokens=5, do_sample=False)
-    assert gen.shape == (1, 105) and torch.equal(gen, gen_ref)
+    gen = model.generate(ids, max_new_tokens=3, do_sample=False)
+    gen_ref = eager.generate(ids, max_new_tokens=3, do_sample=False)
+    assert gen.shape == (1, 75) and torch.equal(gen, gen_ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attn", ["sdpa", "hf_flash"])
+def test_bf16_gpu_patched_matches_unpatched(attn):
+    """bf16 on the GPU, YaRN-extended, 3K tokens (past the original 1K): the patched model's
+    logits and LoRA-free gradients stay within 2x (3x) the unpatched bf16 model's own error
+    against the unpatched float32 model."""
+    if attn == "hf_flash":
+        reason = _hf_flash_ready()
+        if reason is not None:
+            pytest.skip(reason)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+                      num_key_value_heads=2, vocab_size=1000, max_position_embeddings=1024)  # fmt: skip
+    extend_context(cfg, 4096, method="yarn")
+    truth_model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").cuda().eval()
+    model = copy.deepcopy(truth_model).to(torch.bfloat16)
+    model.set_attn_implementation(attn)
+    revert_model(model)  # start unpatched even where hf_flash patched it automatically
+    ids = torch.randint(0, 1000, (1, 3000), device="cuda")
+    truth_logits, truth_grad = _compare(truth_model, ids)
+    ref_logits, ref_grad = _compare(model, ids)
+    assert patch_model(model)
+    logits, grad = _compare(model, ids)
+    _budget_check("bf16 logits", logits, ref_logits, truth_logits, 2.0)
+    _budget_check("bf16 dq_proj", grad.float(), ref_grad.float(), truth_grad, 3.0)
+    gen = model.generate(ids[:, :2000], max_new_tokens=8, do_sample=False)
+    assert gen.shape == (1, 2008)

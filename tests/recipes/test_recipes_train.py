@@ -75,7 +75,7 @@ def test_resume_refuses_changed_options(uninterrupted, capsys):
         (["--max_memory_gib", "0.0001"], "predicted peak memory"),
         (["--attn_implementation", "not_an_attention"], "is not registered with transformers"),
         (["--resume"], "no complete checkpoint"),
-        (["--synthetic_documents", "1", "--seq_len", "4096", "--skip_memory_check", "true"], "fewer than"),
+        (["--synthetic_documents", "1", "--micro_batch_size", "8"], "fewer than"),
     ],
     ids=["lora_targets", "short_seq", "no_rope", "memory", "attn", "resume", "no_data"],
 )

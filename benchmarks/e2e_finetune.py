@@ -1,0 +1,182 @@
+"""End-to-end long-context LoRA fine-tuning: the recipe itself, hf_flash versus sdpa.
+
+Each point runs ``python -m recipes.lora_long_context`` in a fresh process (clean peak-memory
+counters; an out-of-memory run cannot poison the next) on a randomly initialised model shape
+(``random_init``: config.json only, no weights), bf16 weights, LoRA r=16 on all projections,
+gradient checkpointing, the chunked cross-entropy, batch 1, one document per row (so sdpa gets
+its fast no-mask path, as in the peers measured in the issue). Tokens/s excludes the first step.
+
+Shapes: the 1.2B Llama of DESIGN.md (hidden 2048, 16 layers, 32/8 heads, intermediate 8192,
+vocab 128256, original context 8192, extended with YaRN) and the 8B Llama-3 shape (hidden 4096,
+32 layers, 32/8 heads, intermediate 14336).
+
+    python benchmarks/e2e_finetune.py --quick          # 1.2B at 16K and 32K, both providers (~3 min)
+    python benchmarks/e2e_finetune.py                  # full grid incl. 8B and 128K (~10 min)
+    python benchmarks/e2e_finetune.py --fsdp-gpus 2    # adds the FSDP config on 2 GPUs vs 1
+
+It also times the loss alone (chunked versus full logits versus Liger-Kernel's fused linear
+cross-entropy when ``liger_kernel`` is importable) at 16K tokens x 128K vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import base_parser, bench_ms, print_table, write_results  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+SHAPES = {
+    "llama-1.2b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                       num_attention_heads=32, num_key_value_heads=8),
+    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                     num_attention_heads=32, num_key_value_heads=8),
+}
+COMMON = dict(vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+              tie_word_embeddings=False, model_type="llama", architectures=["LlamaForCausalLM"],
+              rms_norm_eps=1e-5, bos_token_id=256, eos_token_id=257)
+
+# sdpa peers measured on the H100 (issue 6): tokens/s and peak GiB, None where out of memory
+SDPA_MEASURED = {("llama-1.2b", 16384): (20200, None), ("llama-1.2b", 32768): (16700, 52.2),
+                 ("llama-8b", 16384): (5100, None), ("llama-8b", 32768): (4400, 71.0)}
+
+
+def write_shape(root: Path, name: str) -> Path:
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps({**COMMON, **SHAPES[name]}))
+    (d / "byte_tokenizer.json").write_text(json.dumps({"type": "ByteTokenizer"}))
+    return d
+
+
+def write_data(root: Path, seq_len: int, rows: int) -> Path:
+    """Documents of exactly one row each (byte tokenizer: chars + BOS + EOS)."""
+    path = root / f"docs-{seq_len}.jsonl"
+    if not path.exists():
+        unit = "The quick brown fox jumps over the lazy dog. "
+        text = (unit * (seq_len // len(unit) + 1))[: seq_len - 2]
+        path.write_text("".join(json.dumps({"text": text}) + "\n" for _ in range(rows)))
+    return path
+
+
+def run_recipe(model_dir: Path, data: Path, seq_len: int, attn: str, steps: int, out: Path,
+               timeout: int, launcher: list | None = None, extra: list | None = None) -> dict:
+    cmd = (launcher or [sys.executable]) + [
+        "-m", "recipes.lora_long_context", "--model", str(model_dir), "--random_init", "true",
+        "--data", str(data), "--seq_len", str(seq_len), "--rope_method", "yarn",
+        "--attn_implementation", attn, "--max_steps", str(steps), "--warmup_steps", "1",
+        "--output_dir", str(out), "--save_adapter", "false", "--progress", "false",
+        "--skip_memory_check", "true", "--dtype", "bfloat16", "--mixed_precision", "bf16",
+        "--lora_r", "16", "--gradient_checkpointing", "true",
+    ] + (extra or [])
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": f"timeout>{timeout}s"}
+    summary = out / "summary.json"
+    if proc.returncode == 0 and summary.is_file():
+        s = json.loads(summary.read_text())
+        return {"status": "ok", "tok_per_s": s["tok_per_s"], "peak_gib": s["peak_mem_gib"],
+                "final_loss": s["final_loss"]}
+    tail = (proc.stdout + proc.stderr)[-2000:]
+    if "OutOfMemoryError" in tail or "out of memory" in tail:
+        return {"status": "OOM"}
+    print(tail, file=sys.stderr)
+    return {"status": f"error rc={proc.returncode}"}
+
+
+def loss_rows(tokens: int, quick: bool) -> list[dict]:
+    """fwd+bwd time and peak memory of the LM-head loss alone (hidden 2048, vocab 128256)."""
+    from recipes.loss import chunked_linear_cross_entropy, full_linear_cross_entropy, liger_linear_cross_entropy
+
+    h = torch.randn(tokens, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(128256, 2048, device="cuda", dtype=torch.bfloat16) * 0.02
+    y = torch.randint(0, 128256, (tokens,), device="cuda")
+    impls = {"chunked": lambda: chunked_linear_cross_entropy(h, w, y), "full": lambda: full_linear_cross_entropy(h, w, y)}
+    try:
+        impls["liger"] = (lambda f: (lambda: f(h, w, y)))(liger_linear_cross_entropy())
+    except ImportError as e:
+        print(f"liger: skipped ({e})")
+    rows = []
+    for name, fn in impls.items():
+        def step():
+            h.grad = None
+            fn().backward()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        try:
+            t = bench_ms(step, warmup_ms=10, rep_ms=50 if quick else 200)
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+            rows.append({"part": "loss", "impl": name, "tokens": tokens, **t, "extra_peak_gib": peak})
+        except torch.cuda.OutOfMemoryError:
+            rows.append({"part": "loss", "impl": name, "tokens": tokens, "ms": None, "status": "OOM"})
+    return rows
+
+
+def main() -> None:
+    parser = base_parser(__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=None, help="optimiser steps per point")
+    parser.add_argument("--timeout", type=int, default=420, help="seconds per point")
+    parser.add_argument("--fsdp-gpus", type=int, default=0, help="also run FSDP on this many GPUs")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/e2e_finetune.py needs a CUDA GPU")
+
+    if args.quick:
+        grid = [("llama-1.2b", L, a) for L in (16384, 32768) for a in ("hf_flash", "sdpa")]
+    else:
+        grid = [("llama-1.2b", L, a) for L in (16384, 32768, 65536, 131072) for a in ("hf_flash", "sdpa")]
+        grid += [("llama-8b", 32768, "hf_flash"), ("llama-8b", 32768, "sdpa"), ("llama-8b", 65536, "hf_flash")]
+    steps = args.steps or (4 if args.quick else 6)
+
+    rows = loss_rows(16384, args.quick)
+    print_table(rows, ["impl", "tokens", "ms", "p20_ms", "p80_ms", "extra_peak_gib"])
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for shape, seq_len, attn in grid:
+            model_dir = write_shape(root, shape)
+            data = write_data(root, seq_len, rows=steps + 2)
+            r = run_recipe(model_dir, data, seq_len, attn, steps, root / f"run-{shape}-{seq_len}-{attn}", args.timeout)
+            peer = SDPA_MEASURED.get((shape, seq_len))
+            row = {"part": "e2e", "shape": shape, "seq_len": seq_len, "attn": attn, "gpus": 1, **r,
+                   "sdpa_issue_tok_per_s": peer[0] if peer else None}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        if args.fsdp_gpus > 1:
+            seq_len = 32768
+            model_dir = write_shape(root, "llama-1.2b")
+            data = write_data(root, seq_len, rows=(steps + 2) * args.fsdp_gpus)
+            launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                        str(REPO / "recipes/configs/accelerate_fsdp.yaml"), "--num_processes", str(args.fsdp_gpus)]
+            r = run_recipe(model_dir, data, seq_len, "hf_flash", steps, root / "run-fsdp", args.timeout, launcher)
+            rows.append({"part": "e2e", "shape": "llama-1.2b", "seq_len": seq_len, "attn": "hf_flash",
+                         "gpus": args.fsdp_gpus, "launcher": "accelerate_fsdp.yaml", **r})
+            print(json.dumps(rows[-1]), flush=True)
+
+    e2e = [r for r in rows if r["part"] == "e2e"]
+    for r in e2e:  # speed-up and memory ratio against sdpa in this run
+        peer = next((p for p in e2e if p["attn"] == "sdpa" and p["shape"] == r["shape"]
+                     and p["seq_len"] == r["seq_len"] and p["gpus"] == 1 and p["status"] == "ok"), None)
+        if r["attn"] == "hf_flash" and r["status"] == "ok" and peer:
+            r["speedup_vs_sdpa"] = r["tok_per_s"] / peer["tok_per_s"]
+            r["mem_ratio_vs_sdpa"] = r["peak_gib"] / peer["peak_gib"]
+    print_table(e2e, ["shape", "seq_len", "attn", "gpus", "status", "tok_per_s", "peak_gib",
+                      "speedup_vs_sdpa", "mem_ratio_vs_sdpa", "sdpa_issue_tok_per_s"])
+    path = write_results("e2e_finetune", rows, args.out, quick=args.quick, steps=steps)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
