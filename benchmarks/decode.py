@@ -30,7 +30,6 @@ Points whose buffers do not fit in free GPU memory are recorded as skipped.
 
 from __future__ import annotations
 
-import math
 import sys
 import types
 from pathlib import Path
@@ -91,7 +90,9 @@ def build(provider: str, batch: int, ctx: int, kb: torch.Tensor, vb: torch.Tenso
     if provider == "hf_sdpa":
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        module = types.SimpleNamespace(num_key_value_groups=HQ // HKV, is_causal=True, training=False)
+        module = types.SimpleNamespace(
+            num_key_value_groups=HQ // HKV, is_causal=True, training=False
+        )
         return lambda: sdpa_attention_forward(module, qs, kb, vb, mask, scaling=D**-0.5)[0]
     if provider == "repeat_kv_sdpa":
         from transformers.integrations.sdpa_attention import repeat_kv
@@ -187,7 +188,10 @@ SWEEP = [
     for w in (4,)
     for s in (2, 3, 4)
     if not (bn == 128 and s == 4)  # 128 x 128 bf16 K and V tiles x 4 stages exceed smem
-] + [{"BLOCK_N": 64, "num_warps": 8, "num_stages": 4}, {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3}]
+] + [
+    {"BLOCK_N": 64, "num_warps": 8, "num_stages": 4},
+    {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
+]
 
 
 def sweep(points, results: list) -> None:
@@ -235,7 +239,8 @@ def main() -> None:
     results: list = []
     if args.sweep:
         sweep(points, results)
-        cols = ["batch", "context", "BLOCK_N", "num_warps", "num_stages", "num_splits", "us", "GB_s"]
+        cols = ["batch", "context", "BLOCK_N", "num_warps", "num_stages", "num_splits", "us",
+                "GB_s"]  # fmt: skip
         print_table(results, cols)
         best = {}
         for r in results:
@@ -253,10 +258,11 @@ def main() -> None:
                         ["batch", "context", "provider", "us", "GB_s", "num_splits", "skipped",
                          "error"])  # fmt: skip
             sys.stdout.flush()
-        path = write_results(
-            "decode", results, args.out, quick=args.quick, eager=args.eager,
-            shape=dict(hq=HQ, hkv=HKV, head_dim=D, dtype=str(DTYPE)),
-        )  # fmt: skip
+            # rewritten after every point, so a run cut short still leaves its rows
+            path = write_results(
+                "decode", results, args.out, quick=args.quick, eager=args.eager,
+                shape=dict(hq=HQ, hkv=HKV, head_dim=D, dtype=str(DTYPE)),
+            )  # fmt: skip
     print(f"wrote {path}")
 
 

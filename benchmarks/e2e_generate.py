@@ -56,7 +56,9 @@ def build_model():
     )  # fmt: skip
     torch.manual_seed(0)
     with torch.device(DEVICE):
-        model = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+        model = LlamaForCausalLM._from_config(
+            config, dtype=torch.bfloat16, attn_implementation="sdpa"
+        )
     return model.eval()
 
 
@@ -97,8 +99,9 @@ def run(model, batch, prompt, attn, cache_impl, n_new, repeats, compile_static):
         cache = StaticCache(config=model.config, max_cache_len=prompt + n_new + 8)
     with torch.no_grad():
         _generate(model, ids, 4, cache_impl, cache, compile_static)  # warm-up / compile
-        t_one = min(_generate(model, ids, 1, cache_impl, cache, compile_static)[0] for _ in range(repeats))
-        runs = [_generate(model, ids, n_new, cache_impl, cache, compile_static) for _ in range(repeats)]
+        gen = lambda n: _generate(model, ids, n, cache_impl, cache, compile_static)  # noqa: E731
+        t_one = min(gen(1)[0] for _ in range(repeats))
+        runs = [gen(n_new) for _ in range(repeats)]
     t_all = min(t for t, _ in runs)
     ms = (t_all - t_one) / (n_new - 1) * 1e3
     row = dict(
@@ -148,10 +151,12 @@ def main() -> None:
                         ["batch", "prompt", "attn", "cache", "ms_per_step", "tokens_per_s",
                          "tokens_match_sdpa", "error"])  # fmt: skip
             sys.stdout.flush()
-    path = write_results(
-        "e2e_generate", rows, args.out, quick=args.quick, compile_static=not args.no_compile,
-        model="llama-1.2B-random (2048h, 16L, 32/8 heads, d64, vocab 128256)",
-    )  # fmt: skip
+            # rewritten as rows arrive, so a run cut short still leaves its rows
+            path = write_results(
+                "e2e_generate", rows, args.out, quick=args.quick,
+                compile_static=not args.no_compile,
+                model="llama-1.2B-random (2048h, 16L, 32/8 heads, d64, vocab 128256)",
+            )  # fmt: skip
     print(f"wrote {path}")
 
 

@@ -2,12 +2,13 @@
 
 Run on a GPU from the repository root::
 
-    PYTHONPATH=. python benchmarks/rope.py --out OUTDIR [--quick] [--skip-train] [--sweep]
+    PYTHONPATH=. python benchmarks/rope.py --out OUTDIR [--quick] [--skip-train] [--sweep] [--compiled-peer]
 
 Part 1, kernel (bf16, q with 32 heads and k with 8 heads, head_dim 128, batch 1, T tokens):
 
   hf_flash      ``hf_flash.apply_rotary_pos_emb`` (one launch rotates q and k)
   transformers  ``transformers.models.llama.modeling_llama.apply_rotary_pos_emb`` (eager)
+  transformers_compiled  the same under ``torch.compile(dynamic=True)`` (``--compiled-peer``)
   copy          ``dst.copy_(src)`` of a tensor as large as q and k together: the bandwidth
                 ceiling measured in the same process
 
@@ -58,10 +59,14 @@ def _bytes(tokens: int, elem: int = 2) -> int:
     return 2 * qk + 2 * cs
 
 
-def kernel_rows(tokens_list, device="cuda"):
+def kernel_rows(tokens_list, device="cuda", compiled_peer=False):
     from hf_flash.rotary import apply_rotary_pos_emb as fused
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as eager
 
+    providers = {"hf_flash": fused, "transformers": eager}
+    if compiled_peer:
+        # one dynamic-shape graph serves every T (Inductor fuses rotate_half into one kernel)
+        providers["transformers_compiled"] = torch.compile(eager, dynamic=True)
     rows = []
     for tokens in tokens_list:
         q, k, cos, sin = _rotary_inputs(tokens, device)
@@ -70,7 +75,6 @@ def kernel_rows(tokens_list, device="cuda"):
         dst = torch.empty_like(src)
         copy = bench_ms(lambda: dst.copy_(src))
         copy_gbps = 2 * src.numel() * 2 / copy["ms"] / 1e6
-        providers = {"hf_flash": fused, "transformers": eager}
         ref = eager(q, k, cos, sin)
         out = fused(q, k, cos, sin)
         diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, ref))
@@ -183,10 +187,12 @@ def main(argv=None):
     parser.add_argument("--train-steps", type=int, default=None, help="timed steps (3; 2 with --quick)")
     parser.add_argument("--attn", default="sdpa", help="attn_implementation of the training model")
     parser.add_argument("--sweep", action="store_true", help="also sweep kernel tile / num_warps")
+    parser.add_argument("--compiled-peer", action="store_true",
+                        help="add torch.compile(transformers' rotary) as a peer (compiles once)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/rope.py needs a CUDA GPU")
-    rows = kernel_rows(QUICK_TOKENS if args.quick else TOKENS)
+    rows = kernel_rows(QUICK_TOKENS if args.quick else TOKENS, compiled_peer=args.compiled_peer)
     print_table(rows, ["tokens", "pass", "provider", "ms", "gbps", "frac_copy", "speedup_vs_transformers"])
     verdicts = []
     for r in rows:

@@ -32,7 +32,7 @@ from torch import Tensor
 from .interface import _check_heads, _check_options, _check_tensor_basics, _prepare
 from .kernels import decode as _decode
 
-__all__ = ["flash_attn_with_kvcache"]
+__all__ = ["flash_attn_with_kvcache", "attend_kv"]
 
 PAGE_MULTIPLE = 16
 
@@ -289,6 +289,66 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
                     f"block_table[{b}] refers to pages outside [0, {k_cache.shape[0]}) within "
                     f"its first {used} entries (the pages holding its {n + seqlen_new} tokens)"
                 )
+
+
+# --------------------------------------------------------------------------------------------
+# Decode-shaped attention without a cache update (for hf_flash's transformers integration)
+# --------------------------------------------------------------------------------------------
+
+
+def attend_kv(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    key_start: Optional[Tensor] = None,
+    key_end: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = True,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+) -> Tensor:
+    """A few queries over a contiguous block of keys per row, on the split-KV decode kernel.
+
+    For decode steps of caches that hand the attention their whole history (transformers'
+    DynamicCache): the prefill kernel would give each query head one program and read K/V once
+    per query head; this reads each K/V tile once per GQA group, split across the GPU.
+
+    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), any
+    strides with a unit last stride. Row b attends keys ``[key_start[b], key_end[b])`` (int32
+    device tensors; default the whole of k), its queries bottom-right aligned at ``key_end[b]``
+    (left padding: ``key_start`` is the pad length). Masks and window as
+    :func:`flash_attn_with_kvcache`. Shapes are checked; the index values are not read (no host
+    sync), so the caller vouches for ``0 <= key_start <= key_end <= seqlen_k``. Returns
+    (batch, seqlen_q, nheads, headdim).
+    """
+    if not torch.compiler.is_compiling():
+        _check_tensor_basics(q, k, v)
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.dim() != 4:
+                raise ValueError(f"{name} must be 4-D (batch, seqlen, nheads, headdim)")
+        if k.shape != v.shape or k.shape[0] != q.shape[0]:
+            raise ValueError(
+                f"k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape, with q's batch "
+                f"({q.shape[0]})"
+            )
+        _check_heads(q.shape[2], k.shape[2], v.shape[2], q.shape[3], k.shape[3], v.shape[3])
+        _check_options(0.0, softmax_scale, window_size, softcap, None, q.shape[2], q.shape[0])
+        for name, t in (("key_start", key_start), ("key_end", key_end)):
+            if t is not None:
+                _check_index_tensor(name, t, q.shape[0], q.device)
+    k, v = _prepare(k), _prepare(v)
+    if key_end is None:
+        key_end = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    left, right = int(window_size[0]), int(window_size[1])
+    if causal:
+        right = 0
+    out, _ = _attn_with_kvcache(
+        _prepare(q), k, v, None, None, None, None, key_end, None, key_start, None, None,
+        float(scale), True, left, right, float(softcap), False, 0, False,
+    )  # fmt: skip
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -81,6 +81,8 @@ def train(cfg: RecipeConfig) -> dict:
     device = accelerator.device
     out = Path(cfg.output_dir)
     set_seed(cfg.seed)
+    log(f"accelerate: {accelerator.num_processes} process(es), {accelerator.distributed_type.value}, "
+        f"backend {accelerator.state.backend}, device {device}, mixed precision {accelerator.mixed_precision}")
 
     # model ------------------------------------------------------------------------------------
     if cfg.model is None:
@@ -116,14 +118,16 @@ def train(cfg: RecipeConfig) -> dict:
 
     # optimisation -----------------------------------------------------------------------------
     wrapper = CausalLMWithLinearCE(model, cfg.loss_impl, cfg.loss_chunk_tokens)
-    wrapper = accelerator.prepare_model(wrapper)
-    params = [p for p in wrapper.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-        weight_decay=cfg.weight_decay,
+        [p for p in wrapper.parameters() if p.requires_grad], lr=cfg.learning_rate,
+        betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay,
     )
+    # not passed to prepare(): accelerate would step it once per process per optimiser step
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
+    accelerator.register_for_checkpointing(scheduler)
+    # one call: FSDP2 must shard the model and remap the optimizer's parameters together
+    wrapper, optimizer = accelerator.prepare(wrapper, optimizer)
+    params = [p for p in wrapper.parameters() if p.requires_grad]
     if not fsdp:
         accelerator.register_save_state_pre_hook(trainable_only_hook)
 

@@ -88,10 +88,14 @@ def _check(
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), fin), "lse must be +inf exactly for rows with no key"
     assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-3 if dtype != torch.float32 else 1e-5)
-    # the append: values bit-exact, rotated keys within one rounding of the reference's
+    # the append: values bit-exact; rotated keys may differ from the reference's by one rounding
+    # of the cache dtype (the kernel may fuse the rotation's multiply-adds)
     assert torch.equal(vc, v_ref), "v_cache after the append differs from the reference"
-    k_tol = 0.0 if not rotary_dim else {torch.float32: 1e-5, torch.float16: 2e-3}.get(dtype, 1e-2)
-    assert max_abs_err(kc, k_ref) <= k_tol, f"k_cache after the append: {max_abs_err(kc, k_ref)}"
+    k_diff = (kc.float() - k_ref.float()).abs()
+    k_tol = 0.0
+    if rotary_dim or per_token_rotary:
+        k_tol = torch.finfo(dtype).eps * k_ref.float().abs() + 1e-6
+    assert (k_diff <= k_tol).all(), f"k_cache after the append: max diff {k_diff.max():.3e}"
     return out
 
 
@@ -117,7 +121,8 @@ CASES = [
                  id="per-token-rotary-shared-partial"),
     pytest.param({"softcap": 2.0, "causal": True}, id="softcap"),
     pytest.param({"alibi_slopes": "per-batch", "causal": True, "seqlen_q": 2, "seqlen_new": 2}, id="alibi"),
-    pytest.param({"nheads_k": 1, "nheads": 8, "seqlen_q": 3, "seqlen_new": 3, "causal": True}, id="mqa-m-tiles"),
+    pytest.param({"nheads_k": 1, "nheads": 8, "seqlen_q": 9, "seqlen_new": 9, "causal": True,
+                  "lens": (40, 3)}, id="mqa-two-row-tiles"),  # 72 rows: two M tiles of 64
     pytest.param({"nheads_k": 3, "nheads": 3, "d": 80, "rotary_dim": 64}, id="mha-d80"),
     pytest.param({"d": 59, "nheads": 2, "nheads_k": 1, "lens": (9, 1)}, id="d59-short"),
     pytest.param({"num_splits": 1, "causal": True, "lens": (68, 3)}, id="one-split"),
@@ -234,6 +239,33 @@ def test_cache_capacity_is_never_exceeded():
     assert torch.equal(kc_big[:, 32:], guard_k), "wrote past the cache"
     assert torch.equal(kc_view[0, 31], k[0, 0]) and torch.equal(kc_view[1, 5:7], k[1])
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("opts", [
+    pytest.param({"causal": True}, id="causal"),
+    pytest.param({"causal": True, "window_size": (5, 5), "softcap": 3.0}, id="window-softcap"),
+    pytest.param({"causal": False}, id="noncausal"),
+])  # fmt: skip
+def test_attend_kv_over_key_blocks(opts):
+    """attend_kv (the integration's DynamicCache decode path): row b sees keys
+    [start_b, end_b) of non-contiguous (B, Hk, S, D)-transposed k/v, queries aligned at end_b."""
+    from hf_flash.kvcache import attend_kv
+    from hf_flash.reference import attention_ref
+
+    torch.manual_seed(18)
+    dtype = torch.float16
+    q = torch.randn(3, 2, 4, 32, device=DEVICE, dtype=dtype)
+    kb = torch.randn(3, 2, 45, 32, device=DEVICE, dtype=dtype)
+    vb = torch.randn_like(kb)
+    k, v = kb.transpose(1, 2), vb.transpose(1, 2)
+    start = torch.tensor([0, 7, 20], dtype=torch.int32, device=DEVICE)
+    end = torch.tensor([45, 45, 33], dtype=torch.int32, device=DEVICE)
+    out = attend_kv(q, k, v, key_start=start, key_end=end, **opts)
+    for b, (s0, e0) in enumerate(zip(start.tolist(), end.tolist())):
+        args = (q[b : b + 1], k[b : b + 1, s0:e0], v[b : b + 1, s0:e0])
+        ref = attention_ref(*args, **opts)
+        lp = attention_ref(*args, upcast=False, **opts)
+        assert_close_to_ref(f"row {b}", out[b : b + 1], ref, lp, FWD_FACTOR, dtype)
 
 
 def test_split_heuristic():

@@ -170,6 +170,24 @@ def test_head_blocks_split_for_wide_tokens(device, monkeypatch):
     assert max_abs_err(out, ref) <= _floor(ref)
 
 
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_kernel_writes_every_element(device, interleaved):
+    """NaN-poisoned outputs: every element (rotated pairs and the copied tail) must be written."""
+    from hf_flash.kernels import rotary as rotary_kernel
+
+    torch.manual_seed(10)
+    q = torch.randn(3, 11, 5, 40, device=device, dtype=torch.float16)
+    k = torch.randn(3, 11, 1, 40, device=device, dtype=torch.float16)
+    cos, sin = _table(11, 24, device)
+    outs = [torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))]
+    rotary_kernel.rotary_forward([q, k], outs, cos[None], sin[None], rotary_dim=24, cos_half_offset=0,
+                                 interleaved=interleaved)  # fmt: skip
+    for x, out in zip((q, k), outs):
+        truth = rotary_ref(x.float(), cos, sin, interleaved=interleaved)
+        assert not torch.isnan(out).any()
+        _check("poisoned", out, truth, _rotary_lowp(x, cos, sin, interleaved))
+
+
 def test_long_positions_beyond_128k(device):
     """Angles at positions >= 128K: the float32 table is the truth, the kernel only rotates."""
     torch.manual_seed(3)

@@ -109,17 +109,29 @@ def _patch_family(model, family: str, rope: bool) -> bool:
     except _Unsupported as err:
         warnings.warn(f"hf_flash fused RoPE not applied: {err}", stacklevel=3)
         return False
-    found = False
-    for module in model.modules():
+    found, blocked = False, []
+    for name, module in model.named_modules():
         if type(module) is not cls:
             continue
         found = True
         if _ORIGINAL in module.__dict__:
             continue  # already patched (post_init runs once per nested PreTrainedModel)
         attr = "_old_forward" if "_old_forward" in module.__dict__ else "forward"
-        object.__setattr__(module, _ORIGINAL, (attr, module.__dict__.get(attr)))
+        previous = module.__dict__.get(attr)
+        if attr == "forward" and previous is not None:
+            # another per-instance patch (e.g. fused decode) would be silently dropped
+            blocked.append(name)
+            continue
+        object.__setattr__(module, _ORIGINAL, (attr, previous))
         object.__setattr__(module, attr, types.MethodType(forward, module))
-    return found
+    if blocked:
+        warnings.warn(
+            f"hf_flash fused RoPE not applied to {len(blocked)} module(s) (first: {blocked[0]}) "
+            "that already have an instance-level forward from another patch; apply the fused "
+            "RoPE patch first (hf_flash.integration.register does)",
+            stacklevel=3,
+        )
+    return found and not blocked
 
 
 def patch_llama(model, rope: bool = True) -> bool:

@@ -100,10 +100,12 @@ def bwd_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tupl
         dkdv = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
         dq = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
     elif d <= 128:
-        # H100 bf16 d=128 causal: 267-270 TFLOP/s at S = 4K, 302-307 at 16K (first probe;
-        # its overrides did not reach the backward thread, so tiles are still to be swept).
-        dkdv = {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
-        dq = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
+        # benchmarks/attention.py --sweep-configs, H100 bf16 d=128 causal (results/
+        # attention_configs-*.json): dK/dV (32, 64, 4 warps, 3 stages) 3.93 / 14.68 ms at
+        # S = 4K / 16K vs 4.53 / 15.79 for (32, 128, 8, 2); dQ (64, 32, 4, 3) 4.45 / 15.69 vs
+        # 4.52 / 15.80 for (128, 64, 8, 2) (whole backward, other kernel at its default).
+        dkdv = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+        dq = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}
     else:
         dkdv = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 1}
         dq = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1}

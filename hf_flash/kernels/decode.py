@@ -196,8 +196,8 @@ def _append_new(
         t64 = t.to(tl.int64)
         mask = ok[:, None] & d_ok[None, :]
         kn = _load_rotated(
-            Knew, t64[:, None] * stride_knn, offs_d[None, :], phys[:, None] - rot_shift, mask, Cos, Sin,
-            stride_cs, HAS_ROTARY, ROTARY_DIM, INTERLEAVED,
+            Knew, t64[:, None] * stride_knn, offs_d[None, :], phys[:, None] - rot_shift, mask,
+            Cos, Sin, stride_cs, HAS_ROTARY, ROTARY_DIM, INTERLEAVED,
         )  # fmt: skip
         rows_k = _cache_rows(BlockTable, b64, stride_btb, phys, ok, stride_kp, stride_kn, PAGED,
                              page_size)  # fmt: skip
@@ -299,8 +299,8 @@ def _decode_kernel(
         else:
             q_pos = cache_len - rot_shift + 0 * qi
         qf = _load_rotated(
-            Q, q_off[:, None], offs_d[None, :], q_pos[:, None], q_mask, cos_base, sin_base, stride_cs,
-            HAS_ROTARY, ROTARY_DIM, INTERLEAVED,
+            Q, q_off[:, None], offs_d[None, :], q_pos[:, None], q_mask, cos_base, sin_base,
+            stride_cs, HAS_ROTARY, ROTARY_DIM, INTERLEAVED,
         )  # fmt: skip
         q = qf.to(Q.dtype.element_ty)
     else:

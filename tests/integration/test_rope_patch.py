@@ -8,6 +8,7 @@ most 2x (3x for gradients) the unpatched float32 model's own error against float
 """
 
 import copy
+import types
 
 import pytest
 import torch
@@ -221,6 +222,16 @@ def test_revert_under_a_later_wrapper(kernel_calls):
     with torch.no_grad():
         out = model(ids).logits
     assert not kernel_calls and torch.equal(out, ref)
+
+
+def test_refuses_to_drop_a_foreign_instance_forward(kernel_calls):
+    model = _model("llama")
+    attn = model.model.layers[1].self_attn
+    attn.forward = types.MethodType(type(attn).forward, attn)  # someone else's instance patch
+    with pytest.warns(UserWarning, match="already have an instance-level forward"):
+        assert patch_model(model) is False
+    assert is_patched(model.model.layers[0].self_attn) and not is_patched(attn)
+    revert_model(model)
 
 
 def _hf_flash_ready():

@@ -35,7 +35,9 @@ def _step(model, ids, mask, labels):
     model.zero_grad(set_to_none=True)
     out = model(input_ids=ids, attention_mask=mask, labels=labels)
     out.loss.backward()
-    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    grads = {
+        n.removeprefix("_orig_mod."): p.grad for n, p in model.named_parameters() if p.requires_grad
+    }
     return out.loss.detach(), grads
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from recipes.config import ConfigError, load_config
 from recipes.lora_long_context import main, train
+from recipes.model import lr_lambda
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "recipes" / "configs" / "tiny.yaml"
@@ -104,16 +105,22 @@ def test_data_files_are_read_and_bad_fields_reported(tmp_path, capsys):
 def test_two_process_accelerate_launch(tmp_path):
     out = tmp_path / "ddp"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    # "--multi_gpu" selects accelerate's torchrun launcher; without a GPU each process then
+    # runs as MULTI_CPU over gloo ("--cpu" alone would start a single process)
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
         "-m", "recipes.lora_long_context", *BASE, "--output_dir", str(out), "--max_steps", "3",
         "--save_every", "2",
     ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 process(es), MULTI_CPU, backend gloo" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3
-    assert len(_losses(out)) == 3
+    # the schedule advances once per optimiser step, whatever the number of processes
+    cfg = load_config(BASE + ["--max_steps", "3"])
+    lrs = [json.loads(l)["lr"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert lrs == pytest.approx([cfg.learning_rate * lr_lambda(cfg)(k) for k in (1, 2, 3)])
     assert (out / "checkpoints" / "step-000002" / "random_states_1.pkl").is_file()
     assert (out / "adapter" / "adapter_model.safetensors").is_file()

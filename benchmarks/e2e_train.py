@@ -1,0 +1,231 @@
+"""End-to-end LoRA training throughput: hf_flash vs sdpa vs eager inside transformers.
+
+Model: a randomly initialised Llama with the 1.2B shape (hidden 2048, 16 layers, 32/8 heads,
+head_dim 64, MLP 8192, vocab 128256) and the same shape as Mistral with sliding window 4096;
+bfloat16; peft LoRA r=16 on every projection; gradient checkpointing (non-reentrant); AdamW on
+the LoRA weights. One step = forward + backward + optimizer step.
+
+Workloads: one sequence of S = 4K, 16K, 32K, 64K tokens (batch 1); a padded batch (8 sequences of
+random lengths up to 4K, right-padded, 2-D attention mask); the same 8 sequences packed into one
+row by ``DataCollatorWithFlattening`` (position_ids restarts plus cu_seq_lens kwargs).
+Tokens/s counts real (unpadded) tokens. Peak memory is torch.cuda.max_memory_allocated over the
+measured steps. Out-of-memory is recorded, not fatal. eager materialises S x S scores per head,
+so it only runs the 4K and batch workloads unless --eager-all.
+
+    python benchmarks/e2e_train.py --quick          # ~3 min on an H100
+    python benchmarks/e2e_train.py                  # full grid, ~10 min
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before hf_flash's kernels are defined
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import base_parser, print_table, write_results  # noqa: E402
+
+SHAPE = dict(
+    hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=131072,
+    rope_theta=500000.0, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)  # fmt: skip
+WINDOW = 4096
+# --smoke: the same code path on a tiny model (CPU through Triton's interpreter, or any GPU)
+SMOKE_SHAPE = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=512,
+    bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)  # fmt: skip
+SMOKE_WINDOW = 16
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PROVIDERS = ["hf_flash", "sdpa", "eager"]
+
+
+def build(family: str, smoke: bool):
+    """LoRA-wrapped, checkpointed model (random weights, built directly on the device)."""
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    shape, window = (SMOKE_SHAPE, SMOKE_WINDOW) if smoke else (SHAPE, WINDOW)
+    if family == "llama":
+        config = transformers.LlamaConfig(**shape)
+    else:
+        config = transformers.MistralConfig(**shape, sliding_window=window)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    # the CPU interpreter is wrong for bf16 dot products (DESIGN.md): smoke runs there in fp32
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    with torch.device(DEVICE):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_TARGETS)
+    model = get_peft_model(model, lora)
+    model.train()
+    return model
+
+
+def workloads(quick: bool, smoke: bool, family: str) -> list[tuple[str, str, int]]:
+    """(name, kind, length): kind "single" is one sequence of `length` tokens; "padded" and
+    "packed" are 8 sequences of random lengths up to `length`."""
+    if smoke:
+        return [("S=64", "single", 64), ("padded 8x<=48", "padded", 48), ("packed 8x<=48", "packed", 48)]
+    batches = [("padded 8x<=4K", "padded", 4096), ("packed 8x<=4K", "packed", 4096)]
+    if quick:
+        if family == "mistral":
+            return [("S=32K", "single", 32768)]
+        return [("S=4K", "single", 4096)] + batches
+    singles = [(f"S={n // 1024}K", "single", n) for n in (4096, 16384, 32768, 65536)]
+    return singles + batches
+
+
+def make_batch(kind: str, length: int, vocab: int) -> tuple[dict, int]:
+    """Model kwargs on the device and the number of real tokens."""
+    from transformers import DataCollatorWithFlattening
+
+    g = torch.Generator().manual_seed(0)
+    if kind == "single":
+        ids = torch.randint(3, vocab, (1, length), generator=g).to(DEVICE)
+        return {"input_ids": ids, "labels": ids}, length
+    lengths = torch.randint(length // 16, length + 1, (8,), generator=g).tolist()
+    seqs = [torch.randint(3, vocab, (n,), generator=g) for n in lengths]
+    if kind == "padded":
+        width = max(lengths)
+        ids = torch.zeros(8, width, dtype=torch.long)
+        mask = torch.zeros(8, width, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = s
+            mask[i, : len(s)] = 1
+        labels = ids.masked_fill(mask == 0, -100)
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    else:
+        collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+        batch = collator([{"input_ids": s.tolist()} for s in seqs])
+    batch = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return batch, sum(lengths)
+
+
+def measure(model, optimizer, batch: dict, warmup: int, steps: int) -> dict:
+    def step():
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step()
+    _sync()
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        _sync()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    peak = torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None
+    return {"step_s": times[len(times) // 2], "peak_gib": peak}
+
+
+def _sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv=None) -> int:
+    parser = base_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--families", nargs="+", default=["llama", "mistral"])
+    parser.add_argument("--providers", nargs="+", default=PROVIDERS, choices=PROVIDERS)
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per cell (median)")
+    parser.add_argument("--eager-all", action="store_true", help="also run eager beyond 4K")
+    parser.add_argument("--markdown", action="store_true", help="print a BENCHMARKS.md table")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny model and lengths: checks the script itself (runs on CPU)")  # fmt: skip
+    args = parser.parse_args(argv)
+    if DEVICE == "cpu" and not args.smoke:
+        parser.error("this benchmark needs a CUDA GPU (--smoke runs a tiny version on the CPU)")
+    import hf_flash
+
+    hf_flash.register()
+    providers = [p for p in args.providers if not (args.quick and p == "eager")]
+    steps, warmup = (2, 1) if args.quick else (args.steps, 1)
+    rows = []
+    for family in args.families:
+        model = build(family, args.smoke)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=1e-4)
+        vocab = (SMOKE_SHAPE if args.smoke else SHAPE)["vocab_size"]
+        for workload, kind, max_len in workloads(args.quick, args.smoke, family):
+            batch, tokens = make_batch(kind, max_len, vocab)
+            for provider in providers:
+                row = {"model": family, "workload": workload, "provider": provider,
+                       "tokens": tokens}  # fmt: skip
+                if provider == "eager" and kind == "single" and max_len > 4096 and not args.eager_all:
+                    row["status"] = "skipped (S x S scores)"
+                    rows.append(row)
+                    continue
+                model.base_model.model.set_attn_implementation(provider)
+                try:
+                    row.update(measure(model, optimizer, batch, warmup, steps))
+                    row["tok_per_s"] = tokens / row["step_s"]
+                    row["status"] = "ok"
+                except torch.cuda.OutOfMemoryError:
+                    row["status"] = "oom"
+                optimizer.zero_grad(set_to_none=True)
+                gc.collect()
+                if DEVICE == "cuda":
+                    torch.cuda.empty_cache()
+                rows.append(row)
+                print(f"{family:8s} {workload:14s} {provider:9s} {row['status']:4s} "
+                      f"{row.get('tok_per_s', 0):9.0f} tok/s {row.get('peak_gib', 0):6.1f} GiB",
+                      flush=True)  # fmt: skip
+            del batch
+        del model, optimizer
+        gc.collect()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    _add_ratios(rows)
+    name = "e2e_train-smoke" if args.smoke else "e2e_train"
+    path = write_results(
+        name, rows, args.out, quick=args.quick, smoke=args.smoke, shape=SHAPE, window=WINDOW, lora_r=16,
+        steps=steps, warmup=warmup,
+    )  # fmt: skip
+    cols = ["model", "workload", "provider", "status", "tok_per_s", "peak_gib", "vs_sdpa"]
+    print_table(rows, cols)
+    if args.markdown:
+        _print_markdown(rows)
+    print(f"results: {path}")
+    return 0
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    sdpa = {(r["model"], r["workload"]): r.get("tok_per_s") for r in rows if r["provider"] == "sdpa"}
+    for r in rows:
+        base = sdpa.get((r["model"], r["workload"]))
+        if r.get("tok_per_s") and base:
+            r["vs_sdpa"] = r["tok_per_s"] / base
+
+
+def _print_markdown(rows: list[dict]) -> None:
+    print("\n| model | workload | provider | tokens/s | peak GiB | vs sdpa |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        tok = f"{r['tok_per_s']:.0f}" if r.get("tok_per_s") else r["status"]
+        peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") else "-"
+        ratio = f"{r['vs_sdpa']:.2f}x" if r.get("vs_sdpa") else "-"
+        print(f"| {r['model']} | {r['workload']} | {r['provider']} | {tok} | {peak} | {ratio} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
