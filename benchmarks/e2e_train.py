@@ -188,7 +188,7 @@ def main(argv=None) -> int:
                     torch.cuda.empty_cache()
                 rows.append(row)
                 print(f"{family:8s} {workload:14s} {provider:9s} {row['status']:4s} "
-                      f"{row.get('tok_per_s', 0):9.0f} tok/s {row.get('peak_gib', 0):6.1f} GiB",
+                      f"{row.get('tok_per_s') or 0:9.0f} tok/s {row.get('peak_gib') or 0:6.1f} GiB",
                       flush=True)  # fmt: skip
             del batch
         del model, optimizer

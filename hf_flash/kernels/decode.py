@@ -322,9 +322,10 @@ def _decode_kernel(
     if MASK_LEFT:
         lo = (tl.maximum(qi_lo + shift - window_left, 0) // BLOCK_N) * BLOCK_N
     lo = tl.minimum(lo, hi)
-    tiles_per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_splits)
-    s_lo = tl.minimum(lo + split * tiles_per_split * BLOCK_N, hi)
-    s_hi = tl.minimum(s_lo + tiles_per_split * BLOCK_N, hi)
+    # balanced: split s takes tiles [s * n / S, (s + 1) * n / S), so they differ by at most one
+    n_tiles = tl.cdiv(hi - lo, BLOCK_N)
+    s_lo = tl.minimum(lo + (split * n_tiles // num_splits) * BLOCK_N, hi)
+    s_hi = tl.minimum(lo + ((split + 1) * n_tiles // num_splits) * BLOCK_N, hi)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -459,14 +460,15 @@ def choose_num_splits(programs: int, max_keys: int, block_n: int, device: torch.
 
     The cache capacity bounds the work (a host-side number: true lengths stay on the device).
     Grids that already fill the GPU are not split. Otherwise, among split counts that leave
-    each split ``MIN_TILES_PER_SPLIT`` tiles, take the smallest whose last wave of programs is
-    nearly as full as the best choice's (wave quantisation: 384 programs on 264 slots run in two
-    waves, the second half empty, so 256 programs finish as fast).
+    each split ``MIN_TILES_PER_SPLIT`` tiles, take the smallest whose waves of programs are
+    within 5% as full as the best choice's, up to ~4 waves (wave quantisation: 384 programs on
+    264 slots run in two waves, the second half empty, so 256 programs finish as fast).
     """
     tiles = triton.cdiv(max(max_keys, 1), block_n)
     slots = PROGRAMS_PER_SM * sm_count(device)
     programs = max(programs, 1)
-    most = min(MAX_SPLITS, triton.cdiv(tiles, MIN_TILES_PER_SPLIT))
+    # at most ~4 waves: beyond that, quantisation gains are small and partials cost more
+    most = min(MAX_SPLITS, triton.cdiv(tiles, MIN_TILES_PER_SPLIT), triton.cdiv(4 * slots, programs))
     if most <= 1 or programs >= 0.8 * slots:
         return 1
 
@@ -475,7 +477,7 @@ def choose_num_splits(programs: int, max_keys: int, block_n: int, device: torch.
         return total / (triton.cdiv(total, slots) * slots)
 
     best = max(efficiency(s) for s in range(1, most + 1))
-    return next(s for s in range(1, most + 1) if efficiency(s) >= 0.85 * best)
+    return next(s for s in range(1, most + 1) if efficiency(s) >= 0.95 * best)
 
 
 def _strides3(t):
