@@ -25,7 +25,9 @@ count for every provider (the repeat_kv path really moves ~4x more). Timing: eve
 captured in a CUDA graph and the graph replay is timed (``harness.bench_ms``: CUDA events,
 L2 flushed, median / p20 / p80), so Python launch overhead, which the generate path also
 removes with CUDA graphs, does not hide the kernel time; ``--eager`` times plain calls instead.
-Points whose buffers do not fit in free GPU memory are recorded as skipped.
+Points whose buffers do not fit in free GPU memory are recorded as skipped. Rows also record
+``max_abs_diff_vs_sdpa`` (output against ``sdpa_gqa`` on the untouched cache, a spot check) and
+hf_flash's ``num_splits``; ``hf_flash_append`` writes row L - 1 of the cache, so it runs last.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ Kernel API (flash-attn 2.x names and semantics, layout ``(batch, seqlen, nheads,
 
 Importing ``hf_flash`` does not import transformers, and the kernel modules load on first use
 (so a program can still switch on Triton's CPU interpreter, ``TRITON_INTERPRET=1``, after
-``import hf_flash``).
+``import hf_flash``). It does arrange for ``attn_implementation="hf_flash"`` to be registered
+with transformers: at once if transformers is already imported, otherwise right after it is.
 """
 
 from __future__ import annotations
@@ -40,3 +41,8 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_EXPORTS))
+
+
+from .integration import install_transformers_hook as _install_transformers_hook  # noqa: E402
+
+_install_transformers_hook()

@@ -122,5 +122,16 @@ def load_checkpoint(accelerator, path: Path, cfg) -> dict:
             f"cannot resume from {path}: options differ from the checkpointed run:\n  - "
             + "\n  - ".join(diffs)
         )
+    weights = path / "model.safetensors"
+    if weights.is_file():  # single process / DDP: only the trainable tensors were saved
+        from safetensors import safe_open
+
+        with safe_open(str(weights), framework="pt") as fh:
+            saved_keys = set(fh.keys())
+        model = accelerator._models[0]
+        missing = sorted(n for n, p in model.named_parameters() if p.requires_grad and n not in saved_keys)
+        if missing:
+            raise ConfigError(f"{path} lacks {len(missing)} trainable tensors, e.g. {missing[:3]}")
+    # strict=False: the frozen base weights are deliberately not in the checkpoint
     accelerator.load_state(str(path), strict=False)
     return state

@@ -253,11 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
         "packing and a chunked cross-entropy (accelerate + peft).",
     )
     parser.add_argument("--config", type=Path, help="YAML file with any of the options below")
+    defaults = RecipeConfig().to_dict()
     for f in dataclasses.fields(RecipeConfig):
         # nargs="?" lets boolean options be given as bare flags (--resume) or with a value
         parser.add_argument(
             f"--{f.name}", dest=f.name, type=_parse_value, nargs="?", const=True,
             default=argparse.SUPPRESS, metavar="VALUE",
+            help=f"{f.type}, default {defaults[f.name]!r} (documented in recipes/config.py)",
         )
     return parser
 

@@ -201,19 +201,21 @@ class PackedRows:
 def pack_documents(token_docs: list[list[int]], seq_len: int) -> PackedRows:
     """Concatenate documents and cut full rows; position ids restart per document and per row.
     The tail that does not fill a last row is dropped (counted in ``dropped_tokens``)."""
-    ids = [t for doc in token_docs for t in doc]
-    pos = [i for doc in token_docs for i in range(len(doc))]
-    n_rows = len(ids) // seq_len
+    if not token_docs:
+        raise ConfigError("no documents to pack")
+    ids = torch.cat([torch.as_tensor(doc, dtype=torch.int32) for doc in token_docs])
+    pos = torch.cat([torch.arange(len(doc), dtype=torch.int32) for doc in token_docs])
+    n_rows = ids.numel() // seq_len
     used = n_rows * seq_len
-    input_ids = torch.tensor(ids[:used], dtype=torch.int32).view(n_rows, seq_len)
-    position_ids = torch.tensor(pos[:used], dtype=torch.int32).view(n_rows, seq_len)
+    input_ids = ids[:used].view(n_rows, seq_len)
+    position_ids = pos[:used].clone().view(n_rows, seq_len)
     if n_rows:
         # a document cut by a row boundary continues as a new segment at position 0
         col0 = position_ids[:, 0].clone()
         position_ids -= torch.where(
             torch.cumsum(position_ids == 0, dim=1) == 0, col0[:, None], torch.zeros_like(col0)[:, None]
         )
-    return PackedRows(input_ids, position_ids, len(token_docs), len(ids) - used)
+    return PackedRows(input_ids, position_ids, len(token_docs), ids.numel() - used)
 
 
 def tokenize_documents(texts: list[str], tokenizer) -> list[list[int]]:

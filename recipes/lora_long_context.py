@@ -105,7 +105,8 @@ def train(cfg: RecipeConfig) -> dict:
         flash_kwargs="flash" in cfg.attn_implementation,
     )
 
-    model = load_model(cfg, model_path, log, device=None if fsdp else device)
+    # FSDP loads real weights on the CPU and shards them; random weights are built in place
+    model = load_model(cfg, model_path, log, device=device if cfg.random_init or not fsdp else None)
     if getattr(tokenizer, "vocab_size", 0) > model.config.vocab_size:
         raise ConfigError(
             f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {model.config.vocab_size}"

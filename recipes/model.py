@@ -163,7 +163,10 @@ class CausalLMWithLinearCE(nn.Module):
     """Runs the decoder, then the LM head fused with the loss; returns the summed token loss.
 
     Wrapping both in one module keeps DDP/FSDP hooks on the whole forward while the logits are
-    never materialised.
+    never materialised. The wrapper deliberately has no ``get_output_embeddings``: accelerate's
+    FSDP2 preparation would then shard the LM head as a unit of its own, gathered only when that
+    module is called, while the loss reads its weight directly; in the root unit it is gathered
+    for the whole forward.
     """
 
     def __init__(self, peft_model, loss_impl: str, chunk_tokens: Optional[int]):

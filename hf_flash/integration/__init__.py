@@ -25,8 +25,9 @@ def register(*, fused_rope: bool = True, fused_decode: bool = True) -> None:
     Registers hf_flash's attention function and mask function, points transformers' flash
     loader at hf_flash's flash-attn-compatible functions for the name "hf_flash", and arranges
     that every model built with (or switched to) "hf_flash" gets the family patches switched on
-    here (fused RoPE and fused decode for Llama/Mistral, when those modules are installed).
-    Calling it again only updates the switches.
+    here: ``fused_rope`` (hf_flash.integration.rope_patch: Llama, Mistral, Qwen2, Qwen3) and
+    ``fused_decode`` (hf_flash.integration.decode_patch: StaticCache decode for Llama, Mistral).
+    Calling it again only updates the switches, for models built or switched afterwards.
 
     Raises:
         ImportError: transformers is missing or its version is outside the supported range.
@@ -47,8 +48,10 @@ def install_transformers_hook() -> None:
 
 
 def _register_or_warn() -> None:
+    from . import registration
+
     try:
-        register()
+        registration.ensure_registered()
     except ImportError as err:
         warnings.warn(
             f"hf_flash could not register attn_implementation='hf_flash': {err}",

@@ -75,6 +75,11 @@ def hf_flash_mask(
         attention_mask: (batch, >= kv_length) bool, or None. The user's padding mask.
         kwargs: ``use_vmap=True`` means the model combined a custom ``or``/``and`` mask function
             (e.g. bidirectional image tokens), which a flash kernel cannot express: rejected.
+
+    Outside torch.compile the mask is read once on the host (one sync per forward pass and mask
+    type, as transformers' own flash mask does): an all-valid mask becomes None, and padding in
+    the middle of a row raises. While compiling nothing is read back: the mask is passed on as
+    is, and it must then be left/right padding (what tokenizers and generate produce).
     """
     if kwargs.get("use_vmap", False):
         raise ValueError(
@@ -222,7 +227,9 @@ def hf_flash_attention_forward(
         softcap=float(softcap or 0.0),
     )
 
-    if attention_mask is not None:
+    if _decode_shaped(seqlen_q, seqlen_k, attention_mask, opts, kwargs):
+        out = _decode_attention(q, k, v, attention_mask, opts)
+    elif attention_mask is not None:
         out = _padded_attention(q, k, v, attention_mask, causal, opts)
     elif _has_varlen_kwargs(kwargs):
         out = _packed_attention(
@@ -244,6 +251,38 @@ def hf_flash_attention_forward(
     if v_head_dim < head_dim:
         out = out[..., :v_head_dim]
     return out, None
+
+
+# Few queries over a longer history (a decode step): the split-KV decode kernel reads each K/V
+# tile once per GQA group and spreads long contexts over the GPU; the prefill kernel would give
+# each (row, query head) one program. More queries than this is a prefill chunk.
+DECODE_MAX_QUERIES = 16
+
+
+def _decode_shaped(seqlen_q: int, seqlen_k: int, mask, opts, kwargs) -> bool:
+    if seqlen_q >= seqlen_k or opts["dropout_p"] > 0.0 or _has_varlen_kwargs(kwargs):
+        return False
+    if mask is not None:
+        # one query per row: it is the row's last valid token (or a pad whose output is unused),
+        # so aligning it at the end of the row's valid block is exact; several queries of a
+        # right-padded chunk would not be, and go through the varlen path
+        return seqlen_q == 1
+    return seqlen_q <= DECODE_MAX_QUERIES
+
+
+def _decode_attention(q, k, v, mask, opts) -> Tensor:
+    """Decode step on :func:`hf_flash.kvcache.attend_kv`: row b attends its valid keys
+    ``[s_b, e_b)`` (from the mask, on the device: no host sync) or all of them without a mask."""
+    from hf_flash.kvcache import attend_kv
+
+    key_start = key_end = None
+    if mask is not None:
+        start, end = _valid_block(mask)
+        key_start, key_end = start.to(torch.int32), end.to(torch.int32)
+    return attend_kv(
+        q, k, v, key_start=key_start, key_end=key_end, softmax_scale=opts["softmax_scale"],
+        causal=opts["causal"], window_size=opts["window_size"], softcap=opts["softcap"],
+    )  # fmt: skip
 
 
 def _window(sliding_window) -> tuple[int, int]:
@@ -324,8 +363,9 @@ def _boundaries_from_position_ids(position_ids, batch: int, seqlen: int):
 
 def _padded_attention(q, k, v, mask: Tensor, causal: bool, opts) -> Tensor:
     """Attention over the padded (B, S, H, D) tensors through the varlen kernel, cutting each row
-    into the five segments of the module docstring. Device-only arithmetic: no host sync."""
-    from hf_flash.interface import flash_attn_varlen_func
+    into the five segments of the module docstring. Device-only arithmetic: no host sync, so the
+    StaticCache decode step can be captured in a CUDA graph."""
+    from hf_flash.interface import varlen_attention
 
     batch, seqlen_q = q.shape[:2]
     seqlen_k = k.shape[1]
@@ -347,9 +387,10 @@ def _padded_attention(q, k, v, mask: Tensor, causal: bool, opts) -> Tensor:
     # the valid keys (as eager computes it). Otherwise queries sit at key positions M-Sq..M-1.
     keep_all_queries = not causal and tuple(opts["window_size"]) == (-1, -1)
     cu_q, cu_k = _segment_boundaries(mask, seqlen_q, seqlen_k, keep_all_queries)
-    out = flash_attn_varlen_func(
+    # The boundaries are valid by construction: skip the varlen API's host-side check (a sync).
+    out = varlen_attention(
         q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
-        cu_q, cu_k, seqlen_q, seqlen_k, **opts,
+        cu_q, cu_k, seqlen_q, seqlen_k, **opts, check_cu_seqlens=False,
     )  # fmt: skip
     return out.view(batch, seqlen_q, *out.shape[1:])
 

@@ -47,10 +47,17 @@ _PATCHED_ATTR = "_hf_flash_patches"  # on a model: names of the family patches a
 
 def register(*, fused_rope: bool = True, fused_decode: bool = True) -> None:
     """See :func:`hf_flash.integration.register`."""
-    global _registered
     with _lock:
+        ensure_registered()
+        # after: importing transformers above may run the import hook, which must not reset these
         _switches["fused_rope"] = bool(fused_rope)
         _switches["fused_decode"] = bool(fused_decode)
+
+
+def ensure_registered() -> None:
+    """Register with transformers once; leaves the family-patch switches as they are."""
+    global _registered
+    with _lock:
         if _registered:
             return
         check_transformers_version()
@@ -59,6 +66,9 @@ def register(*, fused_rope: bool = True, fused_decode: bool = True) -> None:
         from transformers.masking_utils import AttentionMaskInterface
 
         _check_flash_loader_shape(fa_utils)
+        from hf_flash.rope import register_rope_types
+
+        register_rope_types()  # configs saved by extend_context(method="ntk") load too
         modeling_utils.AttentionInterface.register(ATTN_IMPLEMENTATION, hf_flash_attention_forward)
         AttentionMaskInterface.register(ATTN_IMPLEMENTATION, hf_flash_mask)
         if not hasattr(fa_utils._lazy_imports, "__hf_flash_original__"):
@@ -241,6 +251,9 @@ def _family_module(switch: str):
 
 
 def apply_family_patches(model) -> None:
+    """Apply the enabled family patches (in switch order: fused RoPE, then fused decode, which
+    wraps the forward it finds). Each ``patch_model`` is idempotent and a no-op for families it
+    does not cover; the model records what was applied so that switching away reverts it."""
     applied = set(getattr(model, _PATCHED_ATTR, ()))
     for switch, enabled in _switches.items():
         if not enabled or switch in applied:
@@ -254,10 +267,15 @@ def apply_family_patches(model) -> None:
 
 
 def revert_family_patches(model) -> None:
-    applied = set(getattr(model, _PATCHED_ATTR, ()))
-    for switch in sorted(applied):
+    """Undo what :func:`apply_family_patches` applied to this model or any submodel (the inner
+    base model records its own patches at its ``post_init``); patches applied by hand stay."""
+    records = [m for m in model.modules() if getattr(m, _PATCHED_ATTR, None)]
+    applied = set().union(*(getattr(m, _PATCHED_ATTR) for m in records))
+    for switch in reversed(list(FAMILY_PATCH_MODULES)):
+        if switch not in applied:
+            continue
         module = _family_module(switch)
         if module is not None:
             module.revert_model(model)
-    if applied:
-        object.__setattr__(model, _PATCHED_ATTR, frozenset())
+    for m in records:
+        object.__setattr__(m, _PATCHED_ATTR, frozenset())

@@ -27,12 +27,14 @@ def root(tmp_path_factory):
 
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """Counts launches of the kv-cache op (the fused path calls it through the module)."""
+    """Counts fused decode launches: calls of the kv-cache op that append new keys (the fused
+    path calls it through the module; cache-free decode attention passes k=None)."""
     calls = []
     real = kvcache._attn_with_kvcache
 
     def counting(*args):
-        calls.append(args[0].shape)
+        if args[3] is not None:
+            calls.append(args[0].shape)
         return real(*args)
 
     monkeypatch.setattr(kvcache, "_attn_with_kvcache", counting)
@@ -107,8 +109,15 @@ def test_fused_step_matches_generic_step(root, fused_calls):
             logits = ours(input_ids=ids[:, 11:], attention_mask=mask, past_key_values=cache).logits
             results[mode] = (logits, [(l.keys.clone(), l.values.clone()) for l in cache.layers])
         decode_patch.patch_model(ours)
-        want = exact(input_ids=ids, attention_mask=mask).logits[:, 11:]
-        want_lp = lowp(input_ids=ids, attention_mask=mask).logits[:, 11:]
+        # references row by row without the padding (eager turns fully masked pad rows into NaN,
+        # which then reach the real tokens), at the same positions as the padded run
+        want, want_lp = [], []
+        for b, pad in enumerate((4, 0)):
+            row = dict(input_ids=ids[b : b + 1, pad:],
+                       position_ids=torch.arange(pad, 14, device=DEVICE)[None])  # fmt: skip
+            want.append(exact(**row).logits[:, 11 - pad :])
+            want_lp.append(lowp(**row).logits[:, 11 - pad :])
+        want, want_lp = torch.cat(want), torch.cat(want_lp)
     assert len(fused_calls) == ours.config.num_hidden_layers
     for mode in ("fused", "generic"):
         assert_model_close(mode, results[mode][0], want, want_lp, FWD_FACTOR, torch.float32)
@@ -169,36 +178,44 @@ def test_patch_and_revert_explicitly(root):
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 3])
 def test_gpu_bf16_static_logits_over_128_steps(batch, root):
-    """bf16 on the GPU: 128 greedy steps; the fused run's per-step logits against sdpa's, on
-    sdpa's own tokens (teacher forcing keeps both runs on one sequence)."""
+    """bf16 on the GPU: 128 greedy steps; the fused run's per-step logits, on sdpa's own tokens
+    (teacher forcing keeps both runs on one sequence), within the error rule: float64 eager as
+    the truth, sdpa's bf16 generate logits as the budget."""
+    from transformers import StaticCache
+
     dtype = torch.bfloat16
+    steps = 128
     ours = load("llama", "hf_flash", root, dtype=dtype, device=DEVICE)
     sdpa = load("llama", "sdpa", root, dtype=dtype, device=DEVICE)
     exact = load("llama", "eager", root, dtype=torch.float64, device=DEVICE)
     ids, mask = _prompts(batch)
-    gen = dict(max_new_tokens=128, do_sample=False, pad_token_id=0, cache_implementation="static",
-               output_logits=True, return_dict_in_generate=True)  # fmt: skip
+    n = ids.shape[1]
+    gen = dict(max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0,
+               cache_implementation="static", output_logits=True, return_dict_in_generate=True)
     ref = sdpa.generate(ids, attention_mask=mask, **gen)
-    seq = ref.sequences
-    full_mask = torch.cat([mask, torch.ones_like(seq[:, ids.shape[1]:])], dim=1)
+    seq = ref.sequences  # (batch, n + steps)
+    full_mask = torch.cat([mask, torch.ones_like(seq[:, n:])], dim=1)
+    # generate's positions: count real tokens only (left-padded rows start at 0)
+    pos = (full_mask.long().cumsum(-1) - 1).clamp(min=0)
+    lowp = torch.stack(ref.logits, dim=1).float()  # (batch, steps, vocab)
     with torch.no_grad():
-        want = exact(input_ids=seq, attention_mask=full_mask).logits[:, ids.shape[1] - 1 : -1]
-    from transformers import StaticCache
-
-    cache = StaticCache(config=ours.config, max_cache_len=seq.shape[1] + 8)
-    got = []
-    with torch.no_grad():
-        n = ids.shape[1]
-        prefill = ours(input_ids=seq[:, :n], attention_mask=full_mask[:, :n], past_key_values=cache)
-        got.append(prefill.logits[:, -1])
-        for t in range(n, seq.shape[1] - 1):
+        want = []  # row by row without its padding (eager turns pad rows into NaN)
+        for b in range(batch):
+            pad = int((mask[b] == 0).sum())
+            logits = exact(input_ids=seq[b : b + 1, pad:], position_ids=pos[b : b + 1, pad:]).logits
+            want.append(logits[:, n - 1 - pad : -1])
+        want = torch.cat(want)
+        cache = StaticCache(config=ours.config, max_cache_len=seq.shape[1] + 8)
+        got = [ours(input_ids=seq[:, :n], attention_mask=full_mask[:, :n], position_ids=pos[:, :n],
+                    past_key_values=cache).logits[:, -1]]  # fmt: skip
+        for t in range(n, n + steps - 1):
             step = ours(
                 input_ids=seq[:, t : t + 1], attention_mask=full_mask[:, : t + 1],
-                past_key_values=cache,
+                position_ids=pos[:, t : t + 1], past_key_values=cache,
             )  # fmt: skip
             got.append(step.logits[:, -1])
-    got = torch.stack(got, dim=1)
-    lowp = torch.stack(ref.logits, dim=1)
+    got = torch.stack(got, dim=1).float()
+    assert got.shape == lowp.shape == want.shape
     assert_model_close("bf16 fused decode logits", got, want, lowp, FWD_FACTOR, dtype)
 
 

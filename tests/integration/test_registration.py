@@ -72,9 +72,7 @@ def test_hook_registers_at_once_when_transformers_came_first():
 
 
 def test_import_hf_flash_registers():
-    """``import hf_flash`` itself installs the hook (two lines in hf_flash/__init__.py)."""
-    if "install_transformers_hook" not in (REPO / "hf_flash" / "__init__.py").read_text():
-        pytest.skip("hf_flash/__init__.py does not install the transformers hook yet")
+    """``import hf_flash`` itself installs the hook (hf_flash/__init__.py)."""
     got = _run(_STATE + "import hf_flash\nimport transformers\nprint(json.dumps(state()))")
     assert got == _REGISTERED
 
@@ -225,3 +223,29 @@ def test_missing_patch_module_is_skipped_but_broken_one_raises(monkeypatch, tmp_
     monkeypatch.setitem(registration.FAMILY_PATCH_MODULES, "fused_rope", "_hf_flash_test_broken")
     with pytest.raises(ModuleNotFoundError, match="_hf_flash_missing_dependency"):
         _tiny_llama("hf_flash")
+
+
+def test_installed_family_patches_are_applied_and_reverted():
+    """The real fused-RoPE and fused-decode patches follow the model's attention implementation."""
+    rope_patch = pytest.importorskip("hf_flash.integration.rope_patch")
+    decode_patch = pytest.importorskip("hf_flash.integration.decode_patch")
+    model = _tiny_llama("hf_flash")
+    attn = model.model.layers[0].self_attn
+    assert rope_patch.is_patched(attn) and decode_patch.is_patched(attn)
+    model.set_attn_implementation("sdpa")
+    assert not rope_patch.is_patched(attn) and not decode_patch.is_patched(attn)
+    model.set_attn_implementation("hf_flash")
+    assert rope_patch.is_patched(attn) and decode_patch.is_patched(attn)
+
+
+def test_switches_survive_the_import_hook():
+    """register(fused_rope=False) before transformers is imported: the hook, which fires inside
+    that call, must not switch fused RoPE back on."""
+    got = _run(
+        "import json\nimport hf_flash.integration as integ\n"
+        "integ.install_transformers_hook()\n"
+        "integ.register(fused_rope=False)\n"
+        "from hf_flash.integration import registration\n"
+        "print(json.dumps(registration._switches))"
+    )
+    assert got == {"fused_rope": False, "fused_decode": True}

@@ -8,12 +8,15 @@ from recipes.config import RecipeConfig
 from recipes.data import ByteTokenizer, PackedBatches, labels_for, pack_documents
 from recipes.model import CausalLMWithLinearCE, apply_lora, build_tiny_model, load_model
 
-DOC_LENGTHS = (21, 30, 13)  # one packed row of 64 tokens, no tail
+# one packed row of 64 tokens, no tail; the first document is longer than the tiny Mistral's
+# 32-token sliding window, so the window matters inside it
+DOC_LENGTHS = (40, 11, 13)
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", "llama", ByteTokenizer.vocab_size, seed=0)
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    return {f: build_tiny_model(root / f, f, ByteTokenizer.vocab_size, seed=0) for f in ("llama", "mistral")}
 
 
 def _model(tiny_dir, attn):
@@ -30,12 +33,14 @@ def _model(tiny_dir, attn):
 
 
 @pytest.mark.parametrize(
-    "attn, flash_kwargs",
-    [("hf_flash", True), ("hf_flash", False), ("sdpa", False)],
-    ids=["hf_flash-cu_seqlens", "hf_flash-position_ids", "sdpa-position_ids"],
+    "family, attn, flash_kwargs",
+    [("llama", "hf_flash", True), ("llama", "hf_flash", False), ("llama", "sdpa", False),
+     ("mistral", "hf_flash", True)],
+    ids=["llama-hf_flash-cu_seqlens", "llama-hf_flash-position_ids", "llama-sdpa-position_ids",
+         "mistral-hf_flash-cu_seqlens"],
 )
-def test_packed_row_equals_documents_run_alone(tiny_dir, attn, flash_kwargs):
-    peft_model, wrapper = _model(tiny_dir, attn)
+def test_packed_row_equals_documents_run_alone(tiny_dirs, family, attn, flash_kwargs):
+    peft_model, wrapper = _model(tiny_dirs[family], attn)
     g = torch.Generator().manual_seed(1)
     docs = [torch.randint(0, 256, (n,), generator=g).tolist() for n in DOC_LENGTHS]
     rows = pack_documents(docs, seq_len=64)

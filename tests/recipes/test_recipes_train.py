@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config import ConfigError, load_config
+from recipes.config import load_config
 from recipes.lora_long_context import main, train
 from recipes.model import lr_lambda
 

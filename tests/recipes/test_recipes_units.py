@@ -1,6 +1,7 @@
 """Recipe building blocks that need no model: packing, labels, batches, loss, config, schedule."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,3 +145,27 @@ def test_warmup_then_cosine_to_floor():
     assert f(0) < f(5) < f(9) < 1.0
     assert math.isclose(f(10), 1.0) and math.isclose(f(110), 0.1)
     assert all(f(s) >= f(s + 1) for s in range(10, 110))
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (Path(__file__).resolve().parents[2] / "recipes" / "configs").glob("*.yaml")
+                   if not p.name.startswith("accelerate_"))
+)
+def test_shipped_configs_validate(name):
+    path = Path(__file__).resolve().parents[2] / "recipes" / "configs" / name
+    cfg = load_config(["--config", str(path)])
+    assert cfg.attn_implementation == "hf_flash"
+    if name != "tiny.yaml":
+        k = int(name.split("-")[1].rstrip("k.yaml"))
+        assert cfg.seq_len == k * 1024 and cfg.gradient_checkpointing and cfg.loss_impl == "chunked"
+
+
+@pytest.mark.parametrize("name", ["accelerate_ddp.yaml", "accelerate_fsdp.yaml"])
+def test_accelerate_configs_load(name):
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[2] / "recipes" / "configs" / name).read_text())
+    assert cfg["distributed_type"] == ("FSDP" if "fsdp" in name else "MULTI_GPU")
+    if "fsdp" in name:
+        assert cfg["fsdp_config"]["fsdp_version"] == 2
+        assert cfg["fsdp_config"]["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
