@@ -4,7 +4,7 @@
 #   bash scripts/gpu_suite.sh OUTDIR [--quick]
 #
 # Steps, in order (pick some with STEPS, e.g. STEPS="tests attention"):
-#   tests          pytest tests -m gpu -x -q            -> OUTDIR/gpu-tests.xml
+#   tests          pytest tests -m gpu -q               -> OUTDIR/gpu-tests.xml
 #   attention decode rope e2e_generate e2e_train e2e_finetune
 #                  benchmarks/<step>.py --out OUTDIR    -> OUTDIR/<step>-<gpu>.json
 #                  (steps whose script does not exist yet are skipped)
@@ -107,8 +107,8 @@ EOF
 
 if has_step tests; then
     TIMEOUT_FLAG=()
-    if $PY -c "import pytest_timeout" 2>/dev/null; then TIMEOUT_FLAG=(--timeout 600); fi
-    run_step tests $PY -m pytest tests -m gpu -x -q "${TIMEOUT_FLAG[@]}" \
+    if $PY -c "import pytest_timeout" 2>/dev/null; then TIMEOUT_FLAG=(--timeout 240); fi
+    run_step tests $PY -m pytest tests -m gpu -q -rfE "${TIMEOUT_FLAG[@]}" \
         --junitxml "$OUTDIR/gpu-tests.xml"
 fi
 
