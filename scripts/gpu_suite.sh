@@ -4,7 +4,8 @@
 #   bash scripts/gpu_suite.sh OUTDIR [--quick]
 #
 # Steps, in order (pick some with STEPS, e.g. STEPS="tests attention"):
-#   tests          pytest tests -m gpu -q               -> OUTDIR/gpu-tests.xml
+#   tests          pytest tests -m "gpu or integration" in TEST_SHARDS (default 6) parallel
+#                  processes                            -> OUTDIR/gpu-tests.log
 #   attention decode rope e2e_generate e2e_train e2e_finetune
 #                  benchmarks/<step>.py --out OUTDIR    -> OUTDIR/<step>-<gpu>.json
 #                  (steps whose script does not exist yet are skipped)
@@ -45,6 +46,11 @@ LOG="$OUTDIR/suite.log"
 
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+# Compile caches inside the checkout (ignored by git): carry .cache with the device call and the
+# next run skips most of Triton's and Inductor's compilation. SAVE_CACHE=1 packs them into
+# OUTDIR/cache.tar.gz at the end.
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.cache/triton}
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/.cache/inductor}
 PY=${PYTHON:-python}
 STEPS=${STEPS:-"tests attention decode rope e2e_generate e2e_train e2e_finetune report"}
 BUDGET=${SUITE_BUDGET_S:-570}
@@ -106,10 +112,32 @@ EOF
 } | tee -a "$LOG"
 
 if has_step tests; then
+    # TEST_SHARDS pytest processes share the GPU: Triton and Inductor compile on the CPU, so the
+    # shards overlap their compilation. Each shard logs outcomes as they happen (conftest.py).
     TIMEOUT_FLAG=()
-    if $PY -c "import pytest_timeout" 2>/dev/null; then TIMEOUT_FLAG=(--timeout 240); fi
-    run_step tests $PY -m pytest tests -m gpu -q -rfE "${TIMEOUT_FLAG[@]}" \
-        --junitxml "$OUTDIR/gpu-tests.xml"
+    if $PY -c "import pytest_timeout" 2>/dev/null; then TIMEOUT_FLAG=(--timeout "${TEST_TIMEOUT_S:-240}"); fi
+    SHARDS=${TEST_SHARDS:-6}
+    : >"$OUTDIR/gpu-tests.log"
+    run_tests() {
+        local pids=() i
+        for ((i = 0; i < SHARDS; i++)); do
+            HF_FLASH_SHARD="$i/$SHARDS" HF_FLASH_TEST_LOG="$OUTDIR/gpu-tests.log" \
+                $PY -m pytest tests -m "${TEST_MARKERS:-gpu or integration}" -q -p no:cacheprovider \
+                "${TIMEOUT_FLAG[@]}" ${PYTEST_ARGS:-} >"$OUTDIR/.shard$i.out" 2>&1 &
+            pids+=($!)
+        done
+        trap 'kill "${pids[@]}" 2>/dev/null' TERM INT
+        local rc=0
+        for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+        for ((i = 0; i < SHARDS; i++)); do tail -n 3 "$OUTDIR/.shard$i.out"; rm -f "$OUTDIR/.shard$i.out"; done
+        grep -c "^PASSED" "$OUTDIR/gpu-tests.log" | sed 's/^/passed: /'
+        grep "^FAILED\|^ERROR" "$OUTDIR/gpu-tests.log" || true
+        return $rc
+    }
+    export -f run_tests
+    export SHARDS PY OUTDIR TEST_MARKERS PYTEST_ARGS
+    export TIMEOUT_FLAG_STR="${TIMEOUT_FLAG[*]}"
+    run_step tests bash -c 'TIMEOUT_FLAG=($TIMEOUT_FLAG_STR); run_tests'
 fi
 
 for bench in attention decode rope e2e_generate e2e_train e2e_finetune; do
@@ -130,6 +158,10 @@ fi
 
 if has_step report; then
     run_step report $PY benchmarks/report.py --results "$OUTDIR" --md "$OUTDIR/BENCHMARKS.md"
+fi
+
+if [ "${SAVE_CACHE:-0}" = 1 ] && [ -d .cache ]; then
+    tar czf "$OUTDIR/cache.tar.gz" .cache && log "=== cache.tar.gz: $(du -h "$OUTDIR/cache.tar.gz" | cut -f1)"
 fi
 
 # at most 8 files come back from the GPU machine

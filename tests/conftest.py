@@ -2,6 +2,13 @@
 
 Without a CUDA device the kernels run through Triton's interpreter, which must be switched on
 before any ``@triton.jit`` function is defined, so this runs before hf_flash is imported.
+
+Two switches used by ``scripts/gpu_suite.sh`` on the GPU machine:
+
+- ``HF_FLASH_SHARD=i/n`` keeps every n-th collected test starting at i, so n pytest processes
+  share the GPU (Triton compilation is CPU-bound and runs in parallel across them);
+- ``HF_FLASH_TEST_LOG=path`` appends each test's outcome (and a failure's traceback) to
+  ``path`` as soon as it is known, so a run killed at its time limit still says what failed.
 """
 
 import os
@@ -22,6 +29,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not ON_GPU:
             item.add_marker(skip_gpu)
+        if "integration" in item.path.parts:
+            item.add_marker(pytest.mark.integration)
+    shard = os.environ.get("HF_FLASH_SHARD")
+    if shard:
+        index, count = (int(x) for x in shard.split("/"))
+        if not 0 <= index < count:
+            raise pytest.UsageError(f"HF_FLASH_SHARD={shard!r}: want i/n with 0 <= i < n")
+        keep = [it for i, it in enumerate(items) if i % count == index]
+        config.hook.pytest_deselected(items=[it for it in items if it not in keep])
+        items[:] = keep
+
+
+def pytest_runtest_logreport(report):
+    path = os.environ.get("HF_FLASH_TEST_LOG")
+    if not path or (report.when != "call" and report.outcome == "passed"):
+        return
+    if report.when == "setup" and report.outcome == "skipped":
+        return
+    with open(path, "a") as f:
+        f.write(f"{report.outcome.upper():8s} {report.duration:7.1f}s {report.nodeid} ({report.when})\n")
+        if report.failed:
+            f.write(str(report.longrepr) + "\n\n")
 
 
 @pytest.fixture
