@@ -140,7 +140,9 @@ def _mask_stats(mask: Tensor) -> tuple[bool, bool]:
 def _valid_block(mask: Tensor) -> tuple[Tensor, Tensor]:
     """Per row, the first valid index and one past the last: ``[s, e)``; ``s = e = M`` if none."""
     m = mask.shape[1]
-    pos = torch.arange(m, device=mask.device, dtype=torch.int32)
+    # int64 throughout: Inductor (torch 2.11) mis-types an int32 where/amin reduction whose
+    # scalar branch it promotes to int64, and fails to compile the static-cache decode step
+    pos = torch.arange(m, device=mask.device, dtype=torch.int64)
     start = torch.where(mask, pos, m).amin(dim=1)
     end = torch.where(mask, pos + 1, 0).amax(dim=1)
     return start, torch.maximum(end, start)
@@ -409,11 +411,11 @@ def _segment_boundaries(mask: Tensor, seqlen_q: int, seqlen_k: int, keep_all_que
     zero = torch.zeros_like(start)
     full_q = torch.full_like(start, seqlen_q)
     full_k = torch.full_like(start, seqlen_k)
-    rows = torch.arange(batch, device=mask.device, dtype=torch.int32).unsqueeze(1)
+    rows = torch.arange(batch, device=mask.device, dtype=torch.int64).unsqueeze(1)
     # end of segments A, B, C, D, E in each row, offset by the row's first flattened token
     q_ends = torch.stack([q_start, q_start, q_end, full_q, full_q], dim=1) + rows * seqlen_q
     k_ends = torch.stack([zero, start, end, end, full_k], dim=1) + rows * seqlen_k
-    first = torch.zeros(1, dtype=torch.int32, device=mask.device)
+    first = torch.zeros(1, dtype=torch.int64, device=mask.device)
     cu_q = torch.cat([first, q_ends.reshape(-1)]).to(torch.int32)
     cu_k = torch.cat([first, k_ends.reshape(-1)]).to(torch.int32)
     return cu_q, cu_k

@@ -157,7 +157,7 @@ def _fusable_layer(module, hidden_states, position_embeddings, attention_mask, c
 def _first_valid(mask: Tensor) -> Tensor:
     """Per row, the index of the first True key (the left padding), int32, on the device."""
     m = mask.shape[1]
-    pos = torch.arange(m, device=mask.device, dtype=torch.int32)
+    pos = torch.arange(m, device=mask.device, dtype=torch.int64)  # int64: see attention._valid_block
     return torch.where(mask.bool(), pos, m).amin(dim=1).to(torch.int32)
 
 

@@ -16,7 +16,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config  # noqa: E402
 
-from hf_flash.integration import rope_patch  # noqa: E402
+import hf_flash  # noqa: E402
+from conftest import DEVICE  # noqa: E402
+from hf_flash.integration import decode_patch, rope_patch  # noqa: E402
 from hf_flash.integration.rope_patch import is_patched, patch_model, revert_model  # noqa: E402
 from hf_flash.kernels import rotary as rotary_kernel  # noqa: E402
 from hf_flash.reference import max_abs_err  # noqa: E402
@@ -37,8 +39,7 @@ CONFIGS = {
 def _model(family="llama", attn="eager", seed=0, **kw):
     torch.manual_seed(seed)
     cfg = CONFIGS[family](**kw)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
-    return model
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).to(DEVICE).eval()
 
 
 def _attention_modules(model):
@@ -86,7 +87,7 @@ def _compare(model, ids, position_ids=None, grads=True):
 @pytest.mark.parametrize("family", list(CONFIGS))
 def test_patched_matches_unpatched(family, attn, kernel_calls):
     model = _model(family, attn)
-    ids = torch.randint(0, 97, (2, 37))
+    ids = torch.randint(0, 97, (2, 37), device=DEVICE)
     truth_logits, truth_grad = _compare(copy.deepcopy(model).double(), ids)
     ref_logits, ref_grad = _compare(model, ids)
     assert patch_model(model) is True
@@ -101,9 +102,9 @@ def test_yarn_scaling_and_packed_positions(kernel_calls):
     model = _model("llama", "sdpa")
     extend_context(model, 256, method="yarn")
     assert model.model.rotary_emb.attention_scaling > 1.0
-    ids = torch.randint(0, 97, (1, 150))
+    ids = torch.randint(0, 97, (1, 150), device=DEVICE)
     # two packed sequences restarting at position 0, the second beyond the original 64
-    pos = torch.cat([torch.arange(40), torch.arange(110)])[None]
+    pos = torch.cat([torch.arange(40), torch.arange(110)])[None].to(DEVICE)
     truth, _ = _compare(copy.deepcopy(model).double(), ids, pos, grads=False)
     ref, _ = _compare(model, ids, pos, grads=False)
     patch_model(model)
@@ -115,7 +116,7 @@ def test_yarn_scaling_and_packed_positions(kernel_calls):
 def test_other_instances_untouched_and_revert():
     a = _model("llama", "eager", seed=1)
     b = _model("llama", "eager", seed=1)
-    ids = torch.randint(0, 97, (1, 20))
+    ids = torch.randint(0, 97, (1, 20), device=DEVICE)
     with torch.no_grad():
         before = b(ids).logits
         ref_a = a(ids).logits
@@ -137,7 +138,7 @@ def test_unsupported_family_is_a_noop():
 
     torch.manual_seed(0)
     cfg = GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=32)
-    model = AutoModelForCausalLM.from_config(cfg)
+    model = AutoModelForCausalLM.from_config(cfg).to(DEVICE)
     state = {n: m.__dict__.get("forward") for n, m in model.named_modules()}
     assert patch_model(model) is False
     assert {n: m.__dict__.get("forward") for n, m in model.named_modules()} == state
@@ -148,7 +149,7 @@ def test_unsupported_family_is_a_noop():
 
 def test_generate_and_peft(kernel_calls):
     model = _model("mistral", "sdpa")
-    ids = torch.randint(0, 97, (1, 12))
+    ids = torch.randint(0, 97, (1, 12), device=DEVICE)
     ref = model.generate(ids, max_new_tokens=6, do_sample=False)
     patch_model(model)
     out = model.generate(ids, max_new_tokens=6, do_sample=False)
@@ -168,7 +169,7 @@ def test_generate_and_peft(kernel_calls):
 def test_patched_model_compiles_fullgraph(kernel_calls):
     """The re-bound forward and the rotary custom op trace without graph breaks."""
     model = _model("llama", "sdpa")
-    ids = torch.randint(0, 97, (1, 20))
+    ids = torch.randint(0, 97, (1, 20), device=DEVICE)
     with torch.no_grad():
         truth = copy.deepcopy(model).double()(ids).logits
         ref = model(ids).logits
@@ -195,7 +196,7 @@ def test_accelerate_style_wrapper_stays_outermost():
     patch_model(model)
     assert attn.__dict__["forward"] is hooked
     assert rope_patch._holder_of_patch(attn) == "_old_forward"
-    ids = torch.randint(0, 97, (1, 8))
+    ids = torch.randint(0, 97, (1, 8), device=DEVICE)
     with torch.no_grad():
         model(ids)
     assert calls
@@ -207,7 +208,7 @@ def test_revert_under_a_later_wrapper(kernel_calls):
     """Another per-instance patch stacked on top (as the fused-decode patch does) keeps calling
     the forward it wrapped; reverting the RoPE patch must still switch the fused path off."""
     model = _model("llama")
-    ids = torch.randint(0, 97, (1, 10))
+    ids = torch.randint(0, 97, (1, 10), device=DEVICE)
     with torch.no_grad():
         ref = model(ids).logits
     patch_model(model)
@@ -234,41 +235,19 @@ def test_refuses_to_drop_a_foreign_instance_forward(kernel_calls):
     revert_model(model)
 
 
-def _hf_flash_ready():
-    """None when hf_flash attention can run here, else why not (the test is then skipped)."""
-    import hf_flash
-
-    try:
-        hf_flash.flash_attn_func  # noqa: B018
-    except Exception as err:
-        return f"hf_flash.flash_attn_func is not importable: {err}"
-    try:
-        from hf_flash.integration import register
-    except ImportError as err:
-        return f"hf_flash.integration.register (attn_implementation='hf_flash') is missing: {err}"
-    register()
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    if "hf_flash" not in ALL_ATTENTION_FUNCTIONS:
-        return "attn_implementation='hf_flash' is not registered with transformers after register()"
-    return None
-
-
 def test_extended_model_runs_beyond_original_length_on_hf_flash(kernel_calls):
     """YaRN-extended Llama through hf_flash attention and generate, past its original 64
     positions; the fused RoPE is applied automatically and matches the eager model."""
-    reason = _hf_flash_ready()
-    if reason is not None:
-        pytest.skip(reason)
+    hf_flash.register()
     torch.manual_seed(0)
     cfg = LlamaConfig(**SMALL)
     extend_context(cfg, 256, method="yarn")
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="hf_flash").eval()
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="hf_flash").to(DEVICE).eval()
     assert all(is_patched(m) for m in _attention_modules(model)), "hf_flash did not apply fused RoPE"
     eager = copy.deepcopy(model)
     eager.set_attn_implementation("eager")
     assert not any(is_patched(m) for m in _attention_modules(eager))
-    ids = torch.randint(0, 97, (1, 72))
+    ids = torch.randint(0, 97, (1, 72), device=DEVICE)
     with torch.no_grad():
         out = model(ids).logits
         ref = eager(ids).logits
@@ -286,10 +265,7 @@ def test_bf16_gpu_patched_matches_unpatched(attn):
     """bf16 on the GPU, YaRN-extended, 3K tokens (past the original 1K): the patched model's
     logits and LoRA-free gradients stay within 2x (3x) the unpatched bf16 model's own error
     against the unpatched float32 model."""
-    if attn == "hf_flash":
-        reason = _hf_flash_ready()
-        if reason is not None:
-            pytest.skip(reason)
+    hf_flash.register()
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
                       num_key_value_heads=2, vocab_size=1000, max_position_embeddings=1024)  # fmt: skip
@@ -297,7 +273,10 @@ def test_bf16_gpu_patched_matches_unpatched(attn):
     truth_model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").cuda().eval()
     model = copy.deepcopy(truth_model).to(torch.bfloat16)
     model.set_attn_implementation(attn)
-    revert_model(model)  # start unpatched even where hf_flash patched it automatically
+    # start unpatched where hf_flash patched automatically (the fused-decode wrapper sits on top
+    # of the RoPE patch; it only changes decode steps, which this comparison does not run)
+    decode_patch.revert_model(model)
+    revert_model(model)
     ids = torch.randint(0, 1000, (1, 3000), device="cuda")
     truth_logits, truth_grad = _compare(truth_model, ids)
     ref_logits, ref_grad = _compare(model, ids)
