@@ -6,6 +6,7 @@
 # Steps, in order (pick some with STEPS, e.g. STEPS="tests attention"):
 #   tests          pytest tests -m "gpu or integration" in TEST_SHARDS (default 6) parallel
 #                  processes                            -> OUTDIR/gpu-tests.log
+#                  (TEST_K: a pytest -k expression; PYTEST_ARGS: more pytest arguments)
 #   attention decode rope e2e_generate e2e_train e2e_finetune
 #                  benchmarks/<step>.py --out OUTDIR    -> OUTDIR/<step>-<gpu>.json
 #                  (steps whose script does not exist yet are skipped)
@@ -123,7 +124,7 @@ if has_step tests; then
         for ((i = 0; i < SHARDS; i++)); do
             HF_FLASH_SHARD="$i/$SHARDS" HF_FLASH_TEST_LOG="$OUTDIR/gpu-tests.log" \
                 $PY -m pytest tests -m "${TEST_MARKERS:-gpu or integration}" -q -p no:cacheprovider \
-                "${TIMEOUT_FLAG[@]}" ${PYTEST_ARGS:-} >"$OUTDIR/.shard$i.out" 2>&1 &
+                "${TIMEOUT_FLAG[@]}" ${TEST_K:+-k "$TEST_K"} ${PYTEST_ARGS:-} >"$OUTDIR/.shard$i.out" 2>&1 &
             pids+=($!)
         done
         trap 'kill "${pids[@]}" 2>/dev/null' TERM INT
@@ -135,7 +136,7 @@ if has_step tests; then
         return $rc
     }
     export -f run_tests
-    export SHARDS PY OUTDIR TEST_MARKERS PYTEST_ARGS
+    export SHARDS PY OUTDIR TEST_MARKERS PYTEST_ARGS TEST_K
     export TIMEOUT_FLAG_STR="${TIMEOUT_FLAG[*]}"
     run_step tests bash -c 'TIMEOUT_FLAG=($TIMEOUT_FLAG_STR); run_tests'
 fi
