@@ -125,6 +125,11 @@ def _setup_context(ctx, inputs, output):
     ctx.n = len(args["xs"])
 
 
+def _plain_eager(tensors) -> bool:
+    """True outside any tracing: plain tensors (no fake or functional wrappers), not compiling."""
+    return not torch.compiler.is_compiling() and all(type(t) is Tensor for t in tensors)
+
+
 def _backward(ctx, grads):
     # The Jacobian of a per-pair rotation is the rotation itself, so d/dx = R^T g: the same
     # kernel with the rotation conjugated (transposed, for cos/sin halves that differ).
@@ -134,8 +139,14 @@ def _backward(ctx, grads):
     dxs = [None] * ctx.n
     if live:
         gs = [grads[i] if grads[i].stride(-1) == 1 else grads[i].contiguous() for i in live]
-        outs = _rotary(gs, cos, sin, p["rotary_dim"], p["cos_half_offset"], position_ids,
-                       seqlen_offsets, p["offset"], p["interleaved"], not p["conjugate"])  # fmt: skip
+        args = (cos, sin, p["rotary_dim"], p["cos_half_offset"], position_ids, seqlen_offsets,
+                p["offset"], p["interleaved"], not p["conjugate"])  # fmt: skip
+        if _plain_eager(gs):
+            # eager backward: launch directly, skipping a second trip through the dispatcher
+            outs = [torch.empty_like(g) for g in gs]
+            _launch(gs, outs, *args)
+        else:  # traced (AOTAutograd): the custom op keeps the graph opaque to the tracer
+            outs = _rotary(gs, *args)
         for i, d in zip(live, outs):
             dxs[i] = d
     return dxs, None, None, None, None, None, None, None, None, None

@@ -34,6 +34,7 @@ queries), which is also what eager attention computes for padded query rows.
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -344,14 +345,33 @@ def _as_int(x) -> int:
     return int(x.item()) if isinstance(x, Tensor) else int(x)
 
 
+# The boundaries found in the last position_ids tensor seen. Every layer of a forward pass (and
+# its gradient-checkpointing recomputation) gets the same tensor object, so the host read below
+# happens once per forward pass instead of once per layer.
+_LAST_BOUNDARIES: dict = {}
+
+
 def _boundaries_from_position_ids(position_ids, batch: int, seqlen: int):
     """(cu_seqlens, max_seqlen) if position_ids restart inside a row (packed sequences), else
     None. A new sequence starts wherever the position does not follow its predecessor, the rule
-    transformers' own masks use. Reads the boundaries on the host (one sync per call)."""
+    transformers' own masks use. Reads the boundaries on the host: one sync per position_ids
+    tensor (cached while that tensor is alive and unmodified)."""
     if position_ids is None or position_ids.dim() != 2 or position_ids.shape[-1] != seqlen:
         return None
     if position_ids.shape[0] not in (1, batch):
         return None
+    if torch.compiler.is_compiling():
+        return _find_boundaries(position_ids, batch, seqlen)
+    key = (position_ids._version, batch, seqlen)
+    ref = _LAST_BOUNDARIES.get("tensor")
+    if ref is not None and ref() is position_ids and _LAST_BOUNDARIES.get("key") == key:
+        return _LAST_BOUNDARIES["value"]
+    value = _find_boundaries(position_ids, batch, seqlen)
+    _LAST_BOUNDARIES.update(tensor=weakref.ref(position_ids), key=key, value=value)
+    return value
+
+
+def _find_boundaries(position_ids, batch: int, seqlen: int):
     pos = position_ids.expand(batch, seqlen)
     starts = torch.ones_like(pos, dtype=torch.bool)
     starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1

@@ -176,7 +176,9 @@ def test_patched_model_compiles_fullgraph(kernel_calls):
     patch_model(model)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     with torch.no_grad():
-        out = compiled(ids).logits
+        # no cache: transformers 5.17 builds a DynamicCache through a generator, which dynamo
+        # (torch 2.11) cannot trace; the cache is not what this test is about
+        out = compiled(ids, use_cache=False).logits
     assert kernel_calls
     _budget_check("compiled logits", out, ref, truth.float(), 2.0)
 
