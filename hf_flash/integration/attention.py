@@ -109,7 +109,7 @@ def hf_flash_mask(
             )
         if all_valid and mask.shape[1] == kv_length:
             return None
-        return mask
+        return _fixed_size_for_decode(mask, q_length, kv_length, q_offset)
     # No user mask: every key written so far is valid. Only a static cache has more key slots
     # (zero-filled) than that, and its layers report how many tokens they hold.
     valid = q_offset + q_length - kv_offset
@@ -126,7 +126,24 @@ def hf_flash_mask(
     device = kwargs.get("device")
     if device is None:
         device = q_offset.device if isinstance(q_offset, Tensor) else "cpu"
-    return torch.ones(batch_size, valid, dtype=torch.bool, device=device)
+    mask = torch.ones(batch_size, valid, dtype=torch.bool, device=device)
+    return _fixed_size_for_decode(mask, q_length, kv_length, q_offset)
+
+
+def _fixed_size_for_decode(mask: Tensor, q_length: int, kv_length: int, q_offset) -> Tensor:
+    """A one-token step on a static cache layer (``q_offset`` is its fill-level tensor) gets its
+    key mask padded with False up to the cache's ``kv_length`` slots.
+
+    generate() builds this mask outside the compiled decode step and feeds it in; at its natural
+    length (past + 1) it grows every step, so Inductor would see a new input shape and record a
+    new CUDA graph per token. Padded, the shape is fixed. The meaning is unchanged for one query:
+    the decode path attends each row's valid block ``[s, e)`` with the query at ``e - 1``, and
+    the appended False entries lie beyond ``e``. Several queries keep the natural length, where
+    "queries are the last Sq positions of the mask" places them.
+    """
+    if q_length != 1 or not isinstance(q_offset, Tensor) or mask.shape[1] >= kv_length:
+        return mask
+    return torch.nn.functional.pad(mask, (0, kv_length - mask.shape[1]), value=False)
 
 
 def _mask_stats(mask: Tensor) -> tuple[bool, bool]:

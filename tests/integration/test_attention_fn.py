@@ -243,6 +243,33 @@ def test_mask_for_static_cache_without_user_mask():
     assert hf_flash_mask(3, 2, 7, q_offset=5) is None  # dynamic cache: everything is valid
 
 
+def test_static_decode_mask_has_the_cache_length():
+    """One-token steps on a static layer get a (batch, kv_length) mask whatever the fill level,
+    so a compiled decode step sees one input shape; the attention result is unchanged."""
+    torch.manual_seed(7)
+    user = torch.ones(2, 9, dtype=torch.bool)
+    user[0, :4] = False  # left padding
+    got = hf_flash_mask(2, 1, 16, q_offset=torch.tensor(8), attention_mask=user)
+    assert got.shape == (2, 16)
+    assert torch.equal(got[:, :9], user) and not got[:, 9:].any()
+    no_user = hf_flash_mask(2, 1, 16, q_offset=torch.tensor(8), device="cpu")
+    assert no_user.shape == (2, 16) and no_user[:, :9].all() and not no_user[:, 9:].any()
+    # prefill (several queries) and dynamic caches (int offsets) keep the natural length
+    assert hf_flash_mask(2, 3, 16, q_offset=torch.tensor(6), attention_mask=user).shape == (2, 9)
+    assert hf_flash_mask(2, 1, 16, q_offset=8, attention_mask=user).shape == (2, 9)
+
+    q = torch.randn(2, 4, 1, 16, dtype=torch.float32, device=DEVICE)
+    k = torch.zeros(2, 2, 16, 16, dtype=torch.float32, device=DEVICE)
+    v = torch.zeros_like(k)
+    k[:, :, :9], v[:, :, :9] = torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16)
+    module = _Attn(True, torch.float32)
+    fixed, _ = hf_flash_attention_forward(module, q, k, v, got.to(DEVICE))
+    natural, _ = hf_flash_attention_forward(module, q, k, v, user.to(DEVICE))
+    assert torch.equal(fixed, natural)
+    ref = _oracle(q, k, v, user.to(DEVICE), causal=True)
+    assert torch.allclose(fixed, ref.to(fixed.dtype), atol=2e-5), (fixed - ref).abs().max()
+
+
 def test_custom_mask_functions_are_refused():
     with pytest.raises(ValueError, match="custom mask function"):
         hf_flash_mask(1, 4, 4, use_vmap=True)
