@@ -42,6 +42,31 @@ PAGE_MULTIPLE = 16
 # --------------------------------------------------------------------------------------------
 
 
+def _attn_with_kvcache_impl(
+    q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+    cache_leftpad, block_table, alibi_slopes, softmax_scale, rotary_q_per_row, window_left,
+    window_right, softcap, rotary_interleaved, num_splits, cache_heads_first,
+):  # fmt: skip
+    """``cache_heads_first``: the caches are (batch, nheads_k, seqlen, headdim) buffers
+    (transformers' layout), viewed here, inside the op, so torch.compile sees the buffers
+    themselves as the mutated arguments."""
+    if cache_heads_first:
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    out = torch.empty_like(q)
+    b, s, h, _ = q.shape
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    _decode.flash_decode(
+        q, k_cache, v_cache, k, v, out, lse,
+        cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
+        cache_leftpad=cache_leftpad, block_table=block_table,
+        rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+        rotary_q_per_row=rotary_q_per_row, softmax_scale=softmax_scale,
+        window_left=window_left, window_right=window_right, softcap=softcap,
+        alibi_slopes=alibi_slopes, num_splits=num_splits,
+    )  # fmt: skip
+    return out, lse
+
+
 @torch.library.custom_op("hf_flash::attn_with_kvcache", mutates_args=("k_cache", "v_cache"))
 def _attn_with_kvcache(
     q: Tensor,
@@ -65,24 +90,30 @@ def _attn_with_kvcache(
     num_splits: int,
     cache_heads_first: bool,
 ) -> Tuple[Tensor, Tensor]:
-    """``cache_heads_first``: the caches are (batch, nheads_k, seqlen, headdim) buffers
-    (transformers' layout), viewed here, inside the op, so torch.compile sees the buffers
-    themselves as the mutated arguments."""
-    if cache_heads_first:
-        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-    out = torch.empty_like(q)
-    b, s, h, _ = q.shape
-    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
-    _decode.flash_decode(
-        q, k_cache, v_cache, k, v, out, lse,
-        cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
-        cache_leftpad=cache_leftpad, block_table=block_table,
-        rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
-        rotary_q_per_row=rotary_q_per_row, softmax_scale=softmax_scale,
-        window_left=window_left, window_right=window_right, softcap=softcap,
-        alibi_slopes=alibi_slopes, num_splits=num_splits,
+    return _attn_with_kvcache_impl(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, block_table, alibi_slopes, softmax_scale, rotary_q_per_row, window_left,
+        window_right, softcap, rotary_interleaved, num_splits, cache_heads_first,
     )  # fmt: skip
-    return out, lse
+
+
+def _run_attn_with_kvcache(*args) -> Tuple[Tensor, Tensor]:
+    """Call the op (same arguments as :func:`_attn_with_kvcache`).
+
+    Under torch.compile, or with fake/functional tensors, this is the custom op: the tracer
+    must see the cache mutation. In eager mode the op's body runs directly, and the mutated
+    caches get their version bump by hand: the dispatcher's generic in-place wrapper for a
+    mutating custom op costs ~0.1-0.2 ms of host time per call (it rebuilds the schema's
+    argument list for every argument), which a decode step pays once per layer.
+    """
+    tensors = [a for a in args if isinstance(a, Tensor)]
+    if torch.compiler.is_compiling() or any(type(t) is not Tensor for t in tensors):
+        return _attn_with_kvcache(*args)
+    out = _attn_with_kvcache_impl(*args)
+    if args[3] is not None:  # new k/v were appended: k_cache and v_cache changed in place
+        torch.autograd.graph.increment_version(args[1])
+        torch.autograd.graph.increment_version(args[2])
+    return out
 
 
 @_attn_with_kvcache.register_fake
@@ -344,7 +375,7 @@ def attend_kv(
     left, right = int(window_size[0]), int(window_size[1])
     if causal:
         right = 0
-    out, _ = _attn_with_kvcache(
+    out, _ = _run_attn_with_kvcache(
         _prepare(q), k, v, None, None, None, None, key_end, None, key_start, None, None,
         float(scale), True, left, right, float(softcap), False, 0, False,
     )  # fmt: skip
@@ -456,7 +487,7 @@ def flash_attn_with_kvcache(
     local = (left, right) != (-1, -1)
     if causal:
         right = 0
-    out, lse = _attn_with_kvcache(
+    out, lse = _run_attn_with_kvcache(
         _prepare(q), k_cache, v_cache,
         _prepare(k) if k is not None else None, _prepare(v) if v is not None else None,
         rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,

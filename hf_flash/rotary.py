@@ -452,7 +452,15 @@ def apply_rotary_pos_emb(
     kb = kb if kb.stride(-1) == 1 else kb.contiguous()
     rotary_dim = cos.shape[-1]
     cos, sin = cos.contiguous(), sin.contiguous()
-    qo, ko = _rotary([qb, kb], cos, sin, rotary_dim, rotary_dim // 2, None, None, 0, False, False)
+    args = (cos, sin, rotary_dim, rotary_dim // 2, None, None, 0, False, False)
+    needs_grad = torch.is_grad_enabled() and (qb.requires_grad or kb.requires_grad)
+    if not needs_grad and _plain_eager([qb, kb]):
+        # inference in eager mode (decode steps): launch directly; the custom op's dispatch and
+        # autograd wrapper would cost more host time than the kernel takes
+        qo, ko = torch.empty_like(qb), torch.empty_like(kb)
+        _launch([qb, kb], [qo, ko], *args)
+    else:
+        qo, ko = _rotary([qb, kb], *args)
     if ud == 1:
         qo, ko = qo.transpose(1, 2), ko.transpose(1, 2)
     return qo, ko

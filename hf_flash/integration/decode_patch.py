@@ -184,7 +184,7 @@ def _fused_decode(module, layer, hidden_states, position_embeddings, attention_m
     window = getattr(module.config, "sliding_window", None)
     # transformers' window w: key j visible to query i iff i - w < j <= i
     left = int(window) - 1 if window else -1
-    out, _ = kvcache._attn_with_kvcache(
+    out, _ = kvcache._run_attn_with_kvcache(
         q, layer.keys, layer.values, k, v, cos, sin, lens, None, leftpad, None, None,
         float(module.scaling), True, left, 0, 0.0, False, 0, True,
     )  # fmt: skip

@@ -30,14 +30,14 @@ def fused_calls(monkeypatch):
     """Counts fused decode launches: calls of the kv-cache op that append new keys (the fused
     path calls it through the module; cache-free decode attention passes k=None)."""
     calls = []
-    real = kvcache._attn_with_kvcache
+    real = kvcache._run_attn_with_kvcache
 
     def counting(*args):
         if args[3] is not None:
             calls.append(args[0].shape)
         return real(*args)
 
-    monkeypatch.setattr(kvcache, "_attn_with_kvcache", counting)
+    monkeypatch.setattr(kvcache, "_run_attn_with_kvcache", counting)
     return calls
 
 
