@@ -50,6 +50,13 @@ def interpreter_active() -> bool:
 # --------------------------------------------------------------------------------------------
 
 
+def eager_call(*tensors) -> bool:
+    """True when a kernel may be launched directly instead of through its custom op: not
+    tracing (torch.compile) and every tensor a plain one (no fake or functional wrapper). The
+    custom ops exist for the tracers; in eager mode their dispatch only adds host time."""
+    return not torch.compiler.is_compiling() and all(type(t) is Tensor for t in tensors)
+
+
 def _check_tensor_basics(q: Tensor, k: Tensor, v: Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):

@@ -29,7 +29,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .interface import _check_heads, _check_options, _check_tensor_basics, _prepare
+from .interface import _check_heads, _check_options, _check_tensor_basics, _prepare, eager_call
 from .kernels import decode as _decode
 
 __all__ = ["flash_attn_with_kvcache", "attend_kv"]
@@ -106,8 +106,7 @@ def _run_attn_with_kvcache(*args) -> Tuple[Tensor, Tensor]:
     mutating custom op costs ~0.1-0.2 ms of host time per call (it rebuilds the schema's
     argument list for every argument), which a decode step pays once per layer.
     """
-    tensors = [a for a in args if isinstance(a, Tensor)]
-    if torch.compiler.is_compiling() or any(type(t) is not Tensor for t in tensors):
+    if not eager_call(*(a for a in args if isinstance(a, Tensor))):
         return _attn_with_kvcache(*args)
     out = _attn_with_kvcache_impl(*args)
     if args[3] is not None:  # new k/v were appended: k_cache and v_cache changed in place

@@ -30,6 +30,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from .interface import eager_call
 from .kernels import rotary as _kernel
 
 __all__ = ["apply_rotary_emb", "apply_rotary_pos_emb", "rotary_table"]
@@ -125,11 +126,6 @@ def _setup_context(ctx, inputs, output):
     ctx.n = len(args["xs"])
 
 
-def _plain_eager(tensors) -> bool:
-    """True outside any tracing: plain tensors (no fake or functional wrappers), not compiling."""
-    return not torch.compiler.is_compiling() and all(type(t) is Tensor for t in tensors)
-
-
 def _backward(ctx, grads):
     # The Jacobian of a per-pair rotation is the rotation itself, so d/dx = R^T g: the same
     # kernel with the rotation conjugated (transposed, for cos/sin halves that differ).
@@ -141,7 +137,7 @@ def _backward(ctx, grads):
         gs = [grads[i] if grads[i].stride(-1) == 1 else grads[i].contiguous() for i in live]
         args = (cos, sin, p["rotary_dim"], p["cos_half_offset"], position_ids, seqlen_offsets,
                 p["offset"], p["interleaved"], not p["conjugate"])  # fmt: skip
-        if _plain_eager(gs):
+        if eager_call(*gs):
             # eager backward: launch directly, skipping a second trip through the dispatcher
             outs = [torch.empty_like(g) for g in gs]
             _launch(gs, outs, *args)
@@ -454,7 +450,7 @@ def apply_rotary_pos_emb(
     cos, sin = cos.contiguous(), sin.contiguous()
     args = (cos, sin, rotary_dim, rotary_dim // 2, None, None, 0, False, False)
     needs_grad = torch.is_grad_enabled() and (qb.requires_grad or kb.requires_grad)
-    if not needs_grad and _plain_eager([qb, kb]):
+    if not needs_grad and eager_call(qb, kb):
         # inference in eager mode (decode steps): launch directly; the custom op's dispatch and
         # autograd wrapper would cost more host time than the kernel takes
         qo, ko = torch.empty_like(qb), torch.empty_like(kb)

@@ -47,11 +47,6 @@ LOG="$OUTDIR/suite.log"
 
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-# Compile caches inside the checkout (ignored by git). SAVE_CACHE=1 packs them into
-# OUTDIR/cache.tar.gz at the end; for the whole suite that is ~82 MB, over what a device call
-# returns (16 MiB a file), so it only helps for small STEPS/TEST_K selections.
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.cache/triton}
-export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/.cache/inductor}
 PY=${PYTHON:-python}
 STEPS=${STEPS:-"tests attention decode rope e2e_generate e2e_train e2e_finetune report"}
 BUDGET=${SUITE_BUDGET_S:-570}
@@ -115,20 +110,20 @@ EOF
 if has_step tests; then
     # TEST_SHARDS pytest processes share the GPU: Triton and Inductor compile on the CPU, so the
     # shards overlap their compilation. Each shard logs outcomes as they happen (conftest.py).
-    TIMEOUT_FLAG=()
-    if $PY -c "import pytest_timeout" 2>/dev/null; then TIMEOUT_FLAG=(--timeout "${TEST_TIMEOUT_S:-240}"); fi
-    SHARDS=${TEST_SHARDS:-6}
+    export SHARDS=${TEST_SHARDS:-6} PY OUTDIR TEST_MARKERS TEST_K TEST_TIMEOUT_S PYTEST_ARGS
     : >"$OUTDIR/gpu-tests.log"
     run_tests() {
-        local pids=() i
+        local extra=() pids=() i rc=0
+        if $PY -c "import pytest_timeout" 2>/dev/null; then extra+=(--timeout "${TEST_TIMEOUT_S:-240}"); fi
+        if [ -n "${TEST_K:-}" ]; then extra+=(-k "$TEST_K"); fi
         for ((i = 0; i < SHARDS; i++)); do
+            # shellcheck disable=SC2086  # PYTEST_ARGS is split into words on purpose
             HF_FLASH_SHARD="$i/$SHARDS" HF_FLASH_TEST_LOG="$OUTDIR/gpu-tests.log" \
                 $PY -m pytest tests -m "${TEST_MARKERS:-gpu or integration}" -q -p no:cacheprovider \
-                "${TIMEOUT_FLAG[@]}" ${TEST_K:+-k "$TEST_K"} ${PYTEST_ARGS:-} >"$OUTDIR/.shard$i.out" 2>&1 &
+                "${extra[@]}" ${PYTEST_ARGS:-} >"$OUTDIR/.shard$i.out" 2>&1 &
             pids+=($!)
         done
         trap 'kill "${pids[@]}" 2>/dev/null' TERM INT
-        local rc=0
         for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
         for ((i = 0; i < SHARDS; i++)); do tail -n 3 "$OUTDIR/.shard$i.out"; rm -f "$OUTDIR/.shard$i.out"; done
         grep -c "^PASSED" "$OUTDIR/gpu-tests.log" | sed 's/^/passed: /'
@@ -136,9 +131,7 @@ if has_step tests; then
         return $rc
     }
     export -f run_tests
-    export SHARDS PY OUTDIR TEST_MARKERS PYTEST_ARGS TEST_K
-    export TIMEOUT_FLAG_STR="${TIMEOUT_FLAG[*]}"
-    run_step tests bash -c 'TIMEOUT_FLAG=($TIMEOUT_FLAG_STR); run_tests'
+    run_step tests bash -c run_tests
 fi
 
 for bench in attention decode rope e2e_generate e2e_train e2e_finetune; do
@@ -159,10 +152,6 @@ fi
 
 if has_step report; then
     run_step report $PY benchmarks/report.py --results "$OUTDIR" --md "$OUTDIR/BENCHMARKS.md"
-fi
-
-if [ "${SAVE_CACHE:-0}" = 1 ] && [ -d .cache ]; then
-    tar czf "$OUTDIR/cache.tar.gz" .cache && log "=== cache.tar.gz: $(du -h "$OUTDIR/cache.tar.gz" | cut -f1)"
 fi
 
 # at most 8 files come back from the GPU machine

@@ -3,9 +3,9 @@
     PYTHONPATH=. python scripts/profile_rotary.py
 
 For T in 4K, 16K, 32K tokens (bf16, 32/8 heads, head_dim 128, Llama layout): the device
-kernels one backward launches (torch.profiler), and the backward timed three ways: as
-``benchmarks/rope.py`` does (events around ``torch.autograd.grad``), with a synchronize before
-the host clock, and as a CUDA-graph replay (device time only, no host overhead).
+kernels one backward launches and their time (torch.profiler), and the wall time per backward
+(100 calls, then a synchronize). At 4K, where the host dominates, cProfile of the main thread
+and of the kernel launcher (which runs on the autograd engine's device thread).
 """
 
 import cProfile
@@ -45,7 +45,7 @@ def _op_profile(bwd):
         total = (time.perf_counter() - t0) / 50
     finally:
         rotary._launch = real
-    print(f"--- backward {total * 1e3:.3f} ms per call, of which the rotary op "
+    print(f"--- backward {total * 1e3:.3f} ms per call (profiled), of which "
           f"{sum(spent) / max(len(spent), 1) * 1e3:.3f} ms in the launcher ({len(spent)} launches)")
     pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 

@@ -36,9 +36,8 @@ def pytest_collection_modifyitems(config, items):
         index, count = (int(x) for x in shard.split("/"))
         if not 0 <= index < count:
             raise pytest.UsageError(f"HF_FLASH_SHARD={shard!r}: want i/n with 0 <= i < n")
-        keep = [it for i, it in enumerate(items) if i % count == index]
-        config.hook.pytest_deselected(items=[it for it in items if it not in keep])
-        items[:] = keep
+        config.hook.pytest_deselected(items=[it for i, it in enumerate(items) if i % count != index])
+        items[:] = [it for i, it in enumerate(items) if i % count == index]
 
 
 def pytest_runtest_logreport(report):

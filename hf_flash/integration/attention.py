@@ -13,7 +13,9 @@ Contract with transformers (5.17 ... 5.x)::
 padding: every key is valid) or a 2-D bool ``(B, M)`` key mask with ``M <= Skv``. Keys at index
 ``>= M`` are never valid: that is how a StaticCache's zero-padded ``max_cache_len`` buffer is
 described, exactly as transformers' FlashAttention path does. The queries are the last ``Sq``
-positions of the mask (``M - Sq ... M - 1``).
+positions of the mask (``M - Sq ... M - 1``), except a single query (a decode step), which sits
+at the end of its row's valid keys: a static-cache decode step gets its mask padded with False to
+the cache length (one input shape for the compiled step), so ``M`` is not its position there.
 
 Padded batches never gather or copy tokens. The valid keys of row ``b`` form one contiguous block
 ``[s_b, e_b)`` (left or right padding, checked by :func:`hf_flash_mask`), so the flattened
@@ -27,7 +29,8 @@ computed on the device (no host sync, CUDA-graph safe)::
                  D: q [qe, Sq) k {}          right-pad queries: output 0
                  E: q {}       k [e, Skv)    swallows the right padding / unused cache slots
 
-``qs, qe`` are ``s, e`` moved into query coordinates (``- (M - Sq)``, clamped to ``[0, Sq]``).
+``qs, qe`` are ``s, e`` moved into query coordinates (``- (M - Sq)``, or ``- (e - 1)`` for a
+single query, clamped to ``[0, Sq]``).
 For non-causal attention without a window every query is kept (segment C holds all ``Sq``
 queries), which is also what eager attention computes for padded query rows.
 """
@@ -65,8 +68,10 @@ def hf_flash_mask(
     """FlashAttention-style mask for transformers' ``AttentionMaskInterface``.
 
     Returns ``None`` when every key of the layer is valid, else a 2-D bool ``(batch, M)`` key mask
-    (``M <= kv_length``; see the module docstring). Causality, sliding windows and packed
-    sequences are not encoded here: the kernel applies them.
+    (``M <= kv_length``; see the module docstring). For one query on a static cache layer
+    (``q_offset`` a tensor) ``M`` is always ``kv_length``, the entries past the tokens written so
+    far False. Causality, sliding windows and packed sequences are not encoded here: the kernel
+    applies them.
 
     Arguments (transformers' mask-interface keywords):
         batch_size, q_length, kv_length: int. Sizes of this layer's attention.
@@ -136,10 +141,9 @@ def _fixed_size_for_decode(mask: Tensor, q_length: int, kv_length: int, q_offset
 
     generate() builds this mask outside the compiled decode step and feeds it in; at its natural
     length (past + 1) it grows every step, so Inductor would see a new input shape and record a
-    new CUDA graph per token. Padded, the shape is fixed. The meaning is unchanged for one query:
-    the decode path attends each row's valid block ``[s, e)`` with the query at ``e - 1``, and
-    the appended False entries lie beyond ``e``. Several queries keep the natural length, where
-    "queries are the last Sq positions of the mask" places them.
+    new CUDA graph per token. Padded, the shape is fixed. The meaning is unchanged: a single
+    query sits at the end of its row's valid block (module docstring), and the appended False
+    entries lie beyond it. Several queries keep the natural length, which places them.
     """
     if q_length != 1 or not isinstance(q_offset, Tensor) or mask.shape[1] >= kv_length:
         return mask
@@ -155,13 +159,18 @@ def _mask_stats(mask: Tensor) -> tuple[bool, bool]:
     return bool(all_valid), bool(contiguous)
 
 
-def _valid_block(mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Per row, the first valid index and one past the last: ``[s, e)``; ``s = e = M`` if none."""
-    m = mask.shape[1]
+def first_valid(mask: Tensor) -> Tensor:
+    """Per row of a (B, M) bool key mask, the index of the first True entry (M if none), int64."""
     # int64 throughout: Inductor (torch 2.11) mis-types an int32 where/amin reduction whose
     # scalar branch it promotes to int64, and fails to compile the static-cache decode step
-    pos = torch.arange(m, device=mask.device, dtype=torch.int64)
-    start = torch.where(mask, pos, m).amin(dim=1)
+    pos = torch.arange(mask.shape[1], device=mask.device, dtype=torch.int64)
+    return torch.where(mask, pos, mask.shape[1]).amin(dim=1)
+
+
+def _valid_block(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Per row, the first valid index and one past the last: ``[s, e)``; ``s = e = M`` if none."""
+    start = first_valid(mask)
+    pos = torch.arange(mask.shape[1], device=mask.device, dtype=torch.int64)
     end = torch.where(mask, pos + 1, 0).amax(dim=1)
     return start, torch.maximum(end, start)
 
@@ -283,9 +292,8 @@ def _decode_shaped(seqlen_q: int, seqlen_k: int, mask, opts, kwargs) -> bool:
     if seqlen_q >= seqlen_k or opts["dropout_p"] > 0.0 or _has_varlen_kwargs(kwargs):
         return False
     if mask is not None:
-        # one query per row: it is the row's last valid token (or a pad whose output is unused),
-        # so aligning it at the end of the row's valid block is exact; several queries of a
-        # right-padded chunk would not be, and go through the varlen path
+        # one query per row sits at the end of its row's valid block (module docstring); several
+        # queries of a right-padded chunk do not, and go through the varlen path
         return seqlen_q == 1
     return seqlen_q <= DECODE_MAX_QUERIES
 
@@ -365,7 +373,7 @@ def _as_int(x) -> int:
 # The boundaries found in the last position_ids tensor seen. Every layer of a forward pass (and
 # its gradient-checkpointing recomputation) gets the same tensor object, so the host read below
 # happens once per forward pass instead of once per layer.
-_LAST_BOUNDARIES: dict = {}
+_last_boundaries: tuple = (None, None, None)  # (weakref to position_ids, key, boundaries)
 
 
 def _boundaries_from_position_ids(position_ids, batch: int, seqlen: int):
@@ -379,12 +387,13 @@ def _boundaries_from_position_ids(position_ids, batch: int, seqlen: int):
         return None
     if torch.compiler.is_compiling():
         return _find_boundaries(position_ids, batch, seqlen)
+    global _last_boundaries
     key = (position_ids._version, batch, seqlen)
-    ref = _LAST_BOUNDARIES.get("tensor")
-    if ref is not None and ref() is position_ids and _LAST_BOUNDARIES.get("key") == key:
-        return _LAST_BOUNDARIES["value"]
+    ref, last_key, value = _last_boundaries
+    if ref is not None and ref() is position_ids and last_key == key:
+        return value
     value = _find_boundaries(position_ids, batch, seqlen)
-    _LAST_BOUNDARIES.update(tensor=weakref.ref(position_ids), key=key, value=value)
+    _last_boundaries = (weakref.ref(position_ids), key, value)
     return value
 
 
@@ -392,12 +401,12 @@ def _find_boundaries(position_ids, batch: int, seqlen: int):
     pos = position_ids.expand(batch, seqlen)
     starts = torch.ones_like(pos, dtype=torch.bool)
     starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
-    idx = starts.reshape(-1).nonzero().flatten()
+    idx = starts.reshape(-1).nonzero().flatten().cpu()  # the one host read
     if idx.numel() == batch:
         return None  # one sequence per row: the dense kernel is the fast path
     cu = torch.cat([idx, idx.new_tensor([batch * seqlen])]).to(torch.int32)
-    max_len = int((cu[1:] - cu[:-1]).max().item())
-    return cu, max_len
+    max_len = int((cu[1:] - cu[:-1]).max())
+    return cu.to(position_ids.device), max_len
 
 
 def _padded_attention(q, k, v, mask: Tensor, causal: bool, opts) -> Tensor:
@@ -442,7 +451,9 @@ def _segment_boundaries(mask: Tensor, seqlen_q: int, seqlen_k: int, keep_all_que
         q_start = torch.zeros_like(start)
         q_end = torch.full_like(start, seqlen_q)
     else:
-        shift = m - seqlen_q  # key position of query 0
+        # key position of query 0: the last Sq mask positions; a single query at the end of its
+        # row's valid block (the padded static-cache decode mask, module docstring)
+        shift = end - 1 if seqlen_q == 1 else m - seqlen_q
         q_start = (start - shift).clamp(0, seqlen_q)
         q_end = (end - shift).clamp(0, seqlen_q)
     zero = torch.zeros_like(start)

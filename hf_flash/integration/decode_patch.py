@@ -40,6 +40,8 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
+from .attention import first_valid
+
 __all__ = ["patch_model", "revert_model", "is_patched", "MAX_FUSED_QUERIES", "FAMILIES"]
 
 MAX_FUSED_QUERIES = 16
@@ -154,13 +156,6 @@ def _fusable_layer(module, hidden_states, position_embeddings, attention_mask, c
     return layer
 
 
-def _first_valid(mask: Tensor) -> Tensor:
-    """Per row, the index of the first True key (the left padding), int32, on the device."""
-    m = mask.shape[1]
-    pos = torch.arange(m, device=mask.device, dtype=torch.int64)  # int64: see attention._valid_block
-    return torch.where(mask.bool(), pos, m).amin(dim=1).to(torch.int32)
-
-
 def _fused_decode(module, layer, hidden_states, position_embeddings, attention_mask):
     from hf_flash import kvcache
 
@@ -180,7 +175,7 @@ def _fused_decode(module, layer, hidden_states, position_embeddings, attention_m
     lens = layer.cumulative_length.to(torch.int32).expand(batch).contiguous()
     leftpad: Optional[Tensor] = None
     if attention_mask is not None:
-        leftpad = _first_valid(attention_mask.to(q.device))
+        leftpad = first_valid(attention_mask.to(q.device).bool()).to(torch.int32)
     window = getattr(module.config, "sliding_window", None)
     # transformers' window w: key j visible to query i iff i - w < j <= i
     left = int(window) - 1 if window else -1

@@ -268,6 +268,15 @@ def test_static_decode_mask_has_the_cache_length():
     assert torch.equal(fixed, natural)
     ref = _oracle(q, k, v, user.to(DEVICE), causal=True)
     assert torch.allclose(fixed, ref.to(fixed.dtype), atol=2e-5), (fixed - ref).abs().max()
+    # the varlen path (taken e.g. with attention dropout) places the single query the same way
+    from hf_flash.integration.attention import _padded_attention
+
+    opts = dict(dropout_p=0.0, softmax_scale=None, causal=True, window_size=(-1, -1), softcap=0.0)
+    bshd = [t.transpose(1, 2) for t in (q, k, v)]
+    varlen_fixed = _padded_attention(*bshd, got.to(DEVICE), True, opts)
+    varlen_natural = _padded_attention(*bshd, user.to(DEVICE), True, opts)
+    assert torch.allclose(varlen_fixed, ref.to(fixed.dtype), atol=2e-5)
+    assert torch.equal(varlen_fixed, varlen_natural)
 
 
 def test_custom_mask_functions_are_refused():
