@@ -130,6 +130,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="optimiser steps per point")
     parser.add_argument("--timeout", type=int, default=420, help="seconds per point")
     parser.add_argument("--fsdp-gpus", type=int, default=0, help="also run FSDP on this many GPUs")
+    parser.add_argument("--points", nargs="+", default=None, metavar="SHAPE:SEQ:ATTN",
+                        help="run only these grid points, e.g. llama-8b:65536:hf_flash")
+    parser.add_argument("--no-loss", action="store_true", help="skip the loss-alone timing")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/e2e_finetune.py needs a CUDA GPU")
@@ -139,10 +142,18 @@ def main() -> None:
     else:
         grid = [("llama-1.2b", L, a) for L in (16384, 32768, 65536, 131072) for a in ("hf_flash", "sdpa")]
         grid += [("llama-8b", 32768, "hf_flash"), ("llama-8b", 32768, "sdpa"), ("llama-8b", 65536, "hf_flash")]
+    if args.points:
+        known = {f"{sh}:{L}:{a}" for sh in SHAPES for L in (16384, 32768, 65536, 131072) for a in ("hf_flash", "sdpa")}
+        bad = [p for p in args.points if p not in known]
+        if bad:
+            parser.error(f"unknown --points {bad}; use SHAPE:SEQ:ATTN with SHAPE in {sorted(SHAPES)}, "
+                         "SEQ in 16384/32768/65536/131072, ATTN hf_flash or sdpa")
+        grid = [(sh, int(L), a) for sh, L, a in (p.split(":") for p in args.points)]
     steps = args.steps or (4 if args.quick else 6)
 
-    rows = loss_rows(16384, args.quick)
-    print_table(rows, ["impl", "tokens", "ms", "p20_ms", "p80_ms", "extra_peak_gib"])
+    rows = [] if args.no_loss else loss_rows(16384, args.quick)
+    if rows:
+        print_table(rows, ["impl", "tokens", "ms", "p20_ms", "p80_ms", "extra_peak_gib"])
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for shape, seq_len, attn in grid:

@@ -238,22 +238,41 @@ def main(argv=None) -> None:
     ppl_file.write_text("".join(synthetic_documents(16 if args.smoke else 64, args.seed + 1000, target, 3 * target)))
 
     t0 = time.time()
-    base = pretrain(s, out, args.seed)
-    results = {"none": evaluate(load_for_eval(base, None, target), "none", s, lengths, ppl_file, out)}
+    timings = {}
+    results = {}
+
+    def save() -> str:
+        # after every variant, so a run stopped part-way still leaves its finished rows
+        md = table(results, lengths)
+        (out / "study.md").write_text(
+            f"Pretrained at {l0} tokens, extended to {target} ({s['factor']}x); "
+            f"{'quick' if args.quick else 'full'} settings {json.dumps(s)}.\n\n{md}\n"
+        )
+        (out / "study.json").write_text(json.dumps(
+            {"settings": s, "lengths": lengths, "seconds": timings, "results": results}, indent=1))
+        return md
+
+    def timed(name, fn, *a):
+        start = time.time()
+        r = fn(*a)
+        timings[name] = round(time.time() - start, 1)
+        return r
+
+    base = timed("pretrain", pretrain, s, out, args.seed)
+    results["none"] = timed("eval none", evaluate, load_for_eval(base, None, target), "none", s, lengths, ppl_file, out)
+    save()
     for method in METHODS:
-        results[method] = evaluate(load_for_eval(base, method, target), method, s, lengths, ppl_file, out)
-        merged = finetune(s, base, method, target, out, args.seed)
-        results[f"{method}+ft"] = evaluate(load_for_eval(merged, None, target), f"{method}+ft", s, lengths, ppl_file, out)
+        results[method] = timed(f"eval {method}", evaluate, load_for_eval(base, method, target), method, s,
+                                lengths, ppl_file, out)
+        merged = timed(f"finetune {method}", finetune, s, base, method, target, out, args.seed)
+        results[f"{method}+ft"] = timed(f"eval {method}+ft", evaluate, load_for_eval(merged, None, target),
+                                        f"{method}+ft", s, lengths, ppl_file, out)
+        save()
+        plot_perplexity(results, out / "perplexity.png")
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
-    plot_perplexity(results, out / "perplexity.png")
-    md = table(results, lengths)
-    (out / "study.md").write_text(
-        f"Pretrained at {l0} tokens, extended to {target} ({s['factor']}x); "
-        f"{'quick' if args.quick else 'full'} settings {json.dumps(s)}.\n\n{md}\n"
-    )
-    (out / "study.json").write_text(json.dumps({"settings": s, "lengths": lengths, "results": results}, indent=1))
-    log(f"done in {time.time() - t0:.0f}s\n{md}")
+    md = save()
+    log(f"done in {time.time() - t0:.0f}s ({timings})\n{md}")
 
 
 if __name__ == "__main__":
