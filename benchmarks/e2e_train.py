@@ -8,7 +8,8 @@ the LoRA weights. One step = forward + backward + optimizer step.
 Workloads: one sequence of S = 4K, 16K, 32K, 64K tokens (batch 1); a padded batch (8 sequences of
 random lengths up to 4K, right-padded, 2-D attention mask); the same 8 sequences packed into one
 row by ``DataCollatorWithFlattening`` (position_ids restarts plus cu_seq_lens kwargs).
-Tokens/s counts real (unpadded) tokens. Peak memory is torch.cuda.max_memory_allocated over the
+Tokens/s counts real (unpadded) tokens. With use_cache off (as here) hf_flash runs the padded
+batch padding-free (hf_flash.integration.unpad_patch); sdpa and eager compute the pad tokens. Peak memory is torch.cuda.max_memory_allocated over the
 measured steps. Out-of-memory is recorded, not fatal. eager materialises S x S scores per head,
 so it only runs the 4K and batch workloads unless --eager-all.
 

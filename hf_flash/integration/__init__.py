@@ -19,14 +19,16 @@ ATTN_IMPLEMENTATION = "hf_flash"
 __all__ = ["ATTN_IMPLEMENTATION", "register", "install_transformers_hook"]
 
 
-def register(*, fused_rope: bool = True, fused_decode: bool = True) -> None:
+def register(*, fused_rope: bool = True, fused_decode: bool = True, unpad: bool = True) -> None:
     """Make ``attn_implementation="hf_flash"`` available in transformers (idempotent).
 
     Registers hf_flash's attention function and mask function, points transformers' flash
     loader at hf_flash's flash-attn-compatible functions for the name "hf_flash", and arranges
     that every model built with (or switched to) "hf_flash" gets the family patches switched on
     here: ``fused_rope`` (hf_flash.integration.rope_patch: Llama, Mistral, Qwen2, Qwen3) and
-    ``fused_decode`` (hf_flash.integration.decode_patch: StaticCache decode for Llama, Mistral).
+    ``fused_decode`` (hf_flash.integration.decode_patch: StaticCache decode for Llama, Mistral)
+    and ``unpad`` (hf_flash.integration.unpad_patch: padded batches without a KV cache run the
+    decoder stack on their valid tokens only; Llama, Mistral, Qwen2, Qwen3, Phi3, Gemma2).
     Calling it again only updates the switches, for models built or switched afterwards.
 
     Raises:
@@ -34,7 +36,7 @@ def register(*, fused_rope: bool = True, fused_decode: bool = True) -> None:
     """
     from . import registration
 
-    registration.register(fused_rope=fused_rope, fused_decode=fused_decode)
+    registration.register(fused_rope=fused_rope, fused_decode=fused_decode, unpad=unpad)
 
 
 def install_transformers_hook() -> None:

@@ -37,21 +37,23 @@ MAX_TRANSFORMERS_EXCLUSIVE = "6"
 FAMILY_PATCH_MODULES = {
     "fused_rope": "hf_flash.integration.rope_patch",
     "fused_decode": "hf_flash.integration.decode_patch",
+    "unpad": "hf_flash.integration.unpad_patch",
 }
 
-_switches = {"fused_rope": True, "fused_decode": True}
+_switches = {"fused_rope": True, "fused_decode": True, "unpad": True}
 _lock = threading.RLock()  # re-entered when register() itself triggers the import hook
 _registered = False
 _PATCHED_ATTR = "_hf_flash_patches"  # on a model: names of the family patches applied to it
 
 
-def register(*, fused_rope: bool = True, fused_decode: bool = True) -> None:
+def register(*, fused_rope: bool = True, fused_decode: bool = True, unpad: bool = True) -> None:
     """See :func:`hf_flash.integration.register`."""
     with _lock:
         ensure_registered()
         # after: importing transformers above may run the import hook, which must not reset these
         _switches["fused_rope"] = bool(fused_rope)
         _switches["fused_decode"] = bool(fused_decode)
+        _switches["unpad"] = bool(unpad)
 
 
 def ensure_registered() -> None:

@@ -54,9 +54,9 @@ def _padded_batch():
     return ids.to(DEVICE), mask.to(DEVICE), labels.to(DEVICE)
 
 
-def _forward_backward(model, ids, mask, labels):
+def _forward_backward(model, ids, mask, labels, **kwargs):
     model.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, **kwargs)
     out.loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     return out.logits.detach(), out.loss.detach(), grads
@@ -86,17 +86,31 @@ def _exact_rows(model, ids, mask, labels):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
+@pytest.mark.parametrize("mode", ["dense", "padded", "unpadded"])
 @pytest.mark.parametrize("family", FAMILY_IDS)
-def test_logits_loss_grads_match_eager(family, padded, dtype, root):
+def test_logits_loss_grads_match_eager(family, mode, dtype, root, monkeypatch):
+    """"padded" keeps the default use_cache (a cache is built, so every attention call cuts the
+    padded rows into varlen segments); "unpadded" passes use_cache=False, so the unpad patch runs
+    the decoder stack on the valid tokens only (checked: it must have unpadded, and the logits at
+    padding positions are exactly zero)."""
+    from hf_flash.integration import unpad_patch
+
+    unpadded = []
+    real_unpad = unpad_patch.unpad_inputs
+    monkeypatch.setattr(unpad_patch, "unpad_inputs", lambda m: unpadded.append(real_unpad(m)) or unpadded[-1])
     ours, lowp, exact = _trio(family, root, dtype)
     ids, mask, labels = _padded_batch()
+    padded = mode != "dense"
     if not padded:
         mask, labels = torch.ones_like(ids), ids
-    res = {name: _forward_backward(m, ids, mask if padded else None, labels)
+    kwargs = {"use_cache": False} if mode == "unpadded" else {}
+    res = {name: _forward_backward(m, ids, mask if padded else None, labels, **kwargs)
            for name, m in (("ours", ours), ("lowp", lowp))}  # fmt: skip
+    assert any(u is not None for u in unpadded) == (mode == "unpadded")
     res["exact"] = _exact_rows(exact, ids, mask, labels)
     valid = mask.bool()
+    if mode == "unpadded":
+        assert torch.equal(res["ours"][0][~valid], torch.zeros_like(res["ours"][0][~valid]))
     logits = {k: v[0] if k == "exact" else v[0][valid] for k, v in res.items()}
     assert_model_close("logits", logits["ours"], logits["exact"], logits["lowp"], FWD_FACTOR, dtype)
     assert_model_close(
@@ -224,3 +238,69 @@ def test_output_attentions_is_refused(root):
     ids = torch.randint(3, VOCAB, (1, 8)).to(DEVICE)
     with pytest.raises(ValueError, match="output_attentions"):
         model(input_ids=ids, output_attentions=True)
+
+
+def _right_padded_rows():
+    """Right padding only, so float64 eager stays finite at every real token."""
+    g = torch.Generator().manual_seed(21)
+    ids = torch.randint(3, VOCAB, (3, 14), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, -5:] = 0
+    mask[2, -9:] = 0
+    return ids.to(DEVICE), mask.to(DEVICE)
+
+
+def test_unpadded_hidden_states_are_repadded(root):
+    """output_hidden_states through the unpad patch: every layer's states come back (B, S, H),
+    zero at padding, and match eager at the real tokens."""
+    from hf_flash.integration import unpad_patch
+
+    ours, lowp, exact = _trio("llama", root, torch.float32)
+    assert unpad_patch.is_patched(ours.model) and not unpad_patch.is_patched(lowp.model)
+    ids, mask = _right_padded_rows()
+    with torch.no_grad():
+        got = ours.model(input_ids=ids, attention_mask=mask, use_cache=False, output_hidden_states=True)
+        refs = [m.model(input_ids=ids, attention_mask=mask, use_cache=False, output_hidden_states=True)
+                for m in (lowp, exact)]  # fmt: skip
+    valid = mask.bool()
+    assert len(got.hidden_states) == len(refs[0].hidden_states) == ours.config.num_hidden_layers + 1
+    states = [("last", got.last_hidden_state, refs[0].last_hidden_state, refs[1].last_hidden_state)]
+    states += [(f"layer {i}", *hs) for i, hs in enumerate(zip(got.hidden_states, refs[0].hidden_states,
+                                                               refs[1].hidden_states))]  # fmt: skip
+    for name, g, lo, ex in states:
+        assert g.shape == lo.shape == (*ids.shape, ours.config.hidden_size), name
+        assert not g[~valid].any(), f"{name}: padding positions must be zero"
+        assert_model_close(f"hidden states ({name})", g[valid], ex[valid], lo[valid], FWD_FACTOR, torch.float32)
+
+
+def test_unpad_leaves_other_inputs_alone(root, monkeypatch):
+    """No padding, a cache, or padding inside a row: the model's forward runs untouched (the
+    last one then gets the mask function's error, as without the patch)."""
+    from hf_flash.integration import unpad_patch
+
+    calls = []
+    real = unpad_patch.unpad_inputs
+    monkeypatch.setattr(unpad_patch, "unpad_inputs", lambda m: calls.append(real(m)) or calls[-1])
+    model = load("llama", "hf_flash", root, device=DEVICE)
+    ids, mask = _right_padded_rows()
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=torch.ones_like(mask), use_cache=False)
+        model(input_ids=ids, attention_mask=mask, use_cache=True)  # builds a DynamicCache
+        assert all(c is None for c in calls) and len(calls) == 1
+        holes = mask.clone()
+        holes[1, 3] = 0
+        with pytest.raises(ValueError, match="padding inside a sequence"):
+            model(input_ids=ids, attention_mask=holes, use_cache=False)
+        assert calls[-1] is None
+
+
+def test_unpad_switch(root):
+    from hf_flash.integration import unpad_patch
+
+    hf_flash.register(unpad=False)
+    try:
+        off = load("llama", "hf_flash", root, device=DEVICE)
+        assert not unpad_patch.is_patched(off.model)
+    finally:
+        hf_flash.register()
+    assert unpad_patch.is_patched(load("llama", "hf_flash", root, device=DEVICE).model)

@@ -169,9 +169,9 @@ def test_models_without_flash_support_are_rejected():
 
 @pytest.fixture
 def fake_patches(monkeypatch):
-    """Point both switches at recording fake modules."""
+    """Point every switch at recording fake modules."""
     calls = []
-    for switch in ("fused_rope", "fused_decode"):
+    for switch in ("fused_rope", "fused_decode", "unpad"):
         name = f"_hf_flash_test_fake_{switch}"
         mod = types.ModuleType(name)
         mod.patch_model = lambda model, s=switch: calls.append(("patch", s, type(model).__name__))
@@ -215,6 +215,7 @@ def test_family_patches_follow_the_attention_implementation(fake_patches):
 def test_missing_patch_module_is_skipped_but_broken_one_raises(monkeypatch, tmp_path):
     monkeypatch.setitem(registration.FAMILY_PATCH_MODULES, "fused_rope", "hf_flash.no_such_module")
     monkeypatch.setitem(registration.FAMILY_PATCH_MODULES, "fused_decode", "hf_flash.no_such_mod2")
+    monkeypatch.setitem(registration.FAMILY_PATCH_MODULES, "unpad", "hf_flash.no_such_mod3")
     _tiny_llama("hf_flash")  # nothing installed: no error
 
     # an installed patch module whose own import fails must not be mistaken for a missing one
@@ -226,16 +227,21 @@ def test_missing_patch_module_is_skipped_but_broken_one_raises(monkeypatch, tmp_
 
 
 def test_installed_family_patches_are_applied_and_reverted():
-    """The real fused-RoPE and fused-decode patches follow the model's attention implementation."""
+    """The real fused-RoPE, fused-decode and unpad patches follow the model's attention
+    implementation."""
     rope_patch = pytest.importorskip("hf_flash.integration.rope_patch")
     decode_patch = pytest.importorskip("hf_flash.integration.decode_patch")
+    unpad_patch = pytest.importorskip("hf_flash.integration.unpad_patch")
     model = _tiny_llama("hf_flash")
     attn = model.model.layers[0].self_attn
     assert rope_patch.is_patched(attn) and decode_patch.is_patched(attn)
+    assert unpad_patch.is_patched(model.model)
     model.set_attn_implementation("sdpa")
     assert not rope_patch.is_patched(attn) and not decode_patch.is_patched(attn)
+    assert not unpad_patch.is_patched(model.model)
     model.set_attn_implementation("hf_flash")
     assert rope_patch.is_patched(attn) and decode_patch.is_patched(attn)
+    assert unpad_patch.is_patched(model.model)
 
 
 def test_switches_survive_the_import_hook():
@@ -248,4 +254,4 @@ def test_switches_survive_the_import_hook():
         "from hf_flash.integration import registration\n"
         "print(json.dumps(registration._switches))"
     )
-    assert got == {"fused_rope": False, "fused_decode": True}
+    assert got == {"fused_rope": False, "fused_decode": True, "unpad": True}
