@@ -11,6 +11,8 @@
 #                  benchmarks/<step>.py --out OUTDIR    -> OUTDIR/<step>-<gpu>.json
 #                  (steps whose script does not exist yet are skipped)
 #   sweep          benchmarks/attention.py --sweep-configs (only when named in STEPS)
+#   study          python -m recipes.long_context_study (only when named in STEPS; --quick
+#                  unless STUDY_FULL=1)                  -> OUTDIR/study.tar (plots, table)
 #   report         benchmarks/report.py                 -> OUTDIR/BENCHMARKS.md
 # Extra arguments per benchmark: <STEP>_ARGS, e.g. ATTENTION_ARGS="--masks causal".
 #
@@ -18,6 +20,10 @@
 # output goes to OUTDIR/suite.log (and to stdout), the JUnit XML, the result JSON files and
 # BENCHMARKS.md. If that still makes more than 8 files, the JSON files are packed into
 # OUTDIR/results.tar.gz at the end.
+#
+# Wheels carried in .whl/ (scripts/fetch_device_wheels.sh; the GPU machine has no package
+# registry, e.g. liger-kernel for the loss comparison) are installed into /tmp/hf_flash_site and
+# put on PYTHONPATH first.
 #
 # Time: the whole suite stays inside SUITE_BUDGET_S seconds (default 570, under one 600-second
 # device call): each step runs under `timeout` with what is left (at most STEP_TIMEOUT_S,
@@ -48,6 +54,11 @@ LOG="$OUTDIR/suite.log"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python}
+if compgen -G ".whl/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/hf_flash_site .whl/*.whl 2>&1 | tee -a "$LOG" &&
+        export PYTHONPATH="/tmp/hf_flash_site:$PYTHONPATH"
+fi
 STEPS=${STEPS:-"tests attention decode rope e2e_generate e2e_train e2e_finetune report"}
 BUDGET=${SUITE_BUDGET_S:-570}
 STEP_CAP=${STEP_TIMEOUT_S:-600}
@@ -96,7 +107,7 @@ has_step() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
     $PY - <<'EOF' 2>&1
 import importlib, platform
 print("python", platform.python_version())
-for name in ("torch", "triton", "transformers", "accelerate", "peft", "numpy", "pytest"):
+for name in ("torch", "triton", "transformers", "accelerate", "peft", "numpy", "pytest", "liger_kernel"):
     try:
         print(name, importlib.import_module(name).__version__)
     except Exception as e:
@@ -148,6 +159,13 @@ done
 
 if has_step sweep; then
     run_step sweep $PY benchmarks/attention.py --sweep-configs --out "$OUTDIR" ${ATTENTION_SWEEP_ARGS:-}
+fi
+
+if has_step study; then
+    study_mode="--quick"
+    if [ "${STUDY_FULL:-0}" = 1 ]; then study_mode=""; fi
+    run_step study $PY -m recipes.long_context_study --out /tmp/hf_flash_study $study_mode
+    (cd /tmp/hf_flash_study 2>/dev/null && tar cf "$OUTDIR/study.tar" ./*.png ./*.md ./*.json 2>/dev/null) || true
 fi
 
 if has_step report; then

@@ -96,6 +96,29 @@ def test_chunked_cross_entropy_matches_full(chunk, head_grad):
         torch.testing.assert_close(gw, weight.grad)
 
 
+def test_liger_loss_matches_chunked():
+    """loss_impl='liger' (Liger-Kernel's fused linear cross-entropy, installed with the test
+    extra) computes the same sum and hidden-state gradient as the chunked loss, in fp32; its
+    Triton kernels run through the interpreter here."""
+    pytest.importorskip("liger_kernel", reason="liger-kernel is part of the test extra")
+    from recipes.loss import liger_linear_cross_entropy
+
+    torch.manual_seed(1)
+    n, h, v = 40, 16, 37
+    hidden = torch.randn(n, h, requires_grad=True)
+    weight = torch.randn(v, h)
+    labels = torch.randint(0, v, (n,))
+    labels[::7] = IGNORE_INDEX
+    got = liger_linear_cross_entropy()(hidden, weight, labels)
+    (got * 0.5).backward()
+    g_liger = hidden.grad.clone()
+    hidden.grad = None
+    ref = chunked_linear_cross_entropy(hidden, weight, labels, 8)
+    (ref * 0.5).backward()
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(g_liger, hidden.grad)
+
+
 def test_chunked_cross_entropy_all_ignored_is_zero():
     hidden = torch.randn(4, 8, requires_grad=True)
     weight = torch.randn(11, 8)
