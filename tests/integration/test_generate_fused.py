@@ -130,6 +130,10 @@ def test_compiled_decode_step_is_one_graph(root):
     buffers, cumulative_length bump) and gives the eager generic path's logits and caches."""
     from transformers import StaticCache
 
+    # Dynamo keys its compiled code and recompile counters on the code object, here the class's
+    # forward, which earlier tests of the same process (generate's automatic compile) may have
+    # compiled up to the recompile limit, after which frames run eagerly. Start clean.
+    torch._dynamo.reset()
     ours = load("llama", "hf_flash", root, device=DEVICE)
     ids = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(6)).to(DEVICE)
     mask = torch.ones_like(ids)
