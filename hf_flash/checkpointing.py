@@ -4,9 +4,9 @@ With plain (non-reentrant) activation checkpointing every decoder layer runs its
 once in the forward pass, keeping only the layer's input, and again in the backward pass to
 rebuild what the layer's backward needs. The second run includes the FlashAttention forward
 kernel, whose output and log-sum-exp are exactly what the attention backward reads. PyTorch's
-selective activation checkpointing (SAC, ``torch.utils.checkpoint.create_selective_checkpoint_
-contexts``) can keep chosen ops' outputs from the first run and hand them to the recomputation,
-so the attention forward kernel runs once per layer per step::
+selective activation checkpointing (SAC: ``create_selective_checkpoint_contexts`` in
+``torch.utils.checkpoint``) can keep chosen ops' outputs from the first run and hand them to the
+recomputation, so the attention forward kernel runs once per layer per step::
 
                     forward pass                 backward pass (recomputation)
     plain        q,k,v -> attn_fwd -> o_proj     q,k,v -> attn_fwd -> o_proj  -> attn_bwd
@@ -46,8 +46,7 @@ or with ``torch.utils.checkpoint`` directly::
         layer, hidden, use_reentrant=False, context_fn=hf_flash.attention_checkpoint_context
     )
 
-This module imports neither transformers nor the kernels (the op is looked up when a
-checkpointed forward first runs).
+This module imports neither transformers nor the kernels: the policy recognises the op by name.
 """
 
 from __future__ import annotations

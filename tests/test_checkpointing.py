@@ -32,8 +32,9 @@ def launches(monkeypatch):
 
         return wrapper
 
-    monkeypatch.setattr(flash_fwd, "flash_attn_forward", counting("fwd", flash_fwd.flash_attn_forward))
-    monkeypatch.setattr(flash_bwd, "flash_attn_backward", counting("bwd", flash_bwd.flash_attn_backward))
+    for module, name, key in ((flash_fwd, "flash_attn_forward", "fwd"),
+                              (flash_bwd, "flash_attn_backward", "bwd")):  # fmt: skip
+        monkeypatch.setattr(module, name, counting(key, getattr(module, name)))
     return counts
 
 
@@ -140,7 +141,8 @@ def test_policy_keeps_only_the_attention_forward():
 
 
 def test_kwargs():
-    assert hf_flash.gradient_checkpointing_kwargs(keep_attention=False) == {"use_reentrant": False}
+    plain = {"use_reentrant": False}
+    assert hf_flash.gradient_checkpointing_kwargs(keep_attention=False) == plain
     kw = hf_flash.gradient_checkpointing_kwargs(determinism_check="none")
     assert kw == {
         "use_reentrant": False,
@@ -148,7 +150,8 @@ def test_kwargs():
         "context_fn": hf_flash.attention_checkpoint_context,
     }
     # reentrant checkpointing without keeping is the user's call, passed through untouched
-    assert hf_flash.gradient_checkpointing_kwargs(False, use_reentrant=True) == {"use_reentrant": True}
+    reentrant = hf_flash.gradient_checkpointing_kwargs(False, use_reentrant=True)
+    assert reentrant == {"use_reentrant": True}
 
 
 @pytest.mark.parametrize(
@@ -174,4 +177,5 @@ def test_torch_without_selective_checkpointing_is_named(monkeypatch):
         hf_flash.gradient_checkpointing_kwargs()
     with pytest.raises(RuntimeError, match=r"keep_attention=False"):
         hc.attention_checkpoint_context()
-    assert hf_flash.gradient_checkpointing_kwargs(keep_attention=False) == {"use_reentrant": False}
+    plain = {"use_reentrant": False}
+    assert hf_flash.gradient_checkpointing_kwargs(keep_attention=False) == plain
