@@ -13,6 +13,13 @@ vocab 128256, original context 8192, extended with YaRN) and the 8B Llama-3 shap
     python benchmarks/e2e_finetune.py --quick          # 1.2B at 16K and 32K, both providers (~3 min)
     python benchmarks/e2e_finetune.py                  # full grid incl. 8B and 128K (~10 min)
     python benchmarks/e2e_finetune.py --fsdp-gpus 2    # adds the FSDP config on 2 GPUs vs 1
+    python benchmarks/e2e_finetune.py --quick --keep-attention both   # + hf_flash keeping attention
+
+Rows carry ``keep_attention_outputs`` as the recipe reported it. By default every point runs
+with ``keep_attention_outputs: false`` (plain checkpointing, what the earlier results measured;
+the recipe's own default keeps them with hf_flash). ``--keep-attention on`` runs the hf_flash
+points keeping the attention outputs, ``both`` adds such a row after each plain hf_flash row
+(``speedup_vs_recompute`` and ``mem_delta_gib_vs_recompute`` compare the two).
 
 It also times the loss alone (chunked versus full logits versus Liger-Kernel's fused linear
 cross-entropy when ``liger_kernel`` is importable) at 16K tokens x 128K vocabulary.
@@ -68,8 +75,12 @@ def write_data(root: Path, seq_len: int, rows: int) -> Path:
     return path
 
 
+KEEP_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
 def run_recipe(model_dir: Path, data: Path, seq_len: int, attn: str, steps: int, out: Path,
-               timeout: int, launcher: list | None = None, extra: list | None = None) -> dict:
+               timeout: int, launcher: list | None = None, extra: list | None = None,
+               keep_attention: bool = False) -> dict:
     cmd = (launcher or [sys.executable]) + [
         "-m", "recipes.lora_long_context", "--model", str(model_dir), "--random_init", "true",
         "--data", str(data), "--seq_len", str(seq_len), "--rope_method", "yarn",
@@ -77,6 +88,7 @@ def run_recipe(model_dir: Path, data: Path, seq_len: int, attn: str, steps: int,
         "--output_dir", str(out), "--save_adapter", "false", "--progress", "false",
         "--skip_memory_check", "true", "--dtype", "bfloat16", "--mixed_precision", "bf16",
         "--lora_r", "16", "--gradient_checkpointing", "true",
+        "--keep_attention_outputs", "true" if keep_attention else "false",
     ] + (extra or [])
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
@@ -87,8 +99,8 @@ def run_recipe(model_dir: Path, data: Path, seq_len: int, attn: str, steps: int,
     summary = out / "summary.json"
     if proc.returncode == 0 and summary.is_file():
         s = json.loads(summary.read_text())
-        return {"status": "ok", "tok_per_s": s["tok_per_s"], "peak_gib": s["peak_mem_gib"],
-                "final_loss": s["final_loss"]}
+        return {"status": "ok", "keep_attention_outputs": s.get("keep_attention_outputs"),
+                "tok_per_s": s["tok_per_s"], "peak_gib": s["peak_mem_gib"], "final_loss": s["final_loss"]}
     tail = (proc.stdout + proc.stderr)[-2000:]
     if "OutOfMemoryError" in tail or "out of memory" in tail:
         return {"status": "OOM"}
@@ -133,6 +145,9 @@ def main() -> None:
     parser.add_argument("--points", nargs="+", default=None, metavar="SHAPE:SEQ:ATTN",
                         help="run only these grid points, e.g. llama-8b:65536:hf_flash")
     parser.add_argument("--no-loss", action="store_true", help="skip the loss-alone timing")
+    parser.add_argument("--keep-attention", choices=sorted(KEEP_CHOICES), default="off",
+                        help="hf_flash points: plain checkpointing (off, the default), attention "
+                        "outputs kept (on), or a row of each (both)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/e2e_finetune.py needs a CUDA GPU")
@@ -156,14 +171,17 @@ def main() -> None:
         print_table(rows, ["impl", "tokens", "ms", "p20_ms", "p80_ms", "extra_peak_gib"])
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        for shape, seq_len, attn in grid:
+        points = [(sh, L, a, keep) for sh, L, a in grid
+                  for keep in (KEEP_CHOICES[args.keep_attention] if a == "hf_flash" else (False,))]
+        for shape, seq_len, attn, keep in points:
             model_dir = write_shape(root, shape)
             n = steps if seq_len <= 32768 else 3  # a 128K step of the 1.2B shape takes ~20 s
             data = write_data(root, seq_len, rows=n + 2)
-            r = run_recipe(model_dir, data, seq_len, attn, n, root / f"run-{shape}-{seq_len}-{attn}", args.timeout)
+            name = f"run-{shape}-{seq_len}-{attn}" + ("-keep" if keep else "")
+            r = run_recipe(model_dir, data, seq_len, attn, n, root / name, args.timeout, keep_attention=keep)
             peer = SDPA_MEASURED.get((shape, seq_len))
-            row = {"part": "e2e", "shape": shape, "seq_len": seq_len, "attn": attn, "gpus": 1, "steps": n, **r,
-                   "sdpa_issue_tok_per_s": peer[0] if peer else None}
+            row = {"part": "e2e", "shape": shape, "seq_len": seq_len, "attn": attn, "gpus": 1, "steps": n,
+                   "keep_attention_outputs": keep, **r, "sdpa_issue_tok_per_s": peer[0] if peer else None}
             rows.append(row)
             print(json.dumps(row), flush=True)
         if args.fsdp_gpus > 1:
@@ -172,9 +190,12 @@ def main() -> None:
             data = write_data(root, seq_len, rows=(steps + 2) * args.fsdp_gpus)
             launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                         str(REPO / "recipes/configs/accelerate_fsdp.yaml"), "--num_processes", str(args.fsdp_gpus)]
-            r = run_recipe(model_dir, data, seq_len, "hf_flash", steps, root / "run-fsdp", args.timeout, launcher)
+            keep = args.keep_attention == "on"  # "both": plain, to compare with the plain 1-GPU row
+            r = run_recipe(model_dir, data, seq_len, "hf_flash", steps, root / "run-fsdp", args.timeout, launcher,
+                           keep_attention=keep)
             rows.append({"part": "e2e", "shape": "llama-1.2b", "seq_len": seq_len, "attn": "hf_flash",
-                         "gpus": args.fsdp_gpus, "launcher": "accelerate_fsdp.yaml", **r})
+                         "gpus": args.fsdp_gpus, "launcher": "accelerate_fsdp.yaml",
+                         "keep_attention_outputs": keep, **r})
             print(json.dumps(rows[-1]), flush=True)
 
     e2e = [r for r in rows if r["part"] == "e2e"]
@@ -185,12 +206,21 @@ def main() -> None:
             r["speedup_vs_sdpa"] = r["tok_per_s"] / peer["tok_per_s"]
             r["mem_ratio_vs_sdpa"] = r["peak_gib"] / peer["peak_gib"]
         one = next((p for p in e2e if p["attn"] == r["attn"] and p["shape"] == r["shape"]
-                    and p["seq_len"] == r["seq_len"] and p["gpus"] == 1 and p["status"] == "ok"), None)
+                    and p["seq_len"] == r["seq_len"] and p["gpus"] == 1 and p["status"] == "ok"
+                    and p["keep_attention_outputs"] == r["keep_attention_outputs"]), None)
         if r["gpus"] > 1 and r["status"] == "ok" and one:
             r["scaling_vs_1gpu"] = r["tok_per_s"] / one["tok_per_s"]
-    print_table(e2e, ["shape", "seq_len", "attn", "gpus", "status", "tok_per_s", "peak_gib",
-                      "speedup_vs_sdpa", "mem_ratio_vs_sdpa", "scaling_vs_1gpu", "sdpa_issue_tok_per_s"])
-    path = write_results("e2e_finetune", rows, args.out, quick=args.quick, steps=steps)
+        plain = next((p for p in e2e if p["attn"] == r["attn"] and p["shape"] == r["shape"]
+                      and p["seq_len"] == r["seq_len"] and p["gpus"] == r["gpus"] and p["status"] == "ok"
+                      and not p["keep_attention_outputs"]), None)
+        if r["keep_attention_outputs"] and r["status"] == "ok" and plain:
+            r["speedup_vs_recompute"] = r["tok_per_s"] / plain["tok_per_s"]
+            r["mem_delta_gib_vs_recompute"] = r["peak_gib"] - plain["peak_gib"]
+    print_table(e2e, ["shape", "seq_len", "attn", "keep_attention_outputs", "gpus", "status", "tok_per_s",
+                      "peak_gib", "speedup_vs_sdpa", "mem_ratio_vs_sdpa", "speedup_vs_recompute",
+                      "mem_delta_gib_vs_recompute", "scaling_vs_1gpu", "sdpa_issue_tok_per_s"])
+    path = write_results("e2e_finetune", rows, args.out, quick=args.quick, steps=steps,
+                         keep_attention=args.keep_attention)
     print(f"wrote {path}")
 
 

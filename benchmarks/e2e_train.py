@@ -13,8 +13,15 @@ batch padding-free (hf_flash.integration.unpad_patch); sdpa and eager compute th
 measured steps. Out-of-memory is recorded, not fatal. eager materialises S x S scores per head,
 so it only runs the 4K and batch workloads unless --eager-all.
 
+Every row says whether the attention outputs were kept through checkpointing (``keep_attention``,
+``hf_flash.gradient_checkpointing_kwargs()``: the attention forward runs once per layer instead of
+twice). By default no row keeps them (plain checkpointing, as the earlier results measured);
+``--keep-attention on`` measures hf_flash with them kept, ``both`` adds a kept row after each
+plain hf_flash row (``vs_recompute``: its tokens/s over the plain row's).
+
     python benchmarks/e2e_train.py --quick          # ~3 min on an H100
     python benchmarks/e2e_train.py                  # full grid, ~10 min
+    python benchmarks/e2e_train.py --quick --keep-attention both --providers hf_flash sdpa
 """
 
 from __future__ import annotations
@@ -50,6 +57,16 @@ SMOKE_SHAPE = dict(
 SMOKE_WINDOW = 16
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROVIDERS = ["hf_flash", "sdpa", "eager"]
+KEEP_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
+def set_checkpointing(model, keep_attention: bool) -> None:
+    """Non-reentrant checkpointing of every decoder layer, keeping hf_flash's attention outputs or
+    recomputing them."""
+    import hf_flash
+
+    kwargs = hf_flash.gradient_checkpointing_kwargs(keep_attention=keep_attention)
+    model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def build(family: str, smoke: bool):
@@ -151,6 +168,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="measured steps per cell (median)")
     parser.add_argument("--eager-all", action="store_true", help="also run eager beyond 4K")
     parser.add_argument("--markdown", action="store_true", help="print a BENCHMARKS.md table")
+    parser.add_argument("--keep-attention", choices=sorted(KEEP_CHOICES), default="off",
+                        help="hf_flash rows: plain checkpointing (off, the default), attention "
+                        "outputs kept (on), or a row of each (both)")  # fmt: skip
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model and lengths: checks the script itself (runs on CPU)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -169,14 +189,17 @@ def main(argv=None) -> int:
         vocab = (SMOKE_SHAPE if args.smoke else SHAPE)["vocab_size"]
         for workload, kind, max_len in workloads(args.quick, args.smoke, family):
             batch, tokens = make_batch(kind, max_len, vocab)
-            for provider in providers:
+            variants = [(p, keep) for p in providers
+                        for keep in (KEEP_CHOICES[args.keep_attention] if p == "hf_flash" else (False,))]
+            for provider, keep in variants:
                 row = {"model": family, "workload": workload, "provider": provider,
-                       "tokens": tokens}  # fmt: skip
+                       "keep_attention": keep, "tokens": tokens}  # fmt: skip
                 if provider == "eager" and kind == "single" and max_len > 4096 and not args.eager_all:
                     row["status"] = "skipped (S x S scores)"
                     rows.append(row)
                     continue
                 model.base_model.model.set_attn_implementation(provider)
+                set_checkpointing(model, keep)
                 try:
                     row.update(measure(model, optimizer, batch, warmup, steps))
                     row["tok_per_s"] = tokens / row["step_s"]
@@ -188,7 +211,8 @@ def main(argv=None) -> int:
                 if DEVICE == "cuda":
                     torch.cuda.empty_cache()
                 rows.append(row)
-                print(f"{family:8s} {workload:14s} {provider:9s} {row['status']:4s} "
+                label = provider + ("+keep" if keep else "")
+                print(f"{family:8s} {workload:14s} {label:14s} {row['status']:4s} "
                       f"{row.get('tok_per_s') or 0:9.0f} tok/s {row.get('peak_gib') or 0:6.1f} GiB",
                       flush=True)  # fmt: skip
             del batch
@@ -200,9 +224,10 @@ def main(argv=None) -> int:
     name = "e2e_train-smoke" if args.smoke else "e2e_train"
     path = write_results(
         name, rows, args.out, quick=args.quick, smoke=args.smoke, shape=SHAPE, window=WINDOW, lora_r=16,
-        steps=steps, warmup=warmup,
+        steps=steps, warmup=warmup, keep_attention=args.keep_attention,
     )  # fmt: skip
-    cols = ["model", "workload", "provider", "status", "tok_per_s", "peak_gib", "vs_sdpa"]
+    cols = ["model", "workload", "provider", "keep_attention", "status", "tok_per_s", "peak_gib",
+            "vs_sdpa", "vs_recompute"]  # fmt: skip
     print_table(rows, cols)
     if args.markdown:
         _print_markdown(rows)
@@ -212,20 +237,26 @@ def main(argv=None) -> int:
 
 def _add_ratios(rows: list[dict]) -> None:
     sdpa = {(r["model"], r["workload"]): r.get("tok_per_s") for r in rows if r["provider"] == "sdpa"}
+    plain = {(r["model"], r["workload"]): r.get("tok_per_s") for r in rows
+             if r["provider"] == "hf_flash" and not r["keep_attention"]}  # fmt: skip
     for r in rows:
         base = sdpa.get((r["model"], r["workload"]))
         if r.get("tok_per_s") and base:
             r["vs_sdpa"] = r["tok_per_s"] / base
+        base = plain.get((r["model"], r["workload"]))
+        if r.get("tok_per_s") and base and r["keep_attention"]:
+            r["vs_recompute"] = r["tok_per_s"] / base
 
 
 def _print_markdown(rows: list[dict]) -> None:
-    print("\n| model | workload | provider | tokens/s | peak GiB | vs sdpa |")
-    print("|---|---|---|---|---|---|")
+    print("\n| model | workload | provider | attention kept | tokens/s | peak GiB | vs sdpa |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         tok = f"{r['tok_per_s']:.0f}" if r.get("tok_per_s") else r["status"]
         peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") else "-"
         ratio = f"{r['vs_sdpa']:.2f}x" if r.get("vs_sdpa") else "-"
-        print(f"| {r['model']} | {r['workload']} | {r['provider']} | {tok} | {peak} | {ratio} |")
+        kept = "yes" if r["keep_attention"] else "no"
+        print(f"| {r['model']} | {r['workload']} | {r['provider']} | {kept} | {tok} | {peak} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,13 @@ Kernel API (flash-attn 2.x names and semantics, layout ``(batch, seqlen, nheads,
 
     from hf_flash import flash_attn_func, flash_attn_varlen_func
 
+Training with gradient checkpointing, keeping the attention outputs instead of recomputing
+them (:mod:`hf_flash.checkpointing`)::
+
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs=hf_flash.gradient_checkpointing_kwargs()
+    )
+
 Importing ``hf_flash`` does not import transformers, and the kernel modules load on first use
 (so a program can still switch on Triton's CPU interpreter, ``TRITON_INTERPRET=1``, after
 ``import hf_flash``). It does arrange for ``attn_implementation="hf_flash"`` to be registered
@@ -25,6 +32,9 @@ _EXPORTS = {
     "apply_rotary_emb": "rotary",
     "apply_rotary_pos_emb": "rotary",
     "extend_context": "rope",
+    "gradient_checkpointing_kwargs": "checkpointing",
+    "attention_checkpoint_context": "checkpointing",
+    "attention_checkpoint_policy": "checkpointing",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -49,6 +49,12 @@ class RecipeConfig:
     mixed_precision: str = "bf16"
     """accelerate autocast: bf16, fp16 or no. Overridden by ``accelerate launch`` flags."""
     gradient_checkpointing: bool = True
+    keep_attention_outputs: Optional[bool] = None
+    """With gradient checkpointing, keep every layer's attention output and log-sum-exp from the
+    forward pass so the backward pass does not run the attention forward kernel again
+    (``hf_flash.gradient_checkpointing_kwargs``; costs tokens x heads x head_dim in the compute
+    dtype plus tokens x heads float32 per layer). None: on when attn_implementation is hf_flash
+    and gradient_checkpointing is on, off otherwise. true needs both."""
 
     # context extension --------------------------------------------------------------------------
     seq_len: int = 16384
@@ -140,6 +146,12 @@ class RecipeConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def keeps_attention_outputs(self) -> bool:
+        """``keep_attention_outputs`` with its default (None) resolved."""
+        if self.keep_attention_outputs is None:
+            return self.attn_implementation == "hf_flash" and self.gradient_checkpointing
+        return self.keep_attention_outputs
+
     def normalise(self) -> None:
         if isinstance(self.data, (str, Path)):
             self.data = [str(self.data)]
@@ -191,6 +203,19 @@ class RecipeConfig:
             f"loss_chunk_tokens={self.loss_chunk_tokens} must be >= 1",
         )
         need(self.synthetic_documents >= 1, "synthetic_documents must be >= 1")
+        if self.keep_attention_outputs:
+            need(
+                self.attn_implementation == "hf_flash",
+                f"keep_attention_outputs: true keeps hf_flash's attention op, but "
+                f"attn_implementation={self.attn_implementation!r}; use attn_implementation "
+                f"hf_flash or set keep_attention_outputs: false",
+            )
+            need(
+                self.gradient_checkpointing,
+                "keep_attention_outputs: true only applies with gradient_checkpointing: true "
+                "(without checkpointing nothing is recomputed); enable gradient_checkpointing or "
+                "set keep_attention_outputs: false",
+            )
         need(not self.random_init or self.model is not None, "random_init needs model (a directory with config.json)")
         need(not (self.random_init and self.save_merged), "save_merged with random_init: there are no base weights to merge into")
         if self.model is not None:

@@ -8,9 +8,10 @@
 Steps: validate the options; load the model with ``attn_implementation`` (hf_flash by default)
 after extending its RoPE with ``hf_flash.extend_context``; add LoRA; read, tokenise and pack the
 documents (restarting ``position_ids``, no padding); check the predicted memory; train with
-warmup + cosine, gradient accumulation, gradient checkpointing and a chunked linear
-cross-entropy; save atomic checkpoints, the adapter and optionally the merged model. Every
-option is documented in :mod:`recipes.config`; see recipes/README.md.
+warmup + cosine, gradient accumulation, gradient checkpointing (keeping hf_flash's attention
+outputs, so the attention forward runs once per layer) and a chunked linear cross-entropy; save
+atomic checkpoints, the adapter and optionally the merged model. Every option is documented in
+:mod:`recipes.config`; see recipes/README.md.
 """
 
 from __future__ import annotations
@@ -113,8 +114,12 @@ def train(cfg: RecipeConfig) -> dict:
         )
     model = apply_lora(model, cfg)
     total, trainable = count_parameters(model)
+    checkpointing = "off"
+    if cfg.gradient_checkpointing:
+        checkpointing = "keeping attention outputs" if cfg.keeps_attention_outputs() else "on"
     log(f"model: {human(total)} parameters, {human(trainable)} trainable (LoRA r={cfg.lora_r}), "
-        f"attention {cfg.attn_implementation}, loss {cfg.loss_impl}")
+        f"attention {cfg.attn_implementation}, loss {cfg.loss_impl}, gradient checkpointing "
+        f"{checkpointing}")
     check_memory(model, cfg, device, accelerator.num_processes, fsdp, log)
 
     # optimisation -----------------------------------------------------------------------------
@@ -217,6 +222,8 @@ def train(cfg: RecipeConfig) -> dict:
         "final_loss": loss_value, "steps": step,
         "tok_per_s": run_tokens / run_time if run_time else None,
         "peak_mem_gib": _memory_gib(device)[1],
+        "gradient_checkpointing": cfg.gradient_checkpointing,
+        "keep_attention_outputs": cfg.keeps_attention_outputs(),
     }
     accelerator.wait_for_everyone()
     if cfg.save_adapter or cfg.save_merged:

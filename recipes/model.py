@@ -150,13 +150,28 @@ def apply_lora(model, cfg):
             f"lora_target_modules {missing} match no module of this model; linear modules are: {linear}"
         )
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(cfg))
     model.config.use_cache = False
     lora = LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
         target_modules=list(cfg.lora_target_modules), bias="none", task_type="CAUSAL_LM",
     )
     return get_peft_model(model, lora)
+
+
+def checkpointing_kwargs(cfg) -> dict:
+    """``torch.utils.checkpoint`` options for transformers' gradient checkpointing: non-reentrant,
+    keeping hf_flash's attention outputs when ``cfg.keeps_attention_outputs()``."""
+    if not cfg.keeps_attention_outputs():
+        return {"use_reentrant": False}
+    try:
+        from hf_flash import gradient_checkpointing_kwargs
+    except ImportError as e:
+        raise ConfigError(
+            f"keep_attention_outputs needs hf_flash.gradient_checkpointing_kwargs, which this "
+            f"installation lacks ({e}); set keep_attention_outputs: false"
+        ) from e
+    return gradient_checkpointing_kwargs(keep_attention=True)
 
 
 class CausalLMWithLinearCE(nn.Module):
@@ -193,7 +208,8 @@ class CausalLMWithLinearCE(nn.Module):
 
 def predict_memory_gib(model, cfg, world_size: int, fsdp: bool) -> float:
     """Rough peak memory per device of one training step (weights, LoRA optimiser state,
-    checkpointed activations, one layer's recomputation, one logits chunk)."""
+    checkpointed activations and, with ``keep_attention_outputs``, every layer's attention
+    output and log-sum-exp, one layer's recomputation, one logits chunk)."""
     c = model.config
     tokens = cfg.micro_batch_size * cfg.seq_len
     wbytes = torch.finfo(getattr(torch, cfg.dtype)).bits // 8
@@ -207,6 +223,9 @@ def predict_memory_gib(model, cfg, world_size: int, fsdp: bool) -> float:
     # one layer forward+backward working set per token: attention in/out + projections, MLP
     per_layer = tokens * (8 * hidden + 4 * inter) * act
     saved = tokens * hidden * act * layers if cfg.gradient_checkpointing else per_layer * layers
+    if cfg.gradient_checkpointing and cfg.keeps_attention_outputs():
+        head_dim = getattr(c, "head_dim", None) or hidden // heads
+        saved += layers * tokens * heads * (head_dim * act + 4)  # output + fp32 log-sum-exp
     if cfg.attn_implementation != "hf_flash" and cfg.attn_implementation != "sdpa":
         per_layer += heads * cfg.seq_len * tokens * 4 * 2  # materialised scores and probabilities
     chunk = cfg.loss_chunk_tokens or max(64, 512 * 2**20 // (4 * c.vocab_size))

@@ -124,3 +124,29 @@ def test_two_process_accelerate_launch(tmp_path):
     assert lrs == pytest.approx([cfg.learning_rate * lr_lambda(cfg)(k) for k in (1, 2, 3)])
     assert (out / "checkpoints" / "step-000002" / "random_states_1.pkl").is_file()
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_gradient_checkpointing_keeps_attention_outputs(tmp_path, monkeypatch):
+    """The recipe's default with gradient checkpointing: the attention forward kernel runs once per
+    layer per step instead of twice, and the run is otherwise identical (losses, gradient norms)."""
+    from hf_flash.kernels import flash_fwd
+
+    launches = []
+    launcher = flash_fwd.flash_attn_forward
+    monkeypatch.setattr(
+        flash_fwd, "flash_attn_forward", lambda *a, **k: launches.append(1) or launcher(*a, **k)
+    )
+    args = BASE + ["--gradient_checkpointing", "true", "--max_steps", "2", "--save_every", "0",
+                   "--save_adapter", "false"]  # fmt: skip
+    runs = {}
+    for keep in ("true", "false"):
+        launches.clear()
+        out = tmp_path / keep
+        summary = train(load_config(args + ["--output_dir", str(out), "--keep_attention_outputs", keep]))
+        metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+        runs[keep] = (len(launches), [(m["loss"], m["grad_norm"]) for m in metrics], summary)
+    layers, steps = 2, 2  # the embedded tiny model; one micro-batch per step
+    assert runs["true"][0] == layers * steps and runs["false"][0] == 2 * layers * steps
+    assert runs["true"][1] == runs["false"][1]  # exact
+    assert runs["true"][2]["keep_attention_outputs"] is True
+    assert runs["false"][2]["keep_attention_outputs"] is False

@@ -12,7 +12,7 @@ from recipes.data import (
     synthetic_documents,
 )
 from recipes.loss import chunked_linear_cross_entropy, full_linear_cross_entropy
-from recipes.model import lr_lambda
+from recipes.model import checkpointing_kwargs, lr_lambda, predict_memory_gib
 
 
 def _docs(lengths, start=1000):
@@ -145,8 +145,12 @@ def test_config_yaml_then_command_line(tmp_path):
         (["--model", "/nonexistent/model"], "does not exist"),
         (["--data", "/nonexistent/data.jsonl"], "data path /nonexistent/data.jsonl does not exist"),
         (["--learning_rate", "fast"], "learning_rate='fast' is not a valid float"),
+        (["--attn_implementation", "sdpa", "--keep_attention_outputs", "true"],
+         "keep_attention_outputs: true keeps hf_flash's attention op, but attn_implementation='sdpa'"),
+        (["--gradient_checkpointing", "false", "--keep_attention_outputs", "true"],
+         "keep_attention_outputs: true only applies with gradient_checkpointing: true"),
     ],
-    ids=["typo", "rope", "steps", "model", "data", "type"],
+    ids=["typo", "rope", "steps", "model", "data", "type", "keep_sdpa", "keep_no_checkpointing"],
 )
 def test_bad_options(args, message, capsys):
     with pytest.raises((ConfigError, SystemExit)) as err:
@@ -192,3 +196,53 @@ def test_accelerate_configs_load(name):
     if "fsdp" in name:
         assert cfg["fsdp_config"]["fsdp_version"] == 2
         assert cfg["fsdp_config"]["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+
+
+@pytest.mark.parametrize(
+    "options, keeps",
+    [
+        ({}, True),
+        ({"attn_implementation": "sdpa"}, False),
+        ({"gradient_checkpointing": False}, False),
+        ({"keep_attention_outputs": False}, False),
+        ({"keep_attention_outputs": True}, True),
+    ],
+    ids=["default", "sdpa", "no_checkpointing", "off", "on"],
+)
+def test_keep_attention_outputs_default(options, keeps):
+    import hf_flash
+
+    cfg = RecipeConfig.from_dict(options)
+    cfg.validate()
+    assert cfg.keeps_attention_outputs() is keeps
+    expected = {"use_reentrant": False}
+    if keeps:
+        expected["context_fn"] = hf_flash.attention_checkpoint_context
+    assert checkpointing_kwargs(cfg) == expected
+
+
+class _Shape(torch.nn.Module):
+    """predict_memory_gib reads only the config and the parameter counts."""
+
+    def __init__(self, **config):
+        super().__init__()
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(**config)
+        self.weight = torch.nn.Parameter(torch.zeros(1000), requires_grad=False)
+
+
+def test_predicted_memory_counts_kept_attention_outputs():
+    model = _Shape(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                   num_attention_heads=32, head_dim=64, vocab_size=128256)  # fmt: skip
+    cfg = RecipeConfig(seq_len=32768, micro_batch_size=2)
+    keep = predict_memory_gib(model, cfg, 1, False)
+    cfg.keep_attention_outputs = False
+    plain = predict_memory_gib(model, cfg, 1, False)
+    # 16 layers x 65536 tokens x 32 heads x (64 bf16 outputs + one fp32 log-sum-exp), 15% slack
+    kept = 16 * 65536 * 32 * (64 * 2 + 4) * 1.15 / 2**30
+    assert math.isclose(keep - plain, kept, rel_tol=1e-9), (keep, plain, kept)
+    cfg.gradient_checkpointing, cfg.keep_attention_outputs = False, None
+    no_ckpt = predict_memory_gib(model, cfg, 1, False)
+    cfg.keep_attention_outputs = True  # invalid (validate() refuses it); never counted twice
+    assert predict_memory_gib(model, cfg, 1, False) == no_ckpt
