@@ -29,7 +29,14 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .interface import _check_heads, _check_options, _check_tensor_basics, _prepare, eager_call
+from .interface import (
+    _check_heads,
+    _check_options,
+    _check_tensor_basics,
+    _prepare,
+    eager_call,
+    interpreter_active,
+)
 from .kernels import decode as _decode
 
 __all__ = ["flash_attn_with_kvcache", "attend_kv"]
@@ -351,34 +358,117 @@ def attend_kv(
     :func:`flash_attn_with_kvcache`. Shapes are checked; the index values are not read (no host
     sync), so the caller vouches for ``0 <= key_start <= key_end <= seqlen_k``. Returns
     (batch, seqlen_q, nheads, headdim).
+
+    Host cost (it runs once per layer of every decode step): the checks run in full for each
+    new combination of shapes (seqlen_k aside), dtypes, devices and options, which is then
+    remembered, so the layers and steps after it only look the combination up; the default
+    ``key_end`` tensor is reused while batch, seqlen_k and device stay the same.
     """
     if not torch.compiler.is_compiling():
-        _check_tensor_basics(q, k, v)
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if t.dim() != 4:
-                raise ValueError(f"{name} must be 4-D (batch, seqlen, nheads, headdim)")
-        if k.shape != v.shape or k.shape[0] != q.shape[0]:
-            raise ValueError(
-                f"k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape, with q's batch "
-                f"({q.shape[0]})"
-            )
-        _check_heads(q.shape[2], k.shape[2], v.shape[2], q.shape[3], k.shape[3], v.shape[3])
-        _check_options(0.0, softmax_scale, window_size, softcap, None, q.shape[2], q.shape[0])
-        for name, t in (("key_start", key_start), ("key_end", key_end)):
-            if t is not None:
-                _check_index_tensor(name, t, q.shape[0], q.device)
-    k, v = _prepare(k), _prepare(v)
+        key = _attend_kv_key(q, k, v, key_start, key_end, softmax_scale, window_size, softcap)
+        if key is None or key not in _ATTEND_KV_CHECKED:
+            _check_attend_kv(q, k, v, key_start, key_end, softmax_scale, window_size, softcap)
+            if key is not None:
+                if len(_ATTEND_KV_CHECKED) >= _ATTEND_KV_CHECKED_MAX:
+                    _ATTEND_KV_CHECKED.clear()
+                _ATTEND_KV_CHECKED.add(key)
+        elif k.shape != v.shape:  # the one check that reads seqlen_k, left out of the key
+            _check_attend_kv(q, k, v, key_start, key_end, softmax_scale, window_size, softcap)
+    q, k, v = _prepare(q), _prepare(k), _prepare(v)
+    eager = eager_call(q, k, v)
     if key_end is None:
-        key_end = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
+        key_end = _full_lengths(q.shape[0], k.shape[1], q.device, eager)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     left, right = int(window_size[0]), int(window_size[1])
     if causal:
         right = 0
-    out, _ = _run_attn_with_kvcache(
-        _prepare(q), k, v, None, None, None, None, key_end, None, key_start, None, None,
+    args = (
+        q, k, v, None, None, None, None, key_end, None, key_start, None, None,
         float(scale), True, left, right, float(softcap), False, 0, False,
     )  # fmt: skip
+    if eager and type(key_end) is Tensor and (key_start is None or type(key_start) is Tensor):
+        # nothing is appended, so no cache version to bump: the op's body, without the
+        # dispatcher (see _run_attn_with_kvcache)
+        out, _ = _attn_with_kvcache_impl(*args)
+    else:
+        out, _ = _attn_with_kvcache(*args)
     return out
+
+
+def _check_attend_kv(q, k, v, key_start, key_end, softmax_scale, window_size, softcap) -> None:
+    _check_tensor_basics(q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, nheads, headdim)")
+    if k.shape != v.shape or k.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape, with q's batch "
+            f"({q.shape[0]})"
+        )
+    _check_heads(q.shape[2], k.shape[2], v.shape[2], q.shape[3], k.shape[3], v.shape[3])
+    _check_options(0.0, softmax_scale, window_size, softcap, None, q.shape[2], q.shape[0])
+    for name, t in (("key_start", key_start), ("key_end", key_end)):
+        if t is not None:
+            _check_index_tensor(name, t, q.shape[0], q.device)
+
+
+# Argument combinations attend_kv has checked (see _attend_kv_key); cleared when full.
+_ATTEND_KV_CHECKED: set = set()
+_ATTEND_KV_CHECKED_MAX = 256
+_SCALARS = (int, float, type(None))
+
+
+def _attend_kv_key(q, k, v, key_start, key_end, softmax_scale, window_size, softcap):
+    """Everything :func:`_check_attend_kv` reads except seqlen_k, as a hashable tuple; None when
+    an argument is of a kind the key cannot describe (the checks then run in full)."""
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
+        return None
+    if type(softmax_scale) not in _SCALARS or type(softcap) not in _SCALARS:
+        return None
+    if type(window_size) is not tuple or len(window_size) != 2:
+        return None
+    if type(window_size[0]) is not int or type(window_size[1]) is not int:
+        return None
+    index = []
+    for t in (key_start, key_end):
+        if t is None:
+            index.append(None)
+        elif type(t) is Tensor:
+            index.append((t.dtype, t.shape, t.device))
+        else:
+            return None
+    device = q.device
+    # CPU tensors are accepted only while the interpreter is on, which may change at run time
+    interp = interpreter_active() if device.type == "cpu" else None
+    return (
+        q.dtype, k.dtype, v.dtype, device, k.device, v.device, q.shape, k.shape[0], k.shape[2:],
+        v.shape[0], v.shape[2:], softmax_scale, window_size, softcap, *index, interp,
+    )  # fmt: skip
+
+
+_last_full_lengths: tuple = (None, None)  # ((batch, seqlen_k, device), int32 tensor)
+
+
+def _full_lengths(batch: int, seqlen_k: int, device, eager: bool) -> Tensor:
+    """(batch,) int32 tensor of seqlen_k: every row attends all of k. The kernel only reads it,
+    so the last one is reused while batch, seqlen_k and device are unchanged: made once per
+    decode step instead of once per layer. Only for plain eager calls (``eager``): never while
+    tracing (fake tensors) or capturing a CUDA graph (a tensor made then holds no value outside
+    the graph, and one used inside a graph must not be freed by a later replacement)."""
+    global _last_full_lengths
+    key = (batch, seqlen_k, device)
+    cacheable = eager and not _capturing()
+    last_key, tensor = _last_full_lengths
+    if cacheable and last_key == key:
+        return tensor
+    tensor = torch.full((batch,), seqlen_k, dtype=torch.int32, device=device)
+    if cacheable:
+        _last_full_lengths = (key, tensor)
+    return tensor
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 # --------------------------------------------------------------------------------------------

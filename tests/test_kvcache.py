@@ -268,6 +268,112 @@ def test_attend_kv_over_key_blocks(opts):
         assert_close_to_ref(f"row {b}", out[b : b + 1], ref, lp, FWD_FACTOR, dtype)
 
 
+def _attend_inputs(seqlen=45, dtype=torch.float16):
+    torch.manual_seed(19)
+    q = torch.randn(2, 1, 4, 32, device=DEVICE, dtype=dtype)
+    kb = torch.randn(2, 2, seqlen, 32, device=DEVICE, dtype=dtype)
+    return q, kb.transpose(1, 2), torch.randn_like(kb).transpose(1, 2)
+
+
+def test_attend_kv_default_key_end_follows_seqlen_k():
+    """Without key_end every key is attended. The (batch,) tensor of seqlen_k is reused while
+    batch, seqlen_k and device repeat (the layers of one decode step); a k of another length,
+    as the next step's, must not get the old one."""
+    from hf_flash.kvcache import attend_kv
+    from hf_flash.reference import attention_ref
+
+    q, k, v = _attend_inputs(60)
+    for n in (40, 40, 25, 57, 40):
+        out = attend_kv(q, k[:, :n], v[:, :n], causal=True)
+        ref = attention_ref(q, k[:, :n], v[:, :n], causal=True)
+        lp = attention_ref(q, k[:, :n], v[:, :n], causal=True, upcast=False)
+        assert_close_to_ref(f"seqlen_k={n}", out, ref, lp, FWD_FACTOR, q.dtype)
+
+
+def test_attend_kv_remembered_checks_still_reject_bad_inputs(monkeypatch):
+    """attend_kv checks a combination of shapes, dtypes, devices and options once, then only
+    looks it up. Inputs that differ from a remembered combination must still be refused."""
+    from hf_flash.kvcache import attend_kv
+
+    q, k, v = _attend_inputs()
+    end = torch.full((2,), 45, dtype=torch.int32, device=DEVICE)
+    for _ in range(2):
+        attend_kv(q, k, v, key_end=end)  # remembered
+    with pytest.raises(ValueError, match="one shape"):
+        attend_kv(q, k, v[:, :-1], key_end=end)  # seqlen_k is not part of the remembered key
+    with pytest.raises(ValueError, match="int32"):
+        attend_kv(q, k, v, key_end=end.long())
+    with pytest.raises(ValueError, match=r"shape \(2,\)"):
+        attend_kv(q, k, v, key_end=end[:1])
+    with pytest.raises(TypeError, match="one dtype"):
+        attend_kv(q, k.float(), v, key_end=end)
+    with pytest.raises(ValueError, match="window_size"):
+        attend_kv(q, k, v, key_end=end, window_size=(-2, 0))
+    with pytest.raises(ValueError, match="multiple"):
+        attend_kv(q[:, :, :3], k, v, key_end=end)
+    if DEVICE == "cpu":  # CPU tensors are refused once the interpreter is off
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+            attend_kv(q, k, v, key_end=end)
+
+
+def test_one_split_launches_no_combine(monkeypatch):
+    """num_splits=1: the decode kernel writes the output itself; no combine launch. Several
+    splits: one combine launch. Both equal the reference (the "one-split" case above too)."""
+    launches = []
+    real = decode._combine_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(decode, "_combine_kernel", Spy())
+    _check(num_splits=1, causal=True, lens=(68, 3), seqlen_cache=80)
+    assert launches == []
+    _check(num_splits=3, causal=True, lens=(68, 3), seqlen_cache=80)
+    assert len(launches) == 1
+
+
+def test_cached_launch_plan_follows_config_override(monkeypatch):
+    """Launch parameters are derived once per combination of shapes and flags; a
+    ``configs.override`` (the benchmark sweep) must still take effect, and a flag that
+    changes (softcap here) must give another plan."""
+    from hf_flash.kernels import configs
+
+    seen = []
+    real = decode._decode_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs)
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(decode, "_decode_kernel", Spy())
+    _check(causal=True)
+    with configs.override(decode={"BLOCK_N": 32}):
+        _check(causal=True)
+    _check(causal=True, softcap=2.0)
+    default = decode.decode_config(32, torch.float16, torch.device(DEVICE))["BLOCK_N"]
+    assert default != 32
+    assert [kw["BLOCK_N"] for kw in seen] == [default, 32, default]
+    assert [kw["HAS_SOFTCAP"] for kw in seen] == [False, False, True]
+
+
+def test_host_integer_helpers_match_triton():
+    import triton
+
+    from hf_flash.kernels import configs
+
+    for n in range(0, 300):
+        assert configs.next_power_of_2(n) == triton.next_power_of_2(n), n
+        for d in (1, 2, 16, 64, 97):
+            assert configs.cdiv(n, d) == triton.cdiv(n, d), (n, d)
+
+
 def test_split_heuristic():
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     slots = decode.PROGRAMS_PER_SM * decode.sm_count(dev)

@@ -84,8 +84,13 @@ def hf_flash_mask(
 
     Outside torch.compile the mask is read once on the host (one sync per forward pass and mask
     type, as transformers' own flash mask does): an all-valid mask becomes None, and padding in
-    the middle of a row raises. While compiling nothing is read back: the mask is passed on as
-    is, and it must then be left/right padding (what tokenizers and generate produce).
+    the middle of a row raises. That read stays on decode steps too: the decode path would
+    otherwise attend the padding inside a row (a right-padded prompt continued by generate is
+    the usual way to get one), and eager generate() already waits for the device once per step
+    (its stopping check), so the read only waits for the few mask ops queued since. The row
+    bounds it computes are kept for the attention layers of the same forward pass
+    (:func:`_key_blocks`). While compiling nothing is read back: the mask is passed on as is,
+    and it must then be left/right padding (what tokenizers and generate produce).
     """
     if kwargs.get("use_vmap", False):
         raise ValueError(
@@ -105,7 +110,7 @@ def hf_flash_mask(
             mask = mask != 0
         if compiling:
             return mask  # no host reads while tracing; the attention handles any contiguous mask
-        all_valid, contiguous = _mask_stats(mask)
+        start, end, all_valid, contiguous = _mask_stats(mask)
         if not contiguous:
             raise ValueError(
                 "attention_mask has padding inside a sequence (a 0 between two 1s in a row); "
@@ -114,7 +119,10 @@ def hf_flash_mask(
             )
         if all_valid and mask.shape[1] == kv_length:
             return None
-        return _fixed_size_for_decode(mask, q_length, kv_length, q_offset)
+        out = _fixed_size_for_decode(mask, q_length, kv_length, q_offset)
+        if out is mask:
+            _remember_key_blocks(mask, start, end)
+        return out
     # No user mask: every key written so far is valid. Only a static cache has more key slots
     # (zero-filled) than that, and its layers report how many tokens they hold.
     valid = q_offset + q_length - kv_offset
@@ -150,13 +158,16 @@ def _fixed_size_for_decode(mask: Tensor, q_length: int, kv_length: int, q_offset
     return torch.nn.functional.pad(mask, (0, kv_length - mask.shape[1]), value=False)
 
 
-def _mask_stats(mask: Tensor) -> tuple[bool, bool]:
-    """(every entry True, every row's True entries contiguous), with one device sync."""
+def _mask_stats(mask: Tensor) -> tuple[Tensor, Tensor, bool, bool]:
+    """(start, end, every entry True, every row's True entries contiguous) with one device sync;
+    ``start``/``end`` are :func:`_valid_block`'s device tensors."""
     start, end = _valid_block(mask)
-    count = mask.sum(dim=1, dtype=torch.int32)
-    stats = torch.stack([mask.all(), ((end - start) == count).all()])
-    all_valid, contiguous = stats.tolist()
-    return bool(all_valid), bool(contiguous)
+    count = mask.sum(dim=1)
+    starts, ends, counts = torch.stack([start, end, count]).tolist()
+    width = mask.shape[1]
+    all_valid = all(c == width for c in counts)
+    contiguous = all(e - s == c for s, e, c in zip(starts, ends, counts))
+    return start, end, all_valid, contiguous
 
 
 def first_valid(mask: Tensor) -> Tensor:
@@ -173,6 +184,54 @@ def _valid_block(mask: Tensor) -> tuple[Tensor, Tensor]:
     pos = torch.arange(mask.shape[1], device=mask.device, dtype=torch.int64)
     end = torch.where(mask, pos + 1, 0).amax(dim=1)
     return start, torch.maximum(end, start)
+
+
+# int32 (key_start, key_end) of the last few key masks seen by the decode path, as
+# (weakref to the mask, its version counter, bounds). Every layer of a forward pass gets the
+# same mask tensor (the one hf_flash_mask returned), so the bounds are computed once per pass
+# and mask type instead of once per layer; a model with sliding and full layers alternates
+# between two masks, hence a few entries. A new tensor, or the same one modified in place (its
+# version changes), misses.
+_KEY_BLOCKS_SLOTS = 4
+_key_blocks_cache: list = []
+
+
+def _cacheable_mask(mask) -> bool:
+    # inference tensors have no version counter to detect in-place changes; while tracing or
+    # capturing a CUDA graph, tensors made there hold no value outside it
+    return (
+        type(mask) is Tensor
+        and not mask.is_inference()
+        and not torch.compiler.is_compiling()
+        and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    )
+
+
+def _key_blocks(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """int32 ``(key_start, key_end)`` of each row's valid block, cached per mask tensor."""
+    cacheable = _cacheable_mask(mask)
+    if cacheable:
+        version = mask._version
+        for ref, ver, blocks in _key_blocks_cache:
+            if ref() is mask and ver == version:
+                return blocks
+    start, end = _valid_block(mask)
+    blocks = (start.to(torch.int32), end.to(torch.int32))
+    if cacheable:
+        _store_key_blocks(mask, blocks)
+    return blocks
+
+
+def _remember_key_blocks(mask: Tensor, start: Tensor, end: Tensor) -> None:
+    """Record bounds hf_flash_mask has already computed, for the attention layers to reuse."""
+    if _cacheable_mask(mask):
+        _store_key_blocks(mask, (start.to(torch.int32), end.to(torch.int32)))
+
+
+def _store_key_blocks(mask: Tensor, blocks) -> None:
+    global _key_blocks_cache
+    live = [e for e in _key_blocks_cache if e[0]() is not None and e[0]() is not mask]
+    _key_blocks_cache = [(weakref.ref(mask), mask._version, blocks)] + live[: _KEY_BLOCKS_SLOTS - 1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,13 +359,15 @@ def _decode_shaped(seqlen_q: int, seqlen_k: int, mask, opts, kwargs) -> bool:
 
 def _decode_attention(q, k, v, mask, opts) -> Tensor:
     """Decode step on :func:`hf_flash.kvcache.attend_kv`: row b attends its valid keys
-    ``[s_b, e_b)`` (from the mask, on the device: no host sync) or all of them without a mask."""
+    ``[s_b, e_b)`` (from the mask, on the device: no host sync; computed once per mask tensor,
+    not once per layer) or all of them without a mask."""
     from hf_flash.kvcache import attend_kv
 
     key_start = key_end = None
     if mask is not None:
-        start, end = _valid_block(mask)
-        key_start, key_end = start.to(torch.int32), end.to(torch.int32)
+        if mask.dtype != torch.bool:
+            mask = mask != 0
+        key_start, key_end = _key_blocks(mask)
     return attend_kv(
         q, k, v, key_start=key_start, key_end=key_end, softmax_scale=opts["softmax_scale"],
         causal=opts["causal"], window_size=opts["window_size"], softcap=opts["softcap"],

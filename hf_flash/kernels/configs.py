@@ -32,6 +32,18 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
+# Host-side integer helpers for launchers. triton.cdiv and triton.next_power_of_2 are constexpr
+# functions in Triton 3.6 (usable inside kernels too); every host call goes through their
+# argument-unwrapping wrapper, ~2 us each, which a decode step paid dozens of times per layer.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two >= n (0 for n <= 0, as triton.next_power_of_2)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def head_dim_block(head_dim: int) -> int:
     """Head dimension padded to a power of two (>= 16, tl.dot's minimum)."""
     return max(16, 1 << (head_dim - 1).bit_length())

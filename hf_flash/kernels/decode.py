@@ -464,24 +464,83 @@ def choose_num_splits(programs: int, max_keys: int, block_n: int, device: torch.
     within 5% as full as the best choice's, up to ~4 waves (wave quantisation: 384 programs on
     264 slots run in two waves, the second half empty, so 256 programs finish as fast).
     """
-    tiles = triton.cdiv(max(max_keys, 1), block_n)
-    slots = PROGRAMS_PER_SM * sm_count(device)
-    programs = max(programs, 1)
+    tiles = configs.cdiv(max(max_keys, 1), block_n)
+    return _best_splits(max(programs, 1), tiles, PROGRAMS_PER_SM * sm_count(device))
+
+
+# The search below costs ~2 us per candidate and runs once per layer of every decode step;
+# its inputs repeat (a DynamicCache grows by one key tile every BLOCK_N steps), so it is
+# memoised. Entries are three ints; the bound only caps a long-running server's memory.
+@functools.lru_cache(maxsize=4096)
+def _best_splits(programs: int, tiles: int, slots: int) -> int:
     # at most ~4 waves: beyond that, quantisation gains are small and partials cost more
-    most = min(MAX_SPLITS, triton.cdiv(tiles, MIN_TILES_PER_SPLIT), triton.cdiv(4 * slots, programs))
+    most = min(
+        MAX_SPLITS, configs.cdiv(tiles, MIN_TILES_PER_SPLIT), configs.cdiv(4 * slots, programs)
+    )
     if most <= 1 or programs >= 0.8 * slots:
         return 1
 
     def efficiency(splits: int) -> float:
         total = programs * splits
-        return total / (triton.cdiv(total, slots) * slots)
+        return total / (configs.cdiv(total, slots) * slots)
 
     best = max(efficiency(s) for s in range(1, most + 1))
     return next(s for s in range(1, most + 1) if efficiency(s) >= 0.95 * best)
 
 
 def _strides3(t):
-    return (t.stride(0), t.stride(1), t.stride(2)) if t is not None else (0, 0, 0)
+    return t.stride()[:3] if t is not None else (0, 0, 0)
+
+
+class _Plan:
+    """What a launch needs beyond pointers, strides and the split count, derived from shapes,
+    dtypes and flags only, so it is computed once per distinct combination (every layer of
+    every decode step repeats one)."""
+
+    __slots__ = ("block_n", "m_tiles", "constexprs", "combine")
+
+    def __init__(self, head_dim, dtype, device, rows, flags):
+        (has_new, paged, has_batch_idx, has_leftpad, has_rotary, rotary_dim, interleaved,
+         q_per_row, per_token, mask_left, mask_right, has_softcap, has_alibi) = flags  # fmt: skip
+        cfg = decode_config(head_dim, dtype, device)
+        self.block_n = cfg["BLOCK_N"]
+        block_m = max(16, min(64, configs.next_power_of_2(rows)))
+        self.m_tiles = configs.cdiv(rows, block_m)
+        block_d = configs.head_dim_block(head_dim)
+        dot_fp32 = dtype == torch.float32 or (configs.interpreting() and dtype == torch.bfloat16)
+        common = dict(
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=self.block_n,
+            HAS_NEW=has_new, PAGED=paged, HAS_BATCH_IDX=has_batch_idx, HAS_LEFTPAD=has_leftpad,
+            HAS_ROTARY=has_rotary, ROTARY_DIM=rotary_dim, INTERLEAVED=interleaved,
+            ROTARY_Q_PER_ROW=q_per_row, ROTARY_PER_TOKEN=per_token,
+            MASK_LEFT=mask_left, MASK_RIGHT=mask_right, HAS_SOFTCAP=has_softcap,
+            HAS_ALIBI=has_alibi,
+        )  # fmt: skip
+        tail = dict(
+            DOT_FP32=dot_fp32, PRECISION="ieee" if dot_fp32 else "tf32",
+            NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )  # fmt: skip
+        # by split: keyword arguments of the main kernel, SPLIT included
+        self.constexprs = {split: {**common, "SPLIT": split, **tail} for split in (False, True)}
+        self.combine = dict(
+            HEAD_DIM=head_dim, BLOCK_D=block_d, CHUNK_S=8, num_warps=4 if head_dim > 64 else 2
+        )
+
+
+_PLANS: dict = {}
+_PLANS_MAX = 256
+
+
+def _plan(head_dim, dtype, device, rows, flags) -> _Plan:
+    if configs._OVERRIDE is not None:  # a sweep is forcing launch parameters: no caching
+        return _Plan(head_dim, dtype, device, rows, flags)
+    key = (head_dim, dtype, device, rows, flags, configs.interpreting())
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[key] = _Plan(head_dim, dtype, device, rows, flags)
+    return plan
 
 
 def flash_decode(
@@ -503,11 +562,6 @@ def flash_decode(
     group = nheads // nheads_k
     if q.numel() == 0:
         return
-    cfg = decode_config(head_dim, q.dtype, q.device)
-    block_n = cfg["BLOCK_N"]
-    rows = seqlen_q * group
-    block_m = max(16, min(64, triton.next_power_of_2(rows)))
-    m_tiles = triton.cdiv(rows, block_m)
     seqlen_new = k_new.shape[1] if k_new is not None else 0
     paged = block_table is not None
     if paged:
@@ -516,8 +570,18 @@ def flash_decode(
     else:
         page_size = 1
         capacity = k_cache.shape[1]
+    has_rotary = rotary_cos is not None and k_new is not None
+    per_token = has_rotary and rotary_cos.dim() == 3
+    flags = (
+        k_new is not None, paged, cache_batch_idx is not None, cache_leftpad is not None,
+        has_rotary, 2 * rotary_cos.shape[-1] if has_rotary else 0, bool(rotary_interleaved),
+        bool(rotary_q_per_row), per_token, window_left >= 0, window_right >= 0, softcap > 0.0,
+        alibi_slopes is not None,
+    )  # fmt: skip
+    plan = _plan(head_dim, q.dtype, q.device, seqlen_q * group, flags)
     if num_splits <= 0:
-        num_splits = choose_num_splits(batch * nheads_k * m_tiles, capacity, block_n, q.device)
+        num_splits = choose_num_splits(batch * nheads_k * plan.m_tiles, capacity, plan.block_n,
+                                       q.device)  # fmt: skip
     num_splits = int(max(1, min(num_splits, MAX_SPLITS)))
     split = num_splits > 1
     if split:
@@ -529,45 +593,32 @@ def flash_decode(
         )
     else:
         out_part = lse_part = None
-    dot_fp32 = q.dtype == torch.float32 or (configs.interpreting() and q.dtype == torch.bfloat16)
-    has_rotary = rotary_cos is not None and k_new is not None
-    rotary_dim = 2 * rotary_cos.shape[-1] if has_rotary else 0
-    per_token = has_rotary and rotary_cos.dim() == 3
     stride_cb = rotary_cos.stride(0) if per_token and rotary_cos.shape[0] > 1 else 0
     stride_ab = 0
     if alibi_slopes is not None and alibi_slopes.dim() == 2:
         stride_ab = alibi_slopes.stride(0)
-    grid = (num_splits, batch * nheads_k, m_tiles)
-    _decode_kernel[grid](
+    stride_o = out.stride()
+    stride_l = lse.stride()
+    _decode_kernel[(num_splits, batch * nheads_k, plan.m_tiles)](
         q, k_cache, v_cache, k_new, v_new, out, lse, out_part, lse_part,
         cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,
         alibi_slopes,
-        q.stride(0), q.stride(1), q.stride(2),
+        *q.stride()[:3],
         *_strides3(k_cache), *_strides3(v_cache), *_strides3(k_new), *_strides3(v_new),
-        out.stride(0), out.stride(1), out.stride(2),
-        lse.stride(0), lse.stride(1),
+        *stride_o[:3],
+        *stride_l[:2],
         block_table.stride(0) if paged else 0,
         stride_cb, rotary_cos.stride(-2) if has_rotary else 0,
         stride_ab,
         batch, nheads, seqlen_q, seqlen_new, group, page_size, capacity, num_splits,
         float(softmax_scale), float(softcap), int(window_left), int(window_right),
-        HEAD_DIM=head_dim, BLOCK_D=configs.head_dim_block(head_dim), BLOCK_M=block_m,
-        BLOCK_N=block_n, HAS_NEW=k_new is not None, PAGED=paged,
-        HAS_BATCH_IDX=cache_batch_idx is not None, HAS_LEFTPAD=cache_leftpad is not None,
-        HAS_ROTARY=has_rotary, ROTARY_DIM=rotary_dim, INTERLEAVED=bool(rotary_interleaved),
-        ROTARY_Q_PER_ROW=bool(rotary_q_per_row), ROTARY_PER_TOKEN=per_token,
-        MASK_LEFT=window_left >= 0, MASK_RIGHT=window_right >= 0,
-        HAS_SOFTCAP=softcap > 0.0, HAS_ALIBI=alibi_slopes is not None, SPLIT=split,
-        DOT_FP32=dot_fp32, PRECISION="ieee" if dot_fp32 else "tf32",
-        NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **plan.constexprs[split],
     )  # fmt: skip
     if split:
         total_rows = batch * nheads * seqlen_q
         _combine_kernel[(total_rows,)](
             out_part, lse_part, out, lse,
-            out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+            *stride_o[:3], *stride_l[:2],
             total_rows, nheads, seqlen_q, num_splits,
-            HEAD_DIM=head_dim, BLOCK_D=configs.head_dim_block(head_dim),
-            BLOCK_S=max(2, triton.next_power_of_2(num_splits)), CHUNK_S=8,
-            num_warps=4 if head_dim > 64 else 2,
+            BLOCK_S=max(2, configs.next_power_of_2(num_splits)), **plan.combine,
         )  # fmt: skip

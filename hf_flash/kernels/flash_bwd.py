@@ -410,7 +410,7 @@ def flash_attn_backward(
     delta = torch.empty_like(lse)
 
     pre_m = 64
-    _bwd_preprocess[(triton.cdiv(max_seqlen_q, pre_m), batch * nheads)](
+    _bwd_preprocess[(configs.cdiv(max_seqlen_q, pre_m), batch * nheads)](
         out, dout, dlse, delta, cu_seqlens_q,
         *_dense_or_varlen_strides(out, varlen), *_dense_or_varlen_strides(dout, varlen),
         stride_lb, stride_lh, seqlen_q, nheads,
@@ -423,7 +423,7 @@ def flash_attn_backward(
     scalars = (
         float(softmax_scale), float(softcap), float(dropout_p), int(window_left), int(window_right),
     )  # fmt: skip
-    _bwd_dkdv_kernel[(triton.cdiv(max_seqlen_k, dkdv_cfg["BLOCK_N"]), batch * nheads_k)](
+    _bwd_dkdv_kernel[(configs.cdiv(max_seqlen_k, dkdv_cfg["BLOCK_N"]), batch * nheads_k)](
         q, k, v, dout, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
         *_dense_or_varlen_strides(q, varlen), *_dense_or_varlen_strides(k, varlen),
         *_dense_or_varlen_strides(v, varlen), *_dense_or_varlen_strides(dout, varlen),
@@ -434,7 +434,7 @@ def flash_attn_backward(
         BLOCK_N=dkdv_cfg["BLOCK_N"], IS_VARLEN=varlen,
         num_warps=dkdv_cfg["num_warps"], num_stages=dkdv_cfg["num_stages"], **flags,
     )  # fmt: skip
-    _bwd_dq_kernel[(triton.cdiv(max_seqlen_q, dq_cfg["BLOCK_M"]), batch * nheads)](
+    _bwd_dq_kernel[(configs.cdiv(max_seqlen_q, dq_cfg["BLOCK_M"]), batch * nheads)](
         q, k, v, dout, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
         *_dense_or_varlen_strides(q, varlen), *_dense_or_varlen_strides(k, varlen),
         *_dense_or_varlen_strides(v, varlen), *_dense_or_varlen_strides(dout, varlen),

@@ -22,6 +22,8 @@ never visited, so windowed attention costs O(seqlen * window).
 import triton
 import triton.language as tl
 
+from . import configs
+
 LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln(2)
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -186,7 +188,7 @@ def dropout_keep_mask(rng_state, batch: int, nheads: int, max_seqlen_q: int, max
     out = torch.empty(
         (batch, nheads, max_seqlen_q, max_seqlen_k), dtype=torch.int8, device=rng_state.device
     )
-    grid = (triton.cdiv(max_seqlen_q, 16), triton.cdiv(max_seqlen_k, 16), batch * nheads)
+    grid = (configs.cdiv(max_seqlen_q, 16), configs.cdiv(max_seqlen_k, 16), batch * nheads)
     _dropout_mask_kernel[grid](
         out, rng_state, max_seqlen_q, max_seqlen_k, float(dropout_p), BLOCK_M=16, BLOCK_N=16
     )

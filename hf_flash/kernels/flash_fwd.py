@@ -237,7 +237,7 @@ def flash_attn_forward(
     stride_ab = 0
     if alibi_slopes is not None and alibi_slopes.dim() == 2:
         stride_ab = alibi_slopes.stride(0)
-    grid = (triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), batch * nheads)
+    grid = (configs.cdiv(max_seqlen_q, cfg["BLOCK_M"]), batch * nheads)
     _flash_fwd_kernel[grid](
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
         *_dense_or_varlen_strides(q, varlen),

@@ -31,10 +31,13 @@ int64 so tensors with more than 2**31 elements are addressed correctly.
 """
 
 import contextlib
+import functools
 
 import torch
 import triton
 import triton.language as tl
+
+from . import configs
 
 
 @triton.jit
@@ -159,7 +162,7 @@ def _blocks(nheads: int, width: int):
     """(BLOCK_T, BLOCK_H): all heads of a few tokens per program, so each token's cos/sin row
     is loaded once and broadcast over its heads; heads are split only for very wide tokens.
     ``width`` is the widest column block (rotary pairs or the copied tail)."""
-    block_h = min(triton.next_power_of_2(nheads), max(1, _TILE_ELEMS // width))
+    block_h = min(configs.next_power_of_2(nheads), max(1, _TILE_ELEMS // width))
     block_t = max(1, _TILE_ELEMS // (block_h * width))
     return block_t, block_h
 
@@ -194,39 +197,56 @@ def rotary_forward(
     xb, ob = (xs[1], outs[1]) if two else (xa, oa)
     batch, seqlen, _, headdim = xa.shape
     ntokens = batch * seqlen
-    half = rotary_dim // 2
-    block_half = triton.next_power_of_2(half)
-    tail = headdim - rotary_dim
-    copy_tail = tail > 0 and any(o.data_ptr() != x.data_ptr() for x, o in zip(xs, outs))
-    block_tail = triton.next_power_of_2(max(tail, 1))
-    width = max(block_half, block_tail if copy_tail else 1)
-    bta, bha = _blocks(xa.shape[2], width)
-    btb, bhb = _blocks(xb.shape[2], width)
-    nblocks_a = triton.cdiv(ntokens, bta)
-    nblocks_b = triton.cdiv(ntokens, btb) if two else 0
-    hblocks = max(triton.cdiv(xa.shape[2], bha), triton.cdiv(xb.shape[2], bhb) if two else 1)
-    grid = (nblocks_a + nblocks_b, hblocks)
     if ntokens == 0:
         return
+    copy_tail = headdim > rotary_dim and any(
+        o.data_ptr() != x.data_ptr() for x, o in zip(xs, outs)
+    )
     has_pos = position_ids is not None
     has_offsets = seqlen_offsets is not None
+    bta, btb, hblocks, constexprs = _plan(
+        xa.shape[2], xb.shape[2] if two else 0, headdim, rotary_dim, int(cos_half_offset),
+        copy_tail, bool(interleaved), bool(conjugate), has_pos, has_offsets,
+    )  # fmt: skip
+    nblocks_a = configs.cdiv(ntokens, bta)
+    nblocks_b = configs.cdiv(ntokens, btb) if two else 0
     pos = position_ids if has_pos else cos  # placeholder pointer, never read
     offs = seqlen_offsets if has_offsets else cos
-    stride_pb, stride_ps = (position_ids.stride(0), position_ids.stride(1)) if has_pos else (0, 0)
-    stride_cb = cos.stride(0) if cos.shape[0] > 1 else 0
-    with torch.cuda.device(xa.device) if xa.is_cuda else contextlib.nullcontext():
-        _rotary_kernel[grid](
-            xa, oa, xa.stride(0), xa.stride(1), xa.stride(2), oa.stride(0), oa.stride(1), oa.stride(2),
-            xa.shape[2], nblocks_a,
-            xb, ob, xb.stride(0), xb.stride(1), xb.stride(2), ob.stride(0), ob.stride(1), ob.stride(2),
-            xb.shape[2],
+    stride_pb, stride_ps = position_ids.stride()[:2] if has_pos else (0, 0)
+    stride_c = cos.stride()
+    stride_cb = stride_c[0] if cos.shape[0] > 1 else 0
+    # Triton launches on the current device; switch only when the tensors live elsewhere
+    elsewhere = xa.is_cuda and xa.device.index != torch.cuda.current_device()
+    with torch.cuda.device(xa.device) if elsewhere else contextlib.nullcontext():
+        _rotary_kernel[(nblocks_a + nblocks_b, hblocks)](
+            xa, oa, *xa.stride()[:3], *oa.stride()[:3], xa.shape[2], nblocks_a,
+            xb, ob, *xb.stride()[:3], *ob.stride()[:3], xb.shape[2],
             seqlen, ntokens,
-            cos, sin, stride_cb, cos.stride(1), cos.shape[1],
+            cos, sin, stride_cb, stride_c[1], cos.shape[1],
             pos, stride_pb, stride_ps, offs, int(offset),
-            HALF=half, BLOCK_HALF=block_half, COS_HALF_OFFSET=int(cos_half_offset),
-            TAIL=tail, BLOCK_TAIL=block_tail,
-            BLOCK_TA=bta, BLOCK_HA=bha, BLOCK_TB=btb, BLOCK_HB=bhb,
-            INTERLEAVED=bool(interleaved), CONJUGATE=bool(conjugate),
-            HAS_POS=has_pos, HAS_OFFSETS=has_offsets, COPY_TAIL=copy_tail,
-            num_warps=_NUM_WARPS,
+            **constexprs,
         )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(nheads_a, nheads_b, headdim, rotary_dim, cos_half_offset, copy_tail, interleaved,
+          conjugate, has_pos, has_offsets):  # fmt: skip
+    """(BLOCK_TA, BLOCK_TB, head blocks, constexpr keyword arguments) for one launch shape;
+    ``nheads_b`` 0: a single tensor. Memoised: every layer of a decode step repeats one."""
+    half = rotary_dim // 2
+    block_half = configs.next_power_of_2(half)
+    tail = headdim - rotary_dim
+    block_tail = configs.next_power_of_2(max(tail, 1))
+    width = max(block_half, block_tail if copy_tail else 1)
+    bta, bha = _blocks(nheads_a, width)
+    btb, bhb = _blocks(nheads_b, width) if nheads_b else (bta, bha)
+    hblocks = max(configs.cdiv(nheads_a, bha), configs.cdiv(nheads_b, bhb) if nheads_b else 1)
+    constexprs = dict(
+        HALF=half, BLOCK_HALF=block_half, COS_HALF_OFFSET=cos_half_offset,
+        TAIL=tail, BLOCK_TAIL=block_tail,
+        BLOCK_TA=bta, BLOCK_HA=bha, BLOCK_TB=btb, BLOCK_HB=bhb,
+        INTERLEAVED=interleaved, CONJUGATE=conjugate,
+        HAS_POS=has_pos, HAS_OFFSETS=has_offsets, COPY_TAIL=copy_tail,
+        num_warps=_NUM_WARPS,
+    )  # fmt: skip
+    return bta, btb, hblocks, constexprs

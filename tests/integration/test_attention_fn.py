@@ -279,6 +279,78 @@ def test_static_decode_mask_has_the_cache_length():
     assert torch.equal(varlen_fixed, varlen_natural)
 
 
+def test_decode_step_mask_with_a_hole_raises():
+    """generate() continuing a right-padded prompt appends a 1 after the padding; the decode
+    path would attend that padding, so the decode step's mask is still read and refused."""
+    user = torch.ones(2, 7, dtype=torch.bool)
+    user[1, 4:6] = False
+    with pytest.raises(ValueError, match="padding inside a sequence"):
+        hf_flash_mask(2, 1, 7, q_offset=6, attention_mask=user)
+
+
+# ------------------------------------------------------------------------------------------
+# per-forward-pass cache of the decode path's key bounds
+# ------------------------------------------------------------------------------------------
+
+
+def _decode_inputs(seed, b=2, skv=24):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, s, 16, generator=g).to(DEVICE)
+               for h, s in ((4, 1), (2, skv), (2, skv)))  # fmt: skip
+    return q, k, v
+
+
+def _assert_decode_matches_oracle(q, k, v, mask):
+    out, _ = hf_flash_attention_forward(_Attn(), q, k, v, mask)
+    ref = _oracle(q, k, v, mask, causal=True).to(out.dtype)
+    rows = _query_rows(mask, 1, q.shape[0])
+    assert torch.allclose(out[rows], ref[rows], atol=2e-5), (out[rows] - ref[rows]).abs().max()
+
+
+def test_decode_key_bounds_follow_in_place_mask_changes():
+    """The decode path computes a mask's row bounds once per mask tensor (every layer of a
+    forward pass gets the same one). The same tensor modified in place, directly or through its
+    base, must not reuse them."""
+    q, k, v = _decode_inputs(0)
+    mask = _mask(2, 24, [(5, 0), (0, 0)])
+    for _ in range(2):  # the second call is served from the cache
+        _assert_decode_matches_oracle(q, k, v, mask)
+    mask[0, :5] = True
+    mask[1, :9] = False
+    _assert_decode_matches_oracle(q, k, v, mask)
+    view = mask[:, 4:]  # a view shares its base's version counter
+    _assert_decode_matches_oracle(q, k[:, :, 4:], v[:, :, 4:], view)
+    mask[0, :11] = False
+    _assert_decode_matches_oracle(q, k[:, :, 4:], v[:, :, 4:], view)
+    _assert_decode_matches_oracle(q, k, v, mask.clone())  # another tensor, same values
+
+
+def test_decode_key_bounds_from_the_mask_function_are_reused_safely():
+    """hf_flash_mask reads each row's bounds for its padding check and leaves them for the
+    decode layers of the same pass; its result is a view of the user's mask, so changing that
+    mask in place afterwards must invalidate them."""
+    q, k, v = _decode_inputs(1)
+    user = _mask(2, 24, [(3, 0), (0, 0)])
+    got = hf_flash_mask(2, 1, 24, q_offset=23, attention_mask=user)
+    assert got is not None
+    _assert_decode_matches_oracle(q, k, v, got)
+    user[1, :6] = False
+    _assert_decode_matches_oracle(q, k, v, got)
+
+
+def test_decode_key_bounds_under_inference_mode():
+    """Inference tensors have no version counter: their bounds are never cached, and in-place
+    changes are still seen."""
+    with torch.inference_mode():
+        q, k, v = _decode_inputs(2)
+        mask = _mask(2, 24, [(5, 0), (0, 0)])
+        _assert_decode_matches_oracle(q, k, v, mask)
+        mask[1, :7] = False
+        _assert_decode_matches_oracle(q, k, v, mask)
+        got = hf_flash_mask(2, 1, 24, q_offset=23, attention_mask=mask)
+        _assert_decode_matches_oracle(q, k, v, got)
+
+
 def test_custom_mask_functions_are_refused():
     with pytest.raises(ValueError, match="custom mask function"):
         hf_flash_mask(1, 4, 4, use_vmap=True)

@@ -185,6 +185,17 @@ def test_greedy_generate_equals_sdpa(family, cache, root):
         assert torch.equal(got1, sdpa.generate(ids[:1], **gen))
 
 
+def test_generate_from_right_padded_prompt_raises(root):
+    """Right padding is fine in a forward pass, but generate() appends each new token after the
+    padding: the first decode step's mask has a hole, which must raise (not be attended)."""
+    ours = load("llama", "hf_flash", root, device=DEVICE)
+    ids, _ = _prompts()
+    mask = torch.ones_like(ids)
+    mask[1, -3:] = 0
+    with pytest.raises(ValueError, match="padding inside a sequence"):
+        ours.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
+
+
 def test_static_cache_forward_without_mask(root):
     """A StaticCache hands the attention its whole zero-padded buffer; with no attention_mask the
     valid length comes from the cache itself."""
