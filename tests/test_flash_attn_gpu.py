@@ -183,3 +183,24 @@ def test_half_million_tokens_int64_addressing():
     assert_close_to_ref("dk", g[1][:, -(m + w) :], g_ref[1], g_lp[1], GRAD_FACTOR, dtype)
     assert_close_to_ref("dv", g[2][:, -(m + w) :], g_ref[2], g_lp[2], GRAD_FACTOR, dtype)
     assert (g[1][:, : -(m + w)] == 0).all(), "keys no query with a gradient sees must get 0"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_tensors_on_a_device_that_is_not_current():
+    """A model split over GPUs (device_map) runs layers on a device that is not the current one:
+    every launcher makes the tensors' device current, forward and backward."""
+    torch.manual_seed(0)
+    dtype = torch.bfloat16
+    q, k, v = (torch.randn(1, 256, h, 64, device="cuda:0", dtype=dtype) for h in (8, 2, 2))
+    assert torch.cuda.current_device() == 0
+    moved = [t.to("cuda:1").requires_grad_() for t in (q, k, v)]
+    here = [t.clone().requires_grad_() for t in (q, k, v)]
+    out1 = flash_attn_func(*moved, causal=True)
+    out0 = flash_attn_func(*here, causal=True)
+    assert out1.device == torch.device("cuda:1")
+    torch.testing.assert_close(out1.cpu(), out0.cpu(), atol=0, rtol=0)
+    g = torch.randn_like(out0)
+    g1 = torch.autograd.grad(out1, moved, g.to("cuda:1"))
+    g0 = torch.autograd.grad(out0, here, g)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a.cpu(), b.cpu(), atol=0, rtol=0)

@@ -446,7 +446,8 @@ def _boundaries_from_position_ids(position_ids, batch: int, seqlen: int):
         return None
     if position_ids.shape[0] not in (1, batch):
         return None
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or position_ids.is_inference():
+        # inference-mode tensors have no version counter to key a cache on
         return _find_boundaries(position_ids, batch, seqlen)
     global _last_boundaries
     key = (position_ids._version, batch, seqlen)

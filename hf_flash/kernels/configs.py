@@ -12,6 +12,7 @@ next to each entry.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Optional
 
@@ -42,6 +43,32 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """Smallest power of two >= n (0 for n <= 0, as triton.next_power_of_2)."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def _first_tensor(args):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            return a[0]
+    return None
+
+
+def on_input_device(launcher):
+    """Decorator for host launchers: Triton launches on the *current* CUDA device, so make the
+    device of the first tensor argument current for the call (a model split over several GPUs
+    by ``device_map`` runs layers on a device that is not the current one). When it already is
+    current this costs one device query."""
+
+    @functools.wraps(launcher)
+    def wrapper(*args, **kwargs):
+        t = _first_tensor(args)
+        if t is not None and t.is_cuda and t.device.index != torch.cuda.current_device():
+            with torch.cuda.device(t.device):
+                return launcher(*args, **kwargs)
+        return launcher(*args, **kwargs)
+
+    return wrapper
 
 
 def head_dim_block(head_dim: int) -> int:

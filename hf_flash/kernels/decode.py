@@ -543,6 +543,7 @@ def _plan(head_dim, dtype, device, rows, flags) -> _Plan:
     return plan
 
 
+@configs.on_input_device
 def flash_decode(
     q, k_cache, v_cache, k_new, v_new, out, lse, *, cache_seqlens, cache_batch_idx,
     cache_leftpad, block_table, rotary_cos, rotary_sin, rotary_interleaved, rotary_q_per_row,

@@ -379,6 +379,7 @@ def _bwd_dq_kernel(
     )  # fmt: skip
 
 
+@configs.on_input_device
 def flash_attn_backward(
     dout, dlse, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,

@@ -178,6 +178,7 @@ def _dropout_mask_kernel(
     tl.store(ptrs, keep.to(tl.int8), mask=inside)
 
 
+@configs.on_input_device
 def dropout_keep_mask(rng_state, batch: int, nheads: int, max_seqlen_q: int, max_seqlen_k: int,
                       dropout_p: float):  # fmt: skip
     """Materialise the keep-mask the attention kernels draw for ``rng_state`` (testing aid):

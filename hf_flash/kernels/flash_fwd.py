@@ -205,6 +205,7 @@ def kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p)
     )
 
 
+@configs.on_input_device
 def flash_attn_forward(
     q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state,

@@ -30,7 +30,6 @@ Arithmetic is float32 whatever the storage dtype (float16, bfloat16, float32). O
 int64 so tensors with more than 2**31 elements are addressed correctly.
 """
 
-import contextlib
 import functools
 
 import torch
@@ -167,6 +166,7 @@ def _blocks(nheads: int, width: int):
     return block_t, block_h
 
 
+@configs.on_input_device
 def rotary_forward(
     xs,
     outs,
@@ -215,17 +215,14 @@ def rotary_forward(
     stride_pb, stride_ps = position_ids.stride()[:2] if has_pos else (0, 0)
     stride_c = cos.stride()
     stride_cb = stride_c[0] if cos.shape[0] > 1 else 0
-    # Triton launches on the current device; switch only when the tensors live elsewhere
-    elsewhere = xa.is_cuda and xa.device.index != torch.cuda.current_device()
-    with torch.cuda.device(xa.device) if elsewhere else contextlib.nullcontext():
-        _rotary_kernel[(nblocks_a + nblocks_b, hblocks)](
-            xa, oa, *xa.stride()[:3], *oa.stride()[:3], xa.shape[2], nblocks_a,
-            xb, ob, *xb.stride()[:3], *ob.stride()[:3], xb.shape[2],
-            seqlen, ntokens,
-            cos, sin, stride_cb, stride_c[1], cos.shape[1],
-            pos, stride_pb, stride_ps, offs, int(offset),
-            **constexprs,
-        )  # fmt: skip
+    _rotary_kernel[(nblocks_a + nblocks_b, hblocks)](
+        xa, oa, *xa.stride()[:3], *oa.stride()[:3], xa.shape[2], nblocks_a,
+        xb, ob, *xb.stride()[:3], *ob.stride()[:3], xb.shape[2],
+        seqlen, ntokens,
+        cos, sin, stride_cb, stride_c[1], cos.shape[1],
+        pos, stride_pb, stride_ps, offs, int(offset),
+        **constexprs,
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=256)

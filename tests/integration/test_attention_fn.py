@@ -172,6 +172,20 @@ def test_packed_sequences(source):
     assert_close_to_ref("packed", out, ref, lp, FWD_FACTOR, torch.float32)
 
 
+def test_packed_position_ids_under_inference_mode():
+    """Inference tensors have no version counter: the packed-boundary cache must not need one."""
+    torch.manual_seed(2)
+    lengths = [5, 17, 1, 9]
+    with torch.inference_mode():
+        q = torch.randn(1, 4, sum(lengths), 16, device=DEVICE)
+        k = torch.randn(1, 2, sum(lengths), 16, device=DEVICE)
+        v = torch.randn(1, 2, sum(lengths), 16, device=DEVICE)
+        position_ids = torch.cat([torch.arange(n) for n in lengths]).view(1, -1).to(DEVICE)
+        out, _ = hf_flash_attention_forward(_Attn(), q, k, v, None, position_ids=position_ids)
+        ref = _separate_oracle(q, k, v, lengths)
+    assert_close_to_ref("packed (inference mode)", out, ref, ref.float(), FWD_FACTOR, torch.float32)
+
+
 def test_plain_position_ids_take_the_dense_path():
     q = torch.randn(2, 2, 12, 16, device=DEVICE)
     k = torch.randn(2, 2, 12, 16, device=DEVICE)
