@@ -55,3 +55,27 @@ def pytest_runtest_logreport(report):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Counts of forward and backward attention kernel launches (the host launchers that
+    hf_flash's custom ops call)."""
+    import functools
+
+    from hf_flash.kernels import flash_bwd, flash_fwd
+
+    counts = {"fwd": 0, "bwd": 0}
+
+    def counting(key, launcher):
+        @functools.wraps(launcher)
+        def wrapper(*args, **kwargs):
+            counts[key] += 1
+            return launcher(*args, **kwargs)
+
+        return wrapper
+
+    for module, name, key in ((flash_fwd, "flash_attn_forward", "fwd"),
+                              (flash_bwd, "flash_attn_backward", "bwd")):  # fmt: skip
+        monkeypatch.setattr(module, name, counting(key, getattr(module, name)))
+    return counts

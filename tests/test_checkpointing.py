@@ -7,8 +7,6 @@ The kernel launches are counted by wrapping the launchers the custom ops call
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint
@@ -16,26 +14,6 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 import hf_flash
 import hf_flash.checkpointing as hc
 from conftest import DEVICE
-from hf_flash.kernels import flash_bwd, flash_fwd
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """Counts of forward and backward attention kernel launches."""
-    counts = {"fwd": 0, "bwd": 0}
-
-    def counting(key, launcher):
-        @functools.wraps(launcher)
-        def wrapper(*args, **kwargs):
-            counts[key] += 1
-            return launcher(*args, **kwargs)
-
-        return wrapper
-
-    for module, name, key in ((flash_fwd, "flash_attn_forward", "fwd"),
-                              (flash_bwd, "flash_attn_backward", "bwd")):  # fmt: skip
-        monkeypatch.setattr(module, name, counting(key, getattr(module, name)))
-    return counts
 
 
 class _Block(torch.nn.Module):

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-import types
 from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .attention import first_valid
+from .instance_patch import unwrap_forwards, wrap_forward
 
 __all__ = ["patch_model", "revert_model", "is_patched", "MAX_FUSED_QUERIES", "FAMILIES"]
 
@@ -76,28 +76,13 @@ def patch_model(model) -> bool:
         if type(module) is not cls:
             continue
         found = True
-        if _ORIGINAL in module.__dict__:
-            continue
-        attr = "_old_forward" if "_old_forward" in module.__dict__ else "forward"
-        previous = module.__dict__.get(attr)  # an instance-level forward (e.g. fused RoPE)
-        fallback = getattr(module, attr)  # bound: the instance's or the class's forward
-        object.__setattr__(module, _ORIGINAL, (attr, previous))
-        object.__setattr__(module, attr, types.MethodType(_make_forward(fallback), module))
+        wrap_forward(module, _ORIGINAL, _make_forward)
     return found
 
 
 def revert_model(model) -> None:
     """Undo :func:`patch_model` on every module of ``model`` (no-op where not patched)."""
-    for module in model.modules():
-        saved = module.__dict__.get(_ORIGINAL)
-        if saved is None:
-            continue
-        attr, previous = saved
-        if previous is None:
-            module.__dict__.pop(attr, None)
-        else:
-            object.__setattr__(module, attr, previous)
-        del module.__dict__[_ORIGINAL]
+    unwrap_forwards(model, _ORIGINAL)
 
 
 def is_patched(module) -> bool:

@@ -32,18 +32,19 @@ When it applies (anything else runs the model's forward untouched):
   which replaces the packed-sequence detection's own read).
 
 The patch goes on the base model classes of the families hf_flash tests (:data:`FAMILIES`), per
-instance, like :mod:`hf_flash.integration.rope_patch`; :func:`revert_model` removes it.
+instance (:mod:`hf_flash.integration.instance_patch`); :func:`revert_model` removes it.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import types
 from typing import Dict, Optional
 
 import torch
 from torch import Tensor
+
+from .instance_patch import unwrap_forwards, wrap_forward
 
 __all__ = ["patch_model", "revert_model", "is_patched", "FAMILIES", "unpad_inputs"]
 
@@ -83,31 +84,14 @@ def patch_model(model) -> bool:
         if type(module) is not cls:
             continue
         found = True
-        if _ORIGINAL in module.__dict__:
-            continue  # post_init runs once per nested PreTrainedModel
-        attr = "_old_forward" if "_old_forward" in module.__dict__ else "forward"
-        previous = module.__dict__.get(attr)
-        inner = previous if previous is not None else types.MethodType(cls.forward, module)
-        object.__setattr__(module, _ORIGINAL, (attr, previous))
-        object.__setattr__(module, attr, types.MethodType(_make_forward(cls.forward, inner), module))
+        # idempotent: post_init runs once per nested PreTrainedModel
+        wrap_forward(module, _ORIGINAL, lambda inner, f=cls.forward: _make_forward(f, inner))
     return found
 
 
 def revert_model(model) -> int:
     """Undo :func:`patch_model` on every module of ``model``; returns how many were reverted."""
-    count = 0
-    for module in model.modules():
-        saved = module.__dict__.get(_ORIGINAL)
-        if saved is None:
-            continue
-        attr, previous = saved
-        if previous is None:
-            module.__dict__.pop(attr, None)
-        else:
-            object.__setattr__(module, attr, previous)
-        del module.__dict__[_ORIGINAL]
-        count += 1
-    return count
+    return unwrap_forwards(model, _ORIGINAL)
 
 
 def is_patched(module) -> bool:

@@ -8,14 +8,11 @@ deterministic kernels on bitwise equal inputs), and the backward pass then runs 
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
 import hf_flash
 from conftest import DEVICE
-from hf_flash.kernels import flash_bwd, flash_fwd
 from tiny_models import VOCAB, load
 
 hf_flash.register()
@@ -27,26 +24,6 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("tiny_models_keep_attention")
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """Counts of forward and backward attention kernel launches (the launchers the custom ops
-    call)."""
-    counts = {"fwd": 0, "bwd": 0}
-
-    def counting(key, launcher):
-        @functools.wraps(launcher)
-        def wrapper(*args, **kwargs):
-            counts[key] += 1
-            return launcher(*args, **kwargs)
-
-        return wrapper
-
-    for module, name, key in ((flash_fwd, "flash_attn_forward", "fwd"),
-                              (flash_bwd, "flash_attn_backward", "bwd")):  # fmt: skip
-        monkeypatch.setattr(module, name, counting(key, getattr(module, name)))
-    return counts
 
 
 def _batch(layout: str) -> dict:
