@@ -39,7 +39,7 @@ from .interface import (
 )
 from .kernels import decode as _decode
 
-__all__ = ["flash_attn_with_kvcache", "attend_kv"]
+__all__ = ["flash_attn_with_kvcache", "attend_kv", "append_attend_paged"]
 
 PAGE_MULTIPLE = 16
 
@@ -469,6 +469,105 @@ def _full_lengths(batch: int, seqlen_k: int, device, eager: bool) -> Tensor:
 
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def append_attend_paged(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor,
+    v: Tensor,
+    block_table: Tensor,
+    seqlens_k: Tensor,
+    *,
+    softmax_scale: Optional[float] = None,
+    causal: bool = True,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+) -> Tensor:
+    """Append new keys/values to a paged cache and attend, for batches padded with dummy rows
+    (transformers' continuous-batching decode step under CUDA graphs).
+
+    Like :func:`flash_attn_with_kvcache` with a ``block_table``, except that the lengths come as
+    ``seqlens_k`` (keys of each row after the append) and a row with ``seqlens_k[b] == 0`` is a
+    padding row: it writes nothing, reads nothing (its page-table row may hold -1) and its
+    output is 0::
+
+        row    seqlens_k   cache rows written      keys attended
+        real   n >= S_new  n - S_new ... n - 1     0 ... n - 1 (bottom-right causal)
+        pad    0           none                    none (output 0)
+
+    q: (batch, seqlen_new, nheads, headdim); k, v: (batch, seqlen_new, nheads_k, headdim);
+    k_cache, v_cache: (num_pages, page_size, nheads_k, headdim), page_size a multiple of 16,
+    unit last stride (updated in place); block_table: (batch, max_pages) int32 page indices;
+    seqlens_k: (batch,) int32 on q's device. Shapes are checked; the values are not read (no
+    host sync, CUDA-graph capturable), so the caller vouches that every real row fits its pages
+    (``seqlen_new <= seqlens_k[b] <= max_pages * page_size``) and that those pages exist.
+    Masks and window as :func:`flash_attn_with_kvcache`. Returns (batch, seqlen_new, nheads,
+    headdim).
+    """
+    if not torch.compiler.is_compiling():
+        _check_tensor_basics(q, k_cache, v_cache)
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+            if not isinstance(t, Tensor) or t.dim() != 4:
+                raise ValueError(
+                    f"{name} must be a 4-D tensor: q (batch, seqlen_new, nheads, headdim), k/v "
+                    "(batch, seqlen_new, nheads_k, headdim), caches (num_pages, page_size, "
+                    "nheads_k, headdim)"
+                )
+        if k_cache.shape != v_cache.shape:
+            raise ValueError(
+                f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape"
+            )
+        batch, seqlen_new = q.shape[:2]
+        _, page_size, nheads_k, head_dim = k_cache.shape
+        for name, t in (("k", k), ("v", v)):
+            if tuple(t.shape) != (batch, seqlen_new, nheads_k, head_dim):
+                raise ValueError(
+                    f"{name} has shape {tuple(t.shape)}; expected ({batch}, {seqlen_new}, "
+                    f"{nheads_k}, {head_dim}) (q's batch and tokens, the cache's heads)"
+                )
+            if t.dtype != q.dtype or t.device != q.device:
+                raise TypeError(
+                    f"{name} must match q's dtype and device ({q.dtype}, {q.device}), got "
+                    f"({t.dtype}, {t.device})"
+                )
+        _check_heads(q.shape[2], nheads_k, nheads_k, q.shape[3], head_dim, head_dim)
+        _check_options(0.0, softmax_scale, window_size, softcap, None, q.shape[2], batch)
+        if page_size % PAGE_MULTIPLE:
+            raise ValueError(
+                f"page size (k_cache.shape[1]) is {page_size}; paged caches need a multiple of "
+                f"{PAGE_MULTIPLE}"
+            )
+        if not isinstance(block_table, Tensor) or block_table.dtype != torch.int32:
+            raise TypeError("block_table must be an int32 tensor (batch, max_pages_per_sequence)")
+        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
+            raise ValueError(
+                f"block_table has shape {tuple(block_table.shape)}; expected ({batch}, "
+                "max_pages_per_sequence >= 1)"
+            )
+        if block_table.device != q.device:
+            raise ValueError(f"block_table is on {block_table.device} but q is on {q.device}")
+        _check_index_tensor("seqlens_k", seqlens_k, batch, q.device)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have unit stride on its last (headdim) dimension")
+    # A padding row gets cache_seqlens = cache_leftpad = capacity: its keys and its append slots
+    # all lie at cache rows >= capacity, which the kernel never loads or stores.
+    capacity = block_table.shape[1] * k_cache.shape[1]
+    real = seqlens_k > 0
+    cache_seqlens = torch.where(real, seqlens_k - k.shape[1], capacity).to(torch.int32)
+    leftpad = torch.where(real, 0, capacity).to(torch.int32)
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    left, right = int(window_size[0]), int(window_size[1])
+    if causal:
+        right = 0
+    out, _ = _run_attn_with_kvcache(
+        _prepare(q), k_cache, v_cache, _prepare(k), _prepare(v), None, None, cache_seqlens,
+        None, leftpad, block_table, None, float(scale), True, left, right, float(softcap),
+        False, 0, False,
+    )  # fmt: skip
+    return out
 
 
 # --------------------------------------------------------------------------------------------

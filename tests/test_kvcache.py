@@ -374,6 +374,40 @@ def test_host_integer_helpers_match_triton():
             assert configs.cdiv(n, d) == triton.cdiv(n, d), (n, d)
 
 
+@pytest.mark.parametrize("opts", [
+    pytest.param({"causal": True}, id="causal"),
+    pytest.param({"causal": True, "window_size": (10, 0), "softcap": 3.0}, id="window-softcap"),
+])  # fmt: skip
+def test_append_attend_paged_skips_padding_rows(opts):
+    """append_attend_paged (continuous batching's decode step): real rows append and attend as
+    flash_attn_with_kvcache does; a padding row (seqlens_k 0, page-table row -1) writes and
+    reads nothing and outputs 0."""
+    from hf_flash.kvcache import append_attend_paged
+
+    torch.manual_seed(19)
+    dtype = torch.float16
+    dense = torch.randn(3, 48, 2, 32, device=DEVICE, dtype=dtype)
+    k_pages, v_pages, table = _paged(dense, torch.randn_like(dense), 16)
+    table[1] = -1  # row 1 pads the batch
+    # keys per row after the append: row 2's new key fills its last page exactly
+    seqlens_k = torch.tensor([20, 0, 48], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(3, 1, 4, 32, device=DEVICE, dtype=dtype)
+    k = torch.randn(3, 1, 2, 32, device=DEVICE, dtype=dtype)
+    v = torch.randn_like(k)
+    kc, vc = k_pages.clone(), v_pages.clone()
+    out = append_attend_paged(q, kc, vc, k, v, table, seqlens_k, **opts)
+    assert torch.equal(out[1], torch.zeros_like(out[1])), "the padding row must output 0"
+
+    real = torch.tensor([0, 2], device=DEVICE)
+    kw = dict(cache_seqlens=seqlens_k[real] - 1, block_table=table[real], **opts)
+    args = (q[real], k_pages, v_pages, k[real], v[real])
+    ref, k_ref, v_ref = kvcache_attention_ref(*args, **kw)
+    lp, _, _ = kvcache_attention_ref(*args, upcast=False, **kw)
+    assert_close_to_ref("real rows", out[real], ref, lp, FWD_FACTOR, dtype)
+    # the pages after the call are exactly the real rows' appends: the padding row wrote nothing
+    assert torch.equal(kc, k_ref) and torch.equal(vc, v_ref)
+
+
 def test_split_heuristic():
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     slots = decode.PROGRAMS_PER_SM * decode.sm_count(dev)

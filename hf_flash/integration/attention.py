@@ -268,6 +268,9 @@ def hf_flash_attention_forward(
         s_aux: attention sinks; not supported (raises).
         kwargs: ``position_ids`` (packed sequences are detected from restarts), and
             ``cu_seq_lens_q/k``, ``max_length_q/k`` from ``DataCollatorWithFlattening``.
+            ``cache`` (a ``PagedAttentionCache``) with its batch keywords comes from
+            transformers' continuous batching (``generate_batch``): the step runs on the varlen
+            or paged kernels, see :mod:`hf_flash.integration.continuous_batching`.
 
     Return:
         (out (B, Sq, Hq, D), None). Attention probabilities are never materialised.
@@ -282,11 +285,6 @@ def hf_flash_attention_forward(
             "output_attentions=True needs the attention probabilities, which hf_flash never "
             "materialises; call model.set_attn_implementation('eager') to get them"
         )
-    if kwargs.get("cache") is not None:
-        raise ValueError(
-            "continuous batching (paged KV cache) is not supported by attn_implementation="
-            "'hf_flash' yet; use generate() with a DynamicCache or StaticCache"
-        )
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise ValueError(
             f"expected 4-D (batch, heads, seq, head_dim) query/key/value, got shapes "
@@ -297,6 +295,24 @@ def hf_flash_attention_forward(
             f"hf_flash got an empty tensor: query {tuple(query.shape)}, key {tuple(key.shape)}"
         )
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    opts = dict(
+        dropout_p=float(dropout or 0.0),
+        softmax_scale=scaling,
+        causal=causal,
+        window_size=_window(sliding_window),
+        softcap=float(softcap or 0.0),
+    )
+    cache = kwargs.pop("cache", None)
+    if cache is not None:  # transformers' continuous batching (generate_batch)
+        if value.shape[-1] != query.shape[-1]:
+            raise ValueError(
+                f"continuous batching with hf_flash needs one head dim for query and value, got "
+                f"{query.shape[-1]} and {value.shape[-1]}"
+            )
+        from .continuous_batching import paged_cache_attention
+
+        return paged_cache_attention(module, query, key, value, cache, opts, kwargs), None
+
     batch, _, seqlen_q, head_dim = query.shape
     seqlen_k = key.shape[2]
 
@@ -306,14 +322,6 @@ def hf_flash_attention_forward(
     if v_head_dim < head_dim:  # MLA-style smaller value heads: pad, crop the output below
         v = torch.nn.functional.pad(v, (0, head_dim - v_head_dim))
     q, k, v = _cast_to_kernel_dtype(module, q, k, v)
-
-    opts = dict(
-        dropout_p=float(dropout or 0.0),
-        softmax_scale=scaling,
-        causal=causal,
-        window_size=_window(sliding_window),
-        softcap=float(softcap or 0.0),
-    )
 
     if _decode_shaped(seqlen_q, seqlen_k, attention_mask, opts, kwargs):
         out = _decode_attention(q, k, v, attention_mask, opts)

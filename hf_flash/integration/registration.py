@@ -17,6 +17,16 @@ What :func:`register` does, each step idempotent:
    wrapped so a model built with, or switched to, "hf_flash" is checked (attention sinks are
    rejected here, at load time) and gets the model-family patches enabled by the switches
    (fused RoPE, fused decode); switching away reverts them.
+5. Continuous batching (``generate_batch``, :mod:`hf_flash.integration.continuous_batching`):
+   transformers 5.17 - 5.19 switch the model to ``"paged|hf_flash"``, so that name is registered
+   too (same attention function) and the flash loader resolves it like "hf_flash"; 5.20+ strip
+   the ``paged|`` prefix and call "hf_flash" with ``cache=``. transformers enables the
+   block-table decode path only for names matching ``flash.*2``/``flash.*3`` on CUDA
+   (``continuous_batching.initialization.ensure_decode_fast_path_is_available``); that function
+   is wrapped so that for "hf_flash" the path stays on when hf_flash's paged kernel can serve
+   it: every layer full attention, a page size that is a multiple of 16, and a CUDA device (or
+   Triton's interpreter). Otherwise decoding runs on the varlen path. If that function is
+   missing or changed, nothing is wrapped and decoding stays on the varlen path.
 """
 
 from __future__ import annotations
@@ -24,11 +34,17 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import logging
 import threading
 
 import torch
 
 from .attention import ATTN_IMPLEMENTATION, hf_flash_attention_forward, hf_flash_mask
+
+logger = logging.getLogger(__name__)
+
+# transformers 5.17 - 5.19 run continuous batching under this name (5.20+ strip the prefix)
+PAGED_NAME = "paged|" + ATTN_IMPLEMENTATION
 
 MIN_TRANSFORMERS = "5.17"
 MAX_TRANSFORMERS_EXCLUSIVE = "6"
@@ -72,6 +88,7 @@ def ensure_registered() -> None:
 
         register_rope_types()  # configs saved by extend_context(method="ntk") load too
         modeling_utils.AttentionInterface.register(ATTN_IMPLEMENTATION, hf_flash_attention_forward)
+        modeling_utils.AttentionInterface.register(PAGED_NAME, hf_flash_attention_forward)
         AttentionMaskInterface.register(ATTN_IMPLEMENTATION, hf_flash_mask)
         if not hasattr(fa_utils._lazy_imports, "__hf_flash_original__"):
             fa_utils._lazy_imports = _wrap_lazy_imports(fa_utils._lazy_imports)
@@ -84,6 +101,7 @@ def ensure_registered() -> None:
             model_cls.post_init = _wrap_post_init(model_cls.post_init)
         if not hasattr(model_cls.set_attn_implementation, "__hf_flash_original__"):
             model_cls.set_attn_implementation = _wrap_set_attn(model_cls.set_attn_implementation)
+        _wrap_decode_fast_path_gate()
         _registered = True
 
 
@@ -126,18 +144,18 @@ def _check_flash_loader_shape(fa_utils) -> None:
 
 
 def flash_functions():
-    """What transformers' flash loader returns for "hf_flash": (flash_attn_func,
-    flash_attn_varlen_func, None, pad_input, unpad_input).
+    """What transformers' flash loader returns for "hf_flash" (and "paged|hf_flash"):
+    (flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, pad_input, unpad_input).
 
-    The third slot (a paged ``flash_attn_with_kvcache``) only serves continuous batching, which
-    hf_flash's attention function rejects, so it stays None."""
-    from hf_flash import interface
+    transformers only calls these through its own flash attention function, which "hf_flash"
+    never runs; the decode fast-path check of continuous batching looks for the third."""
+    from hf_flash import interface, kvcache
     from transformers import modeling_flash_attention_utils as fa_utils
 
     return (
         interface.flash_attn_func,
         interface.flash_attn_varlen_func,
-        None,
+        kvcache.flash_attn_with_kvcache,
         fa_utils._pad_input,
         fa_utils._unpad_input,
     )
@@ -146,23 +164,73 @@ def flash_functions():
 def _wrap_lazy_imports(original):
     @functools.wraps(original)
     def _lazy_imports(implementation, attention_wrapper=None, allow_all_kernels=False):
-        if implementation == ATTN_IMPLEMENTATION:
+        if implementation in (ATTN_IMPLEMENTATION, PAGED_NAME):
             return flash_functions()
-        if isinstance(implementation, str) and implementation.endswith("|" + ATTN_IMPLEMENTATION):
-            raise ValueError(
-                f"attn_implementation={implementation!r}: hf_flash does not support paged "
-                "attention (continuous batching) yet; use 'hf_flash' with generate()"
-            )
         return original(implementation, attention_wrapper, allow_all_kernels=allow_all_kernels)
 
     _lazy_imports.__hf_flash_original__ = original
     return _lazy_imports
 
 
+def _wrap_decode_fast_path_gate() -> None:
+    """Keep transformers' block-table decode path on for "hf_flash" where the paged kernel can
+    serve it (module docstring, step 5). No-op when the function is missing or changed."""
+    try:
+        from transformers.generation.continuous_batching import initialization
+    except ImportError:
+        return
+    original = getattr(initialization, "ensure_decode_fast_path_is_available", None)
+    if original is None or hasattr(original, "__hf_flash_original__"):
+        return
+    if list(inspect.signature(original).parameters) != ["config", "cb_config", "user_requested"]:
+        return
+
+    @functools.wraps(original)
+    def ensure_decode_fast_path_is_available(config, cb_config, user_requested):
+        requested = cb_config.max_blocks_per_request
+        ours = getattr(config, "_attn_implementation", None) in (ATTN_IMPLEMENTATION, PAGED_NAME)
+        if not (ours and requested and paged_decode_supported(config, cb_config)):
+            return original(config, cb_config, user_requested)
+        # transformers' checks would turn the path off for the name alone (and warn about it)
+        original(config, cb_config, False)
+        cb_config.max_blocks_per_request = requested
+
+    ensure_decode_fast_path_is_available.__hf_flash_original__ = original
+    initialization.ensure_decode_fast_path_is_available = ensure_decode_fast_path_is_available
+
+
+def paged_decode_supported(config, cb_config) -> bool:
+    """Whether continuous batching may decode "hf_flash" models through a block table: all layers
+    full attention (transformers keeps sliding-window layers in ring buffers, which a page table
+    cannot describe), a page size that is a multiple of 16 (hf_flash's paged kernel), and a
+    device the kernels run on."""
+    from hf_flash.interface import interpreter_active
+    from hf_flash.kvcache import PAGE_MULTIPLE
+
+    if not (torch.cuda.is_available() or interpreter_active()):
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is None:
+        full = getattr(config, "sliding_window", None) is None
+    else:
+        full = all(t == "full_attention" for t in layer_types)
+    if not full:
+        return False
+    page_size = getattr(cb_config, "page_size", None) or getattr(cb_config, "block_size", None)
+    if not isinstance(page_size, int) or page_size % PAGE_MULTIPLE:
+        logger.info(
+            "hf_flash: continuous batching decodes on the varlen path because the page size "
+            "(%s) is not a multiple of %d, which hf_flash's paged kernel needs",
+            page_size, PAGE_MULTIPLE,
+        )  # fmt: skip
+        return False
+    return True
+
+
 def _wrap_check_and_adjust(original):
     @functools.wraps(original)
     def _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs):
-        if attn_implementation == ATTN_IMPLEMENTATION:
+        if attn_implementation in (ATTN_IMPLEMENTATION, PAGED_NAME):
             check_model_supported(type(self))
         return original(self, attn_implementation, *args, **kwargs)
 
@@ -219,7 +287,7 @@ def _wrap_set_attn(original):
 
 def _uses_hf_flash(model) -> bool:
     config = getattr(model, "config", None)
-    return getattr(config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+    return getattr(config, "_attn_implementation", None) in (ATTN_IMPLEMENTATION, PAGED_NAME)
 
 
 def on_hf_flash_model(model) -> None:

@@ -213,10 +213,10 @@ def test_fp32_inputs_run_in_the_module_half_dtype():
     [
         ({"s_aux": torch.zeros(2)}, "sinks"),
         ({"output_attentions": True}, "output_attentions"),
-        ({"cache": object()}, "continuous batching"),
+        ({"cache": object()}, "PagedAttentionCache"),
         ({"sliding_window": 0}, "sliding_window"),
     ],
-    ids=["sinks", "output_attentions", "paged-cache", "bad-window"],
+    ids=["sinks", "output_attentions", "unknown-paged-cache", "bad-window"],
 )
 def test_unsupported_requests_raise(kwargs, match):
     q = torch.randn(1, 2, 4, 16, device=DEVICE)

@@ -113,8 +113,8 @@ def test_flash_loader_resolves_only_hf_flash():
     with pytest.raises(Exception) as info:
         fa._lazy_imports("kernels-community/not-a-real-kernel")
     assert "hf_flash" not in str(info.value)
-    with pytest.raises(ValueError, match="paged attention"):
-        fa._lazy_imports("paged|hf_flash")
+    # continuous batching in transformers 5.17 - 5.19 loads the name with its "paged|" prefix
+    assert fa._lazy_imports("paged|hf_flash") == fns
 
 
 @pytest.mark.parametrize("version", ["5.16.0", "6.0.0", "4.57.1"])
