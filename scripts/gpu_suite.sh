@@ -11,6 +11,8 @@
 #                  benchmarks/<step>.py --out OUTDIR    -> OUTDIR/<step>-<gpu>.json
 #                  (steps whose script does not exist yet are skipped)
 #   sweep          benchmarks/attention.py --sweep-configs (only when named in STEPS)
+#   profile_decode scripts/profile_decode.py (only when named in STEPS): where a DynamicCache
+#                  decode step spends host and device time, hf_flash beside sdpa
 #   study          python -m recipes.long_context_study (only when named in STEPS; --quick
 #                  unless STUDY_FULL=1)                  -> OUTDIR/study.tar (plots, table)
 #   report         benchmarks/report.py                 -> OUTDIR/BENCHMARKS.md
@@ -159,6 +161,10 @@ done
 
 if has_step sweep; then
     run_step sweep $PY benchmarks/attention.py --sweep-configs --out "$OUTDIR" ${ATTENTION_SWEEP_ARGS:-}
+fi
+
+if has_step profile_decode; then
+    run_step profile_decode $PY scripts/profile_decode.py ${PROFILE_DECODE_ARGS:-}
 fi
 
 if has_step study; then

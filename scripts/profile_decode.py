@@ -1,0 +1,112 @@
+"""Where a DynamicCache decode step spends its time on the GPU: hf_flash beside sdpa (diagnostic).
+
+    PYTHONPATH=. python scripts/profile_decode.py [--prompt 4096] [--steps 32]
+
+The 1.2B Llama of benchmarks/e2e_generate.py (random weights, bf16), batch 1, a ``--prompt``
+token prompt prefilled once, then ``--steps`` greedy decode steps through ``model(...)`` with the
+DynamicCache, as generate() runs them. For each attention implementation it prints:
+
+* wall ms per step (synchronised at the end of the loop only, so host and device overlap as in
+  generate) and the host ms per step (time until the loop has queued everything);
+* from torch.profiler over the same loop: kernels launched per step, device busy ms per step
+  (sum of kernel times) and the top host-side operators by self CPU time;
+* cProfile of the loop: the Python functions with the most own time.
+
+If host ms/step ~ wall ms/step the step is host-bound; the launch counts and the hotspots say
+where that host time goes. scripts/decode_host_overhead.py measures the Python part on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.e2e_generate import build_model  # noqa: E402
+
+
+def decode_loop(model, ids, steps: int):
+    """A function that prefills ``ids`` into a fresh DynamicCache (untimed), then times ``steps``
+    one-token greedy steps; it returns (host seconds to queue them, wall seconds to finish)."""
+    from transformers import DynamicCache
+
+    prompt_len = ids.shape[1]
+
+    def run():
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+            tok = out.logits[:, -1:].argmax(-1)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(steps):
+                pos = torch.full((1, 1), prompt_len + i, device=ids.device)
+                logits = model(input_ids=tok, past_key_values=cache, position_ids=pos,
+                               use_cache=True).logits  # fmt: skip
+                tok = logits[:, -1:].argmax(-1)
+            host = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        return host, wall
+
+    return run
+
+
+def report(name: str, model, ids, steps: int, top: int) -> None:
+    run = decode_loop(model, ids, steps)
+    run()  # warm-up: Triton compilation, cuBLAS handles
+    host, wall = min(run() for _ in range(3))
+    print(f"\n=== {name}: wall {wall / steps * 1e3:.2f} ms/step, host {host / steps * 1e3:.2f} ms/step")
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    launches = sum(e.count for e in kernels)
+    busy_us = sum(e.self_device_time_total for e in kernels)
+    # the profiled run includes its prefill, so these are upper bounds
+    print(f"kernels per step <= {launches / steps:.1f}, device busy <= {busy_us / steps / 1e3:.2f} ms/step "
+          "(profiled run; includes the prefill)")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60))
+
+    prof_py = cProfile.Profile()
+    prof_py.enable()
+    run()
+    prof_py.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof_py, stream=buf).sort_stats("tottime").print_stats(top)
+    print(buf.getvalue())
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompt", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--top", type=int, default=25, help="rows of each profile to print")
+    parser.add_argument("--attn", nargs="+", default=["sdpa", "hf_flash"])
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU (scripts/decode_host_overhead.py measures the host part on a CPU)")
+    import hf_flash
+
+    hf_flash.register()
+    model = build_model()
+    ids = torch.randint(0, 128000, (1, args.prompt), device="cuda")
+    for attn in args.attn:
+        model.set_attn_implementation(attn)
+        report(attn, model, ids, args.steps, args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
