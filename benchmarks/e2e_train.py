@@ -9,8 +9,9 @@ Workloads: one sequence of S = 4K, 16K, 32K, 64K tokens (batch 1); a padded batc
 random lengths up to 4K, right-padded, 2-D attention mask); the same 8 sequences packed into one
 row by ``DataCollatorWithFlattening`` (position_ids restarts plus cu_seq_lens kwargs).
 Tokens/s counts real (unpadded) tokens. With use_cache off (as here) hf_flash runs the padded
-batch padding-free (hf_flash.integration.unpad_patch); sdpa and eager compute the pad tokens. Peak memory is torch.cuda.max_memory_allocated over the
-measured steps. Out-of-memory is recorded, not fatal. eager materialises S x S scores per head,
+batch padding-free (hf_flash.integration.unpad_patch; ``--unpad-off-row`` adds a row without
+it); sdpa and eager compute the pad tokens. Peak memory is torch.cuda.max_memory_allocated over
+the measured steps. Out-of-memory is recorded, not fatal. eager materialises S x S scores per head,
 so it only runs the 4K and batch workloads unless --eager-all.
 
 Every row says whether the attention outputs were kept through checkpointing (``keep_attention``,
@@ -58,6 +59,17 @@ SMOKE_WINDOW = 16
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROVIDERS = ["hf_flash", "sdpa", "eager"]
 KEEP_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
+def set_unpad(model, on: bool) -> None:
+    """hf_flash rows: the unpad patch (hf_flash.integration.unpad_patch) on or off."""
+    from hf_flash.integration import unpad_patch
+
+    base = model.base_model.model
+    if on:
+        unpad_patch.patch_model(base)
+    else:
+        unpad_patch.revert_model(base)
 
 
 def set_checkpointing(model, keep_attention: bool) -> None:
@@ -171,6 +183,9 @@ def main(argv=None) -> int:
     parser.add_argument("--keep-attention", choices=sorted(KEEP_CHOICES), default="off",
                         help="hf_flash rows: plain checkpointing (off, the default), attention "
                         "outputs kept (on), or a row of each (both)")  # fmt: skip
+    parser.add_argument("--unpad-off-row", action="store_true",
+                        help="padded workloads: add an hf_flash row with the unpad patch off "
+                        "(attention-only unpadding), to separate the two effects")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model and lengths: checks the script itself (runs on CPU)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -189,16 +204,22 @@ def main(argv=None) -> int:
         vocab = (SMOKE_SHAPE if args.smoke else SHAPE)["vocab_size"]
         for workload, kind, max_len in workloads(args.quick, args.smoke, family):
             batch, tokens = make_batch(kind, max_len, vocab)
-            variants = [(p, keep) for p in providers
+            variants = [(p, keep, p == "hf_flash") for p in providers
                         for keep in (KEEP_CHOICES[args.keep_attention] if p == "hf_flash" else (False,))]
-            for provider, keep in variants:
+            if args.unpad_off_row and kind == "padded" and "hf_flash" in providers:
+                variants.append(("hf_flash", False, False))
+            for provider, keep, unpad in variants:
                 row = {"model": family, "workload": workload, "provider": provider,
                        "keep_attention": keep, "tokens": tokens}  # fmt: skip
+                if provider == "hf_flash":
+                    row["unpad"] = unpad
                 if provider == "eager" and kind == "single" and max_len > 4096 and not args.eager_all:
                     row["status"] = "skipped (S x S scores)"
                     rows.append(row)
                     continue
                 model.base_model.model.set_attn_implementation(provider)
+                if provider == "hf_flash":
+                    set_unpad(model, unpad)
                 set_checkpointing(model, keep)
                 try:
                     row.update(measure(model, optimizer, batch, warmup, steps))
@@ -211,7 +232,7 @@ def main(argv=None) -> int:
                 if DEVICE == "cuda":
                     torch.cuda.empty_cache()
                 rows.append(row)
-                label = provider + ("+keep" if keep else "")
+                label = provider + ("+keep" if keep else "") + ("" if unpad or provider != "hf_flash" else "-nounpad")
                 print(f"{family:8s} {workload:14s} {label:14s} {row['status']:4s} "
                       f"{row.get('tok_per_s') or 0:9.0f} tok/s {row.get('peak_gib') or 0:6.1f} GiB",
                       flush=True)  # fmt: skip
@@ -226,7 +247,7 @@ def main(argv=None) -> int:
         name, rows, args.out, quick=args.quick, smoke=args.smoke, shape=SHAPE, window=WINDOW, lora_r=16,
         steps=steps, warmup=warmup, keep_attention=args.keep_attention,
     )  # fmt: skip
-    cols = ["model", "workload", "provider", "keep_attention", "status", "tok_per_s", "peak_gib",
+    cols = ["model", "workload", "provider", "keep_attention", "unpad", "status", "tok_per_s", "peak_gib",
             "vs_sdpa", "vs_recompute"]  # fmt: skip
     print_table(rows, cols)
     if args.markdown:
@@ -238,7 +259,7 @@ def main(argv=None) -> int:
 def _add_ratios(rows: list[dict]) -> None:
     sdpa = {(r["model"], r["workload"]): r.get("tok_per_s") for r in rows if r["provider"] == "sdpa"}
     plain = {(r["model"], r["workload"]): r.get("tok_per_s") for r in rows
-             if r["provider"] == "hf_flash" and not r["keep_attention"]}  # fmt: skip
+             if r["provider"] == "hf_flash" and not r["keep_attention"] and r.get("unpad", True)}  # fmt: skip
     for r in rows:
         base = sdpa.get((r["model"], r["workload"]))
         if r.get("tok_per_s") and base:
