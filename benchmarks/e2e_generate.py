@@ -12,8 +12,9 @@ GPU. Points: B=1 with 4K and 32K prompts, B=16 with 4K prompts (``--quick``: B=1
 Rows: attn in {hf_flash, sdpa} x cache in {dynamic, static}. One model serves every row
 (``set_attn_implementation`` switches; hf_flash's patches follow the switch). With the static
 cache, generate compiles the decode step (transformers' automatic ``torch.compile``, CUDA
-graphs) unless ``--no-compile``; hf_flash then runs the fused decode of
-``hf_flash.integration.decode_patch``. A static cache object of fixed size is reused (reset
+graphs) unless ``--no-compile``. hf_flash runs the fused decode of
+``hf_flash.integration.decode_patch`` with both caches (the DynamicCache's layers then append
+into spare slots of their buffers). A static cache object of fixed size is reused (reset
 between runs) so compiled graphs are reused too.
 
 ms/step = (time of a run with N new tokens - time of a run with 1 new token) / (N - 1): the

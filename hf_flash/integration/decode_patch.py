@@ -1,19 +1,26 @@
-"""Fused decode for Llama and Mistral attention on a StaticCache, one model instance at a time.
+"""Fused decode for Llama and Mistral attention on a StaticCache or DynamicCache, one model
+instance at a time.
 
 transformers' decode step for one attention layer is: project q/k/v, apply RoPE to q and k,
 ``past_key_values.update`` (copy k/v into the cache), then attention over the cache. With
-``attn_implementation="hf_flash"`` and a :class:`transformers.StaticCache`, the patched forward
-does the last three in one :func:`hf_flash.flash_attn_with_kvcache` launch: the kernel rotates q
-and the new k, appends k/v to the cache buffers in place, and attends (split-KV, GQA groups read
-each K/V tile once). The cache's own bookkeeping (``cumulative_length``) advances exactly as
-``StaticLayer.update`` would advance it.
+``attn_implementation="hf_flash"`` the patched forward does the last three in one
+:func:`hf_flash.flash_attn_with_kvcache` launch: the kernel rotates q and the new k, appends k/v
+to the cache buffers in place, and attends (split-KV, GQA groups read each K/V tile once).
 
-When the fused path applies (all decided from shapes and types, never from tensor values, so
-the step stays free of host syncs and CUDA-graph capturable):
+* ``StaticLayer``: the cache's own bookkeeping (``cumulative_length``) advances exactly as
+  ``StaticLayer.update`` would advance it. Decided from shapes and types only, never from
+  tensor values, so the step stays free of host syncs and CUDA-graph capturable.
+* ``DynamicLayer`` (eager only): its keys/values become leading views of buffers with spare
+  slots (:func:`_dynamic_buffers`), so the kernel appends in place instead of transformers'
+  ``torch.cat`` of the whole history, and the rotary launch and the cat copies of every layer
+  and step go away. The views are ordinary (B, H, n, D) tensors to everything else in
+  transformers (crop, reorder, reset, the generic path all keep working).
 
-* the layer's cache is a plain ``StaticLayer`` that already holds the prompt (``is_initialized``);
-  sliding-window, offloaded, quantized and dynamic caches take transformers' path, which runs
-  the generic hf_flash attention function;
+When the fused path applies:
+
+* the layer's cache is a plain ``StaticLayer`` or ``DynamicLayer`` that already holds the prompt;
+  sliding-window, offloaded and quantized caches take transformers' path, which runs the
+  generic hf_flash attention function;
 * at most ``MAX_FUSED_QUERIES`` new tokens (decode, speculative steps); prefill takes the
   generic path;
 * inference (``module.training`` is False), no ``output_attentions``, and the attention mask is
@@ -92,27 +99,29 @@ def is_patched(module) -> bool:
 def _make_forward(fallback):
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None,
                 past_key_values=None, **kwargs):  # fmt: skip
-        layer = _fusable_layer(self, hidden_states, position_embeddings, attention_mask,
+        found = _fusable_layer(self, hidden_states, position_embeddings, attention_mask,
                                past_key_values, kwargs)  # fmt: skip
-        if layer is None:
+        if found is None:
             return fallback(hidden_states, position_embeddings, attention_mask, past_key_values,
                             **kwargs)  # fmt: skip
-        return _fused_decode(self, layer, hidden_states, position_embeddings, attention_mask)
+        layer, static = found
+        return _fused_decode(self, layer, static, hidden_states, position_embeddings, attention_mask)
 
     forward.__hf_flash_fused_decode__ = True
     return forward
 
 
 @functools.lru_cache(maxsize=None)
-def _static_layer_cls():
+def _layer_classes():
     # looked up once: an import statement here costs ~1 us per layer call on every decode step
-    from transformers.cache_utils import StaticLayer
+    from transformers.cache_utils import DynamicLayer, StaticLayer
 
-    return StaticLayer
+    return StaticLayer, DynamicLayer
 
 
 def _fusable_layer(module, hidden_states, position_embeddings, attention_mask, cache, kwargs):
-    """The StaticLayer to decode into, or None when this call must take the regular path."""
+    """(layer, is it a StaticLayer) to decode into (a StaticLayer or a DynamicLayer), or None
+    when this call must take the regular path."""
     config = module.config
     if config._attn_implementation != "hf_flash" or module.training:
         return None
@@ -124,7 +133,18 @@ def _fusable_layer(module, hidden_states, position_embeddings, attention_mask, c
     if layers is None or module.layer_idx >= len(layers):
         return None
     layer = layers[module.layer_idx]
-    if type(layer) is not _static_layer_cls() or not getattr(layer, "is_initialized", False):
+    static_cls, dynamic_cls = _layer_classes()
+    static = type(layer) is static_cls
+    if static:
+        if not getattr(layer, "is_initialized", False):
+            return None
+    elif type(layer) is dynamic_cls:
+        # grown in place (see _dynamic_buffers): eager only, and only once the prompt is in
+        if torch.compiler.is_compiling() or not getattr(layer, "is_initialized", False):
+            return None
+        if not isinstance(layer.keys, Tensor) or layer.keys.dim() != 4 or layer.keys.shape[2] == 0:
+            return None
+    else:
         return None
     if hidden_states.dim() != 3 or not 1 <= hidden_states.shape[1] <= MAX_FUSED_QUERIES:
         return None
@@ -141,10 +161,10 @@ def _fusable_layer(module, hidden_states, position_embeddings, attention_mask, c
         or attention_mask.shape[0] != hidden_states.shape[0]
     ):
         return None
-    return layer
+    return layer, static
 
 
-def _fused_decode(module, layer, hidden_states, position_embeddings, attention_mask):
+def _fused_decode(module, layer, static, hidden_states, position_embeddings, attention_mask):
     from hf_flash import kvcache
 
     batch, seqlen, _ = hidden_states.shape
@@ -160,7 +180,13 @@ def _fused_decode(module, layer, hidden_states, position_embeddings, attention_m
     cos, sin = cos[..., :half], sin[..., :half]
     if cos.stride() != sin.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
-    lens = layer.cumulative_length.to(torch.int32).expand(batch).contiguous()
+    if static:  # StaticLayer: its fill level lives on the device
+        k_cache, v_cache = layer.keys, layer.values
+        lens = layer.cumulative_length.to(torch.int32).expand(batch).contiguous()
+    else:  # DynamicLayer: the host knows the length
+        past = layer.keys.shape[2]
+        k_cache, v_cache = _dynamic_buffers(layer, past + seqlen)
+        lens = kvcache._full_lengths(batch, past, q.device, True)
     leftpad: Optional[Tensor] = None
     if attention_mask is not None:
         leftpad = first_valid(attention_mask.to(q.device).bool()).to(torch.int32)
@@ -168,9 +194,53 @@ def _fused_decode(module, layer, hidden_states, position_embeddings, attention_m
     # transformers' window w: key j visible to query i iff i - w < j <= i
     left = int(window) - 1 if window else -1
     out, _ = kvcache._run_attn_with_kvcache(
-        q, layer.keys, layer.values, k, v, cos, sin, lens, None, leftpad, None, None,
+        q, k_cache, v_cache, k, v, cos, sin, lens, None, leftpad, None, None,
         float(module.scaling), True, left, 0, 0.0, False, 0, True,
     )  # fmt: skip
-    layer.cumulative_length.add_(seqlen)
+    if k_cache is layer.keys:
+        layer.cumulative_length.add_(seqlen)
+    else:  # the layer's keys/values: views of the buffers, now one step longer
+        total = layer.keys.shape[2] + seqlen
+        layer.keys, layer.values = k_cache[:, :, :total], v_cache[:, :, :total]
     out = out.reshape(batch, seqlen, -1)
     return module.o_proj(out), None
+
+
+# A DynamicLayer grows by torch.cat: a new tensor every step, with no room to append into. For
+# the fused path its keys/values become leading views ``buf[:, :, :n]`` of buffers with spare
+# slots; the kernel writes the new tokens at ``n`` and the views are extended. Everything that
+# reads or replaces ``layer.keys`` keeps working: readers see an ordinary (B, H, n, D) tensor;
+# crop() slices the view (the buffer is kept, later tokens overwrite the cropped ones); cat,
+# batch_select_indices or reset() replace it with a plain tensor, which the next fused step
+# copies into a new buffer. The buffer is the view's ``_base``, so nothing else holds memory.
+_GROWTH_MIN = 256  # slots added at least, and the rounding of the capacity
+
+
+def _buffer_of(view: Tensor) -> Optional[Tensor]:
+    """The buffer ``view`` leads, if it is ``buf[:, :, :n]`` of a 4-D buffer, else None."""
+    base = view._base
+    if base is None or base.dim() != 4 or base.dtype != view.dtype:
+        return None
+    if base.data_ptr() != view.data_ptr() or base.stride() != view.stride():
+        return None
+    if base.shape[:2] != view.shape[:2] or base.shape[3] != view.shape[3]:
+        return None
+    return base
+
+
+def _dynamic_buffers(layer, needed: int) -> Tuple[Tensor, Tensor]:
+    """(key, value) buffers of at least ``needed`` slots whose leading part holds the layer's
+    keys/values; new buffers (capacity ~1.25x, rounded) when they are missing or too short."""
+    keys, values = layer.keys, layer.values
+    kb, vb = _buffer_of(keys), _buffer_of(values)
+    if kb is not None and vb is not None and kb.shape[2] >= needed and vb.shape[2] >= needed:
+        return kb, vb
+    grow = max(needed // 4, _GROWTH_MIN)
+    capacity = -(-(needed + grow) // _GROWTH_MIN) * _GROWTH_MIN
+    past = keys.shape[2]
+    bufs = []
+    for t in (keys, values):
+        buf = t.new_empty((t.shape[0], t.shape[1], capacity, t.shape[3]))
+        buf[:, :, :past].copy_(t)
+        bufs.append(buf)
+    return bufs[0], bufs[1]

@@ -74,17 +74,90 @@ def test_static_generate_equals_sdpa_and_runs_fused(family, batch, root, fused_c
     assert all(s[1] == 1 for s in fused_calls)
 
 
-def test_dynamic_and_sliding_caches_fall_back(root, fused_calls):
-    """DynamicCache (llama) and the sliding-window StaticCache (mistral, window 8 < prompt + new
-    tokens) are not fused; generation still equals sdpa."""
-    for fam, cache in (("llama", "dynamic"), ("mistral", "static")):
-        ours = load(fam, "hf_flash", root, device=DEVICE)
-        sdpa = load(fam, "sdpa", root, device=DEVICE)
+@pytest.mark.parametrize("batch", [1, 2], ids=["b1", "b2-leftpad"])
+@pytest.mark.parametrize("family", ["llama", "mistral-full"])
+def test_dynamic_generate_equals_sdpa_and_runs_fused(family, batch, root, fused_calls):
+    """The default DynamicCache: decode steps run the fused kernel too, appending into spare
+    slots of the layer's buffers (decode_patch._dynamic_buffers)."""
+    fam, kw = ("mistral", {"sliding_window": None}) if family == "mistral-full" else (family, {})
+    ours = load(fam, "hf_flash", root, device=DEVICE, **kw)
+    sdpa = load(fam, "sdpa", root, device=DEVICE, **kw)
+    ids, mask = _prompts(batch)
+    gen = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
+    expected = sdpa.generate(ids, attention_mask=mask, **gen)
+    got = ours.generate(ids, attention_mask=mask, **gen)
+    assert torch.equal(got, expected), f"hf_flash {got.tolist()} != sdpa {expected.tolist()}"
+    assert len(fused_calls) == 4 * ours.config.num_hidden_layers
+
+
+def test_sliding_caches_fall_back(root, fused_calls):
+    """Sliding-window caches (mistral, window 8 < prompt + new tokens), static and dynamic, are
+    not fused; generation still equals sdpa."""
+    for cache in ("static", "dynamic"):
+        ours = load("mistral", "hf_flash", root, device=DEVICE)
+        sdpa = load("mistral", "sdpa", root, device=DEVICE)
         ids, mask = _prompts(2)
-        gen = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, cache_implementation=cache)
+        gen = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
+        if cache == "static":
+            gen["cache_implementation"] = "static"
         expected = sdpa.generate(ids, attention_mask=mask, **gen)
         assert torch.equal(ours.generate(ids, attention_mask=mask, **gen), expected)
     assert fused_calls == []
+
+
+def _dynamic_steps(model, ids, mask, prefill, edits=()):
+    """Prefill ``ids[:, :prefill]`` into a DynamicCache, then one token per step; ``edits`` maps
+    a step index to a function applied to the cache before that step. Returns the logits of
+    every step and the cache."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    edits = dict(edits)
+    out = []
+    with torch.no_grad():
+        model(input_ids=ids[:, :prefill], attention_mask=mask[:, :prefill], past_key_values=cache)
+        for i, t in enumerate(range(prefill, ids.shape[1])):
+            if i in edits:
+                edits[i](cache)
+            n = cache.get_seq_length() + 1
+            step_mask = torch.cat([mask[:, : n - 1], mask[:, t : t + 1]], dim=1)
+            out.append(model(input_ids=ids[:, t : t + 1], attention_mask=step_mask,
+                             past_key_values=cache).logits)  # fmt: skip
+    return out, cache
+
+
+@pytest.mark.parametrize("edit", ["none", "crop", "reorder"])
+def test_fused_dynamic_steps_match_generic(edit, root, fused_calls, monkeypatch):
+    """Fused DynamicCache steps against the generic hf_flash path (patch reverted) from the same
+    prompt: same logits and cache contents, also when the buffers must grow (small growth step
+    here), after crop() (the view shrinks; later tokens overwrite the cropped slots) and after
+    batch_select_indices() (a plain tensor again: copied into new buffers)."""
+    from hf_flash.integration import decode_patch as dp
+
+    monkeypatch.setattr(dp, "_GROWTH_MIN", 4)
+    ours = load("llama", "hf_flash", root, device=DEVICE)
+    ids = torch.randint(3, VOCAB, (2, 20), generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # row 1 left-padded by 3
+    edits = {"none": {}, "crop": {3: lambda c: c.crop(-2)},
+             "reorder": {3: lambda c: c.batch_select_indices(torch.tensor([1, 0], device=DEVICE))}}[edit]
+    if edit == "reorder":
+        mask = torch.ones_like(ids)  # no padding: the mask stays right for the swapped rows
+    fused, fused_cache = _dynamic_steps(ours, ids, mask, 10, edits)
+    layer0 = fused_cache.layers[0]
+    assert layer0.keys._base is not None, "fused steps must leave the keys as a buffer view"
+    assert len(fused_calls) == len(fused) * ours.config.num_hidden_layers
+    dp.revert_model(ours)
+    try:
+        generic, generic_cache = _dynamic_steps(ours, ids, mask, 10, edits)
+    finally:
+        dp.patch_model(ours)
+    for i, (a, b) in enumerate(zip(fused, generic)):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5, msg=f"step {i}")
+    for lf, lg in zip(fused_cache.layers, generic_cache.layers):
+        assert lf.keys.shape == lg.keys.shape
+        torch.testing.assert_close(lf.keys, lg.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lf.values, lg.values, atol=1e-5, rtol=1e-5)
 
 
 def test_fused_step_matches_generic_step(root, fused_calls):
