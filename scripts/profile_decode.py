@@ -1,4 +1,4 @@
-"""Where a DynamicCache decode step spends its time on the GPU: hf_flash beside sdpa (diagnostic).
+"""Where a decode step spends its time on the GPU: hf_flash beside sdpa (diagnostic).
 
     PYTHONPATH=. python scripts/profile_decode.py [--prompt 4096] [--steps 32]
 
@@ -13,7 +13,9 @@ DynamicCache, as generate() runs them. For each attention implementation it prin
 * cProfile of the loop: the Python functions with the most own time.
 
 If host ms/step ~ wall ms/step the step is host-bound; the launch counts and the hotspots say
-where that host time goes. scripts/decode_host_overhead.py measures the Python part on a CPU.
+where that host time goes. With ``--cache static`` (default: both) it also profiles generate()
+with the static cache (compiled, CUDA graphs: device-bound) and lists the kernels of a decode
+step by device time (a run of ``--steps`` new tokens minus a run of one). scripts/decode_host_overhead.py measures the Python part on a CPU.
 """
 
 from __future__ import annotations
@@ -62,6 +64,32 @@ def decode_loop(model, ids, steps: int):
     return run
 
 
+def report_static(name: str, model, ids, steps: int, top: int) -> None:
+    """generate() with the static cache (compiled decode step, CUDA graphs): device time per
+    step by kernel, from torch.profiler over a run of ``steps`` new tokens minus a run of 1."""
+    gen = dict(do_sample=False, pad_token_id=128004, cache_implementation="static",
+               attention_mask=torch.ones_like(ids))  # fmt: skip
+    with torch.no_grad():
+        for n in (steps, 1):  # warm-up: compilation, graph capture
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **gen)
+        per_kernel = {}
+        for n, sign in ((steps, 1), (1, -1)):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, **gen)
+                torch.cuda.synchronize()
+            for e in prof.key_averages():
+                if e.device_type == torch.autograd.DeviceType.CUDA:
+                    t, c = per_kernel.get(e.key, (0.0, 0))
+                    per_kernel[e.key] = (t + sign * e.self_device_time_total, c + sign * e.count)
+    decode = {k: v for k, v in per_kernel.items() if v[1] > 0}
+    busy = sum(t for t, _ in decode.values()) / (steps - 1)
+    print(f"\n=== {name} static (compiled): device busy {busy / 1e3:.3f} ms/step over "
+          f"{sum(c for _, c in decode.values()) / (steps - 1):.0f} kernels/step")
+    rows = sorted(decode.items(), key=lambda kv: -kv[1][0])[:top]
+    for key, (t, c) in rows:
+        print(f"  {t / (steps - 1):9.1f} us/step  {c / (steps - 1):6.1f}/step  {key[:90]}")
+
+
 def report(name: str, model, ids, steps: int, top: int) -> None:
     run = decode_loop(model, ids, steps)
     run()  # warm-up: Triton compilation, cuBLAS handles
@@ -94,6 +122,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--top", type=int, default=25, help="rows of each profile to print")
     parser.add_argument("--attn", nargs="+", default=["sdpa", "hf_flash"])
+    parser.add_argument("--cache", nargs="+", default=["dynamic", "static"],
+                        choices=["dynamic", "static"])
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (scripts/decode_host_overhead.py measures the host part on a CPU)")
@@ -104,7 +134,10 @@ def main(argv=None) -> int:
     ids = torch.randint(0, 128000, (1, args.prompt), device="cuda")
     for attn in args.attn:
         model.set_attn_implementation(attn)
-        report(attn, model, ids, args.steps, args.top)
+        if "dynamic" in args.cache:
+            report(attn, model, ids, args.steps, args.top)
+        if "static" in args.cache:
+            report_static(attn, model, ids, args.steps, args.top)
     return 0
 
 
