@@ -21,8 +21,9 @@ the recipe's own default keeps them with hf_flash). ``--keep-attention on`` runs
 points keeping the attention outputs, ``both`` adds such a row after each plain hf_flash row
 (``speedup_vs_recompute`` and ``mem_delta_gib_vs_recompute`` compare the two).
 
-It also times the loss alone (chunked versus full logits versus Liger-Kernel's fused linear
-cross-entropy when ``liger_kernel`` is importable) at 16K tokens x 128K vocabulary.
+It also times the loss alone (chunked with hf_flash's cross-entropy kernel, chunked with the
+PyTorch elementwise ops, full logits, and Liger-Kernel's fused linear cross-entropy when
+``liger_kernel`` is importable) at 16K tokens x 128K vocabulary (``loss_rows``).
 """
 
 from __future__ import annotations
@@ -109,13 +110,31 @@ def run_recipe(model_dir: Path, data: Path, seq_len: int, attn: str, steps: int,
 
 
 def loss_rows(tokens: int, quick: bool) -> list[dict]:
-    """fwd+bwd time and peak memory of the LM-head loss alone (hidden 2048, vocab 128256)."""
+    """fwd+bwd time and peak memory of the LM-head loss alone (hidden 2048, vocab 128256).
+
+    Rows: ``chunked`` (the recipe's loss: per chunk a bf16 matmul, hf_flash's Triton
+    cross-entropy kernel, the gradient matmul; default chunk 2048 tokens), ``chunked-torch``
+    (the same chunks with the PyTorch elementwise ops and their fp32 copy, chunk 1024: the
+    previous implementation), ``full`` (all fp32 logits) and ``liger`` when installed.
+
+    Prediction for ``chunked`` at 16K tokens (not measured yet; previous H100 run: 73.9 ms for
+    the torch elementwise path, 56.9 ms for ``full``): logits 16384 x 128256 = 2.10e9;
+    matmuls 2 x (2 x 2.10e9 x 2048) = 17.2 TFLOP at ~700 TFLOP/s = 24.6 ms; the kernel moves
+    6 bytes per logit (bf16 read twice, written once) = 12.6 GB at ~3 TB/s = 4.2 ms; total
+    ~29 ms, extra peak ~0.6 GiB (one 512 MiB chunk of logits plus dh). The same arithmetic
+    gives the torch path 24.6 + 23 B x 2.10e9 / 3 TB/s = 40.7 ms, 33 ms under its measured
+    73.9 ms: if the kernel also misses its model by that factor (1.8x), ~52 ms.
+    """
     from recipes.loss import chunked_linear_cross_entropy, full_linear_cross_entropy, liger_linear_cross_entropy
 
     h = torch.randn(tokens, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(128256, 2048, device="cuda", dtype=torch.bfloat16) * 0.02
     y = torch.randint(0, 128256, (tokens,), device="cuda")
-    impls = {"chunked": lambda: chunked_linear_cross_entropy(h, w, y), "full": lambda: full_linear_cross_entropy(h, w, y)}
+    impls = {
+        "chunked": lambda: chunked_linear_cross_entropy(h, w, y, impl="triton"),
+        "chunked-torch": lambda: chunked_linear_cross_entropy(h, w, y, impl="torch"),
+        "full": lambda: full_linear_cross_entropy(h, w, y),
+    }
     try:
         impls["liger"] = (lambda f: (lambda: f(h, w, y)))(liger_linear_cross_entropy())
     except ImportError as e:

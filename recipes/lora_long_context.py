@@ -30,6 +30,7 @@ from .checkpoint import (
 )
 from .config import ConfigError, RecipeConfig, load_config
 from .data import IGNORE_INDEX, PackedBatches, build_rows, load_tokenizer
+from .loss import loss_name
 from .model import (
     CausalLMWithLinearCE, apply_lora, build_tiny_model, check_memory, count_parameters, human,
     load_model, lr_lambda,
@@ -118,7 +119,7 @@ def train(cfg: RecipeConfig) -> dict:
     if cfg.gradient_checkpointing:
         checkpointing = "keeping attention outputs" if cfg.keeps_attention_outputs() else "on"
     log(f"model: {human(total)} parameters, {human(trainable)} trainable (LoRA r={cfg.lora_r}), "
-        f"attention {cfg.attn_implementation}, loss {cfg.loss_impl}, gradient checkpointing "
+        f"attention {cfg.attn_implementation}, loss {loss_name(cfg.loss_impl, device)}, gradient checkpointing "
         f"{checkpointing}")
     check_memory(model, cfg, device, accelerator.num_processes, fsdp, log)
 

@@ -11,7 +11,9 @@ import torch
 from torch import nn
 
 from .config import ConfigError
-from .loss import chunked_linear_cross_entropy, full_linear_cross_entropy, liger_linear_cross_entropy
+from .loss import (
+    chunked_linear_cross_entropy, default_chunk_tokens, full_linear_cross_entropy, liger_linear_cross_entropy,
+)
 
 TINY_SHAPE = dict(
     hidden_size=64,
@@ -228,8 +230,13 @@ def predict_memory_gib(model, cfg, world_size: int, fsdp: bool) -> float:
         saved += layers * tokens * heads * (head_dim * act + 4)  # output + fp32 log-sum-exp
     if cfg.attn_implementation != "hf_flash" and cfg.attn_implementation != "sdpa":
         per_layer += heads * cfg.seq_len * tokens * 4 * 2  # materialised scores and probabilities
-    chunk = cfg.loss_chunk_tokens or max(64, 512 * 2**20 // (4 * c.vocab_size))
-    logits = (c.vocab_size * tokens * 4 * 2) if cfg.loss_impl == "full" else c.vocab_size * min(chunk, tokens) * 4 * 2
+    if cfg.loss_impl == "full":
+        logits = c.vocab_size * tokens * 4 * 2  # fp32 logits and their gradient
+    else:
+        # the chunked loss's triton path (every CUDA device): one chunk of logits in the weight
+        # dtype, overwritten by its gradient (loss_impl liger is counted alike, not measured)
+        chunk = cfg.loss_chunk_tokens or default_chunk_tokens(c.vocab_size, wbytes)
+        logits = c.vocab_size * min(chunk, tokens) * wbytes
     total = weights + lora_state + saved + per_layer + logits + tokens * hidden * 4
     return total * 1.15 / 2**30  # allocator slack
 

@@ -11,7 +11,9 @@ from recipes.data import (
     IGNORE_INDEX, PackedBatches, cu_seqlens_from_positions, labels_for, pack_documents,
     synthetic_documents,
 )
-from recipes.loss import chunked_linear_cross_entropy, full_linear_cross_entropy
+from recipes.loss import (
+    chunked_linear_cross_entropy, default_chunk_tokens, full_linear_cross_entropy, loss_name, resolve_impl,
+)
 from recipes.model import checkpointing_kwargs, lr_lambda, predict_memory_gib
 
 
@@ -72,16 +74,18 @@ def test_synthetic_documents_hold_their_pass_key():
         assert d.count(key) == 3 and 200 <= len(d) <= 520
 
 
+@pytest.mark.parametrize("impl", ["triton", "torch"])
 @pytest.mark.parametrize("chunk", [1, 7, 64, None], ids=lambda c: f"chunk{c}")
 @pytest.mark.parametrize("head_grad", [False, True], ids=["frozen_head", "trainable_head"])
-def test_chunked_cross_entropy_matches_full(chunk, head_grad):
+def test_chunked_cross_entropy_matches_full(chunk, head_grad, impl, device):
+    """float64 throughout: the kernel then computes in float64 too (triton), as the torch ops do."""
     torch.manual_seed(0)
     n, h, v = 50, 16, 37
-    hidden = torch.randn(n, h, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(v, h, dtype=torch.float64, requires_grad=head_grad)
-    labels = torch.randint(0, v, (n,))
+    hidden = torch.randn(n, h, dtype=torch.float64, device=device, requires_grad=True)
+    weight = torch.randn(v, h, dtype=torch.float64, device=device, requires_grad=head_grad)
+    labels = torch.randint(0, v, (n,), device=device)
     labels[::5] = IGNORE_INDEX
-    got = chunked_linear_cross_entropy(hidden, weight, labels, chunk)
+    got = chunked_linear_cross_entropy(hidden, weight, labels, chunk, impl=impl)
     (got * 0.37).backward()
     gh = hidden.grad.clone()
     gw = weight.grad.clone() if head_grad else None
@@ -94,6 +98,103 @@ def test_chunked_cross_entropy_matches_full(chunk, head_grad):
     torch.testing.assert_close(gh, hidden.grad)
     if head_grad:
         torch.testing.assert_close(gw, weight.grad)
+
+
+def _loss_and_grads(fn, hidden, weight, labels):
+    hidden = hidden.detach().clone().requires_grad_()
+    weight = weight.detach().clone().requires_grad_()
+    loss = fn(hidden, weight, labels)
+    (loss * 0.5).backward()
+    return loss.detach(), hidden.grad, weight.grad
+
+
+def _assert_within(what, got, truth, peer, factor):
+    """DESIGN.md's rule: max error vs the float64 truth <= factor x the peer's + rounding floor."""
+    err = (got.double() - truth).abs().max().item()
+    peer_err = (peer.double() - truth).abs().max().item()
+    floor = (truth.to(got.dtype).double() - truth).abs().max().item()
+    assert err <= factor * peer_err + floor, (
+        f"{what}: max error {err:.3g} > {factor} x peer's {peer_err:.3g} + floor {floor:.3g}; "
+        f"mean errors {(got.double() - truth).abs().mean().item():.3g} vs "
+        f"{(peer.double() - truth).abs().mean().item():.3g}"
+    )
+
+
+@pytest.mark.parametrize("vocab", [37, 1000, 5003])
+def test_chunked_kernel_in_fp32_matches_float64_truth(vocab, device):
+    """The triton path in fp32 (loss, dh, dW of a trainable head) against the full loss in
+    float64, within 2x / 3x the error of the full loss computed in fp32."""
+    torch.manual_seed(vocab)
+    n, h = 45, 32
+    hidden = torch.randn(n, h, device=device)
+    weight = torch.randn(vocab, h, device=device) * 0.3
+    labels = torch.randint(0, vocab, (n,), device=device)
+    labels[::6] = IGNORE_INDEX
+    truth = _loss_and_grads(full_linear_cross_entropy, hidden.double(), weight.double(), labels)
+    fp32 = _loss_and_grads(full_linear_cross_entropy, hidden, weight, labels)
+    got = _loss_and_grads(lambda a, b, y: chunked_linear_cross_entropy(a, b, y, 16, impl="triton"),
+                          hidden, weight, labels)  # fmt: skip
+    for what, g, t, p, factor in zip(("loss", "dh", "dW"), got, truth, fp32, (2, 3, 3)):
+        assert g.dtype == torch.float32
+        _assert_within(what, g, t, p, factor)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_chunked_kernel_is_no_less_accurate_than_the_torch_path(dtype, device):
+    """Half-precision weights: both paths take the matmul's low-precision logits and store the
+    gradient in that dtype; the kernel's errors stay within 2x / 3x of the torch path's."""
+    if dtype == torch.bfloat16 and device == "cpu":
+        pytest.skip("Triton's interpreter converts float32 to bfloat16 by truncation (GPUs round)")
+    torch.manual_seed(2)
+    n, h, v = 40, 64, 1000
+    hidden = torch.randn(n, h, device=device).to(dtype)
+    weight = (torch.randn(v, h, device=device) * 0.3).to(dtype)
+    labels = torch.randint(0, v, (n,), device=device)
+    labels[::5] = IGNORE_INDEX
+    truth = _loss_and_grads(full_linear_cross_entropy, hidden.double(), weight.double(), labels)
+    runs = [_loss_and_grads(lambda a, b, y: chunked_linear_cross_entropy(a, b, y, 16, impl=impl),
+                            hidden, weight, labels) for impl in ("triton", "torch")]  # fmt: skip
+    for what, g, p, t, factor in zip(("loss", "dh", "dW"), *runs, truth, (2, 3, 3)):
+        _assert_within(what, g, t, p, factor)
+
+
+def test_default_chunk_follows_the_bytes_per_logit():
+    assert default_chunk_tokens(128256) == 2048  # bf16 logits, the triton path: 512 MiB
+    assert default_chunk_tokens(128256, 4) == 1024  # fp32 copy (torch path) or fp32 weights
+    assert default_chunk_tokens(32000) == 8384
+    assert default_chunk_tokens(10**8) == 64
+
+
+def test_elementwise_impl_is_explicit(device, monkeypatch):
+    """auto = the kernel wherever it runs; the torch path only where it cannot, and an explicit
+    "triton" there raises; which one ran is visible (one kernel launch per chunk)."""
+    from hf_flash.kernels import cross_entropy
+
+    assert resolve_impl("auto", device) == "triton"  # CUDA, or CPU under the interpreter
+    assert resolve_impl("torch", device) == "torch" and resolve_impl("auto", "meta") == "torch"
+    with pytest.raises(ValueError, match="impl='triton': the cross-entropy kernel cannot run on meta"):
+        resolve_impl("triton", "meta")
+    with pytest.raises(ValueError, match="impl='fast'"):
+        resolve_impl("fast", device)
+    assert loss_name("chunked", device) == "chunked (triton)" and loss_name("full", device) == "full"
+
+    calls = []
+    real = cross_entropy.cross_entropy_rows
+    monkeypatch.setattr(cross_entropy, "cross_entropy_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    hidden = torch.randn(10, 8, device=device, requires_grad=True)
+    weight = torch.randn(11, 8, device=device)
+    labels = torch.randint(0, 11, (10,), device=device)
+    chunked_linear_cross_entropy(hidden, weight, labels, 4).backward()
+    assert len(calls) == 3
+    chunked_linear_cross_entropy(hidden, weight, labels, 4, impl="torch").backward()
+    assert len(calls) == 3
+    # a device the kernel cannot run on: auto takes the torch path, "triton" refuses
+    monkeypatch.setattr(cross_entropy, "runs_on", lambda d: False)
+    assert resolve_impl("auto", device) == "torch" and loss_name("chunked", device) == "chunked (torch)"
+    chunked_linear_cross_entropy(hidden, weight, labels, 4).backward()
+    assert len(calls) == 3
+    with pytest.raises(ValueError, match="impl='triton'"):
+        chunked_linear_cross_entropy(hidden, weight, labels, 4, impl="triton")
 
 
 def test_liger_loss_matches_chunked():
