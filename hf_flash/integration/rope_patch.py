@@ -77,7 +77,11 @@ def _patched_forward(cls, modeling) -> Callable:
         )
     namespace = dict(fn.__globals__)
     namespace[_ROTARY_NAME] = apply_rotary_pos_emb
-    patched = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
+    # A code object of its own: torch.compile caches its transformed bytecode per code object
+    # and puts the compiled graphs into the globals of the function it compiled first, so the
+    # class's forward (module globals) and this one (a copy) must not share one code object.
+    code = fn.__code__.replace(co_name=fn.__code__.co_name)
+    patched = types.FunctionType(code, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
     patched.__kwdefaults__ = fn.__kwdefaults__
     patched.__qualname__ = fn.__qualname__
     patched.__doc__ = fn.__doc__
