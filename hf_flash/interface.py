@@ -50,6 +50,15 @@ def interpreter_active() -> bool:
 # --------------------------------------------------------------------------------------------
 
 
+def host_reads_allowed() -> bool:
+    """False while torch.compile traces or a CUDA graph is being captured: reading a device
+    value then would break the graph (dynamo) or the capture. Checked in this order so the
+    tracer never sees the capture query."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
 def eager_call(*tensors) -> bool:
     """True when a kernel may be launched directly instead of through its custom op: not
     tracing (torch.compile) and every tensor a plain one (no fake or functional wrapper). The
@@ -136,7 +145,7 @@ def _check_cu_seqlens(
         )
     if cu.device != device:
         raise ValueError(f"{name} is on {cu.device} but q is on {device}")
-    if not check_values or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+    if not check_values or not host_reads_allowed():
         return  # reading values would sync; the shape checks above still ran
     vals = cu.tolist()
     lengths = [b - a for a, b in zip(vals[:-1], vals[1:])]

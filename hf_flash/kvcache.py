@@ -35,6 +35,7 @@ from .interface import (
     _check_tensor_basics,
     _prepare,
     eager_call,
+    host_reads_allowed,
     interpreter_active,
 )
 from .kernels import decode as _decode
@@ -150,9 +151,7 @@ def _check_index_tensor(name: str, t, batch: int, device) -> None:
 def _values_checkable() -> bool:
     # Reading values syncs with the device: skipped while a CUDA graph is being captured (and
     # while torch.compile traces, where the caller skips validation altogether).
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return False
-    return True
+    return host_reads_allowed()
 
 
 def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,

@@ -90,7 +90,9 @@ def hf_flash_mask(
     (its stopping check), so the read only waits for the few mask ops queued since. The row
     bounds it computes are kept for the attention layers of the same forward pass
     (:func:`_key_blocks`). While compiling nothing is read back: the mask is passed on as is,
-    and it must then be left/right padding (what tokenizers and generate produce).
+    and it must then be left/right padding (what tokenizers and generate produce); with no user
+    mask, a static cache layer's valid slots (its fill level, a device tensor) become a
+    ``kv_length`` mask built on the device.
     """
     if kwargs.get("use_vmap", False):
         raise ValueError(
@@ -128,11 +130,10 @@ def hf_flash_mask(
     valid = q_offset + q_length - kv_offset
     if isinstance(valid, Tensor):
         if compiling:
-            raise ValueError(
-                "hf_flash with a StaticCache under torch.compile needs the 2-D attention_mask "
-                "(generate passes it); call the model with attention_mask=torch.ones(batch, "
-                "past + new tokens)"
-            )
+            # no host read while tracing: the first ``valid`` of the kv_length slots, built on
+            # the device at the cache's fixed size (one input shape for every decode step)
+            slots = torch.arange(kv_length, device=valid.device)
+            return (slots < valid).unsqueeze(0).expand(batch_size, kv_length)
         valid = int(valid)
     if valid >= kv_length:
         return None
@@ -201,8 +202,8 @@ def _cacheable_mask(mask) -> bool:
     # capturing a CUDA graph, tensors made there hold no value outside it
     return (
         type(mask) is Tensor
+        and not torch.compiler.is_compiling()  # first: dynamo cannot trace is_inference()
         and not mask.is_inference()
-        and not torch.compiler.is_compiling()
         and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
     )
 

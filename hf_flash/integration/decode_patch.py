@@ -111,12 +111,17 @@ def _make_forward(fallback):
     return forward
 
 
-@functools.lru_cache(maxsize=None)
+_LAYER_CLASSES: list = []
+
+
 def _layer_classes():
     # looked up once: an import statement here costs ~1 us per layer call on every decode step
-    from transformers.cache_utils import DynamicLayer, StaticLayer
+    # (a plain list, not functools.lru_cache, which dynamo warns about and traces through)
+    if not _LAYER_CLASSES:
+        from transformers.cache_utils import DynamicLayer, StaticLayer
 
-    return StaticLayer, DynamicLayer
+        _LAYER_CLASSES.extend((StaticLayer, DynamicLayer))
+    return _LAYER_CLASSES[0], _LAYER_CLASSES[1]
 
 
 def _fusable_layer(module, hidden_states, position_embeddings, attention_mask, cache, kwargs):

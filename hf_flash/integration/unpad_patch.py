@@ -106,6 +106,11 @@ def _make_forward(class_forward, inner):
     def forward(self, *args, **kwargs):
         if _ORIGINAL not in self.__dict__:  # reverted while a wrapper still held this function
             return inner(*args, **kwargs)
+        # Decode steps and traced calls take the model's forward untouched, before any binding:
+        # dynamo cannot trace Signature.bind after generate() mutated a dict it proxies, and a
+        # graph break here splits a compiled (CUDA-graph) decode step into one frame per layer.
+        if torch.compiler.is_compiling() or kwargs.get("past_key_values") is not None:
+            return inner(*args, **kwargs)
         try:
             bound = signature.bind(self, *args, **kwargs)
         except TypeError:

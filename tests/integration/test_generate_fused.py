@@ -234,6 +234,39 @@ def test_compiled_decode_step_is_one_graph(root):
         assert torch.allclose(la.keys, lb.keys, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_generate_compiled_static_decode_has_no_graph_break(family, root):
+    """generate() with the static cache compiles the whole decode step (on CUDA it records one
+    CUDA graph). A graph break anywhere in the patched model (the unpad wrapper, the mask
+    function, the fused or the generic attention) splits the step into per-layer frames that
+    recompile on ``layer_idx`` until dynamo gives up and runs them eagerly: seen on the H100 as a
+    host-bound compiled decode. Forced here on the CPU (transformers compiles on CUDA only by
+    default) with the eager backend; tokens must equal the uncompiled run. qwen2 takes the
+    generic attention path (no fused decode) with the mask built on the device."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig, GenerationConfig
+
+    torch._dynamo.reset()
+    counters.clear()
+    ours = load(family, "hf_flash", root, device=DEVICE)
+    ids, mask = _prompts(2)
+    outs = {}
+    for mode in ("compiled", "eager"):
+        gen = GenerationConfig(max_new_tokens=5, do_sample=False, cache_implementation="static",
+                               pad_token_id=0, eos_token_id=None)  # fmt: skip
+        if mode == "compiled":
+            gen.compile_config = CompileConfig(backend="eager", fullgraph=False)
+            gen.compile_config._compile_all_devices = True
+        else:
+            gen.disable_compile = True
+        outs[mode] = ours.generate(ids, attention_mask=mask, generation_config=gen)
+    breaks = dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] > 0, "nothing was compiled: the test checks nothing"
+    assert not breaks, f"graph breaks in the compiled decode step: {breaks}"
+    assert torch.equal(outs["compiled"], outs["eager"])
+    torch._dynamo.reset()
+
+
 def test_patch_and_revert_explicitly(root):
     ours = load("llama", "hf_flash", root, device=DEVICE)
     mods = _attn_modules(ours)
