@@ -13,6 +13,8 @@
 #   sweep          benchmarks/attention.py --sweep-configs (only when named in STEPS)
 #   profile_decode scripts/profile_decode.py (only when named in STEPS): where a DynamicCache
 #                  decode step spends host and device time, hf_flash beside sdpa
+#   profile_train  scripts/profile_train_step.py (only when named in STEPS): host vs device
+#                  time of a LoRA training step, hf_flash beside sdpa
 #   study          python -m recipes.long_context_study (only when named in STEPS; --quick
 #                  unless STUDY_FULL=1)                  -> OUTDIR/study.tar (plots, table)
 #   report         benchmarks/report.py                 -> OUTDIR/BENCHMARKS.md
@@ -165,6 +167,10 @@ fi
 
 if has_step profile_decode; then
     run_step profile_decode $PY scripts/profile_decode.py ${PROFILE_DECODE_ARGS:-}
+fi
+
+if has_step profile_train; then
+    run_step profile_train $PY scripts/profile_train_step.py ${PROFILE_TRAIN_ARGS:-}
 fi
 
 if has_step study; then
