@@ -66,6 +66,16 @@ def eager_call(*tensors) -> bool:
     return not torch.compiler.is_compiling() and all(type(t) is Tensor for t in tensors)
 
 
+def direct_call(*tensors) -> bool:
+    """:func:`eager_call`, and no TorchDispatchMode active: selective activation checkpointing
+    (:mod:`hf_flash.checkpointing`), FakeTensorMode and FunctionalTensorMode see ops at the
+    dispatcher, so they must get the custom op. Otherwise autograd can run the same kernels
+    through a plain ``torch.autograd.Function``: the custom op's Python dispatch and autograd
+    wrapper cost ~0.3-0.5 ms of host time per call, which a LoRA step at 4K tokens (host-bound)
+    pays for every layer's attention and rotary, forward, recompute and backward."""
+    return eager_call(*tensors) and torch._C._len_torch_dispatch_stack() == 0
+
+
 def _check_tensor_basics(q: Tensor, k: Tensor, v: Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
@@ -178,8 +188,24 @@ def _new_rng_state(device) -> Tensor:
 # --------------------------------------------------------------------------------------------
 
 
+def _attn_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                   dropout_p, rng_state):  # fmt: skip
+    out = torch.empty_like(q)
+    lse = _empty_lse(q, cu_seqlens_q)
+    _fwd.flash_attn_forward(
+        q, k, v, out, lse,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        softmax_scale=softmax_scale, causal=causal,
+        window_left=window_left, window_right=window_right, softcap=softcap,
+        alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng_state=rng_state,
+    )  # fmt: skip
+    return out, lse
+
+
 @torch.library.custom_op("hf_flash::attn_fwd", mutates_args=())
-def _attn_fwd(
+def _attn_fwd_op(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -196,17 +222,10 @@ def _attn_fwd(
     dropout_p: float,
     rng_state: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor]:
-    out = torch.empty_like(q)
-    lse = _empty_lse(q, cu_seqlens_q)
-    _fwd.flash_attn_forward(
-        q, k, v, out, lse,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        softmax_scale=softmax_scale, causal=causal,
-        window_left=window_left, window_right=window_right, softcap=softcap,
-        alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng_state=rng_state,
+    return _attn_fwd_impl(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+        window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state,
     )  # fmt: skip
-    return out, lse
 
 
 def _empty_lse(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Tensor:
@@ -217,14 +236,31 @@ def _empty_lse(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Tensor:
     return torch.empty((h, t), dtype=torch.float32, device=q.device)
 
 
-@_attn_fwd.register_fake
+@_attn_fwd_op.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
       window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state):  # fmt: skip
     return torch.empty_like(q), _empty_lse(q, cu_seqlens_q)
 
 
+def _attn_bwd_impl(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                   max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+                   alibi_slopes, dropout_p, rng_state):  # fmt: skip
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    _bwd.flash_attn_backward(
+        _prepare(dout), dlse, q, k, v, out, lse, dq, dk, dv,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        softmax_scale=softmax_scale, causal=causal,
+        window_left=window_left, window_right=window_right, softcap=softcap,
+        alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng_state=rng_state,
+    )  # fmt: skip
+    return dq, dk, dv
+
+
 @torch.library.custom_op("hf_flash::attn_bwd", mutates_args=())
-def _attn_bwd(
+def _attn_bwd_op(
     dout: Tensor,
     dlse: Optional[Tensor],
     q: Tensor,
@@ -245,21 +281,14 @@ def _attn_bwd(
     dropout_p: float,
     rng_state: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    _bwd.flash_attn_backward(
-        _prepare(dout), dlse, q, k, v, out, lse, dq, dk, dv,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        softmax_scale=softmax_scale, causal=causal,
-        window_left=window_left, window_right=window_right, softcap=softcap,
-        alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng_state=rng_state,
+    return _attn_bwd_impl(
+        dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
+        rng_state,
     )  # fmt: skip
-    return dq, dk, dv
 
 
-@_attn_bwd.register_fake
+@_attn_bwd_op.register_fake
 def _(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
       softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
       rng_state):  # fmt: skip
@@ -292,6 +321,8 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, alibi, rng = ctx.saved_tensors
     p = ctx.params
+    if dout is None:  # only the log-sum-exp was used (grads not materialised: _AttnEager)
+        dout = torch.zeros_like(out)
     # Gradients through the returned log-sum-exp are honoured: d lse_i / d s_ij = P_ij, which
     # the kernel folds into its per-row term (delta_i = rowsum(dO * O) - dlse_i).
     dq, dk, dv = _attn_bwd(
@@ -303,6 +334,41 @@ def _backward(ctx, dout, dlse):
 
 
 torch.library.register_autograd("hf_flash::attn_fwd", _backward, setup_context=_setup_context)
+
+
+class _AttnEager(torch.autograd.Function):
+    """The op's forward and backward for plain eager autograd (see :func:`direct_call`)."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        ctx.set_materialize_grads(False)  # an unused lse gets no zero-filled gradient
+        output = _attn_fwd_impl(*args)
+        _setup_context(ctx, args, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _backward(ctx, dout, dlse)
+
+
+def _attn_fwd(*args) -> Tuple[Tensor, Tensor]:
+    """Attention forward (the arguments of ``hf_flash::attn_fwd``): the custom op for tracers
+    and dispatch modes, the kernels directly (autograd through :class:`_AttnEager` when a
+    gradient is needed) in plain eager mode. One kernel path either way."""
+    q, k, v = args[0], args[1], args[2]
+    if not direct_call(q, k, v, *(a for a in args[3:] if isinstance(a, Tensor))):
+        return _attn_fwd_op(*args)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _AttnEager.apply(*args)
+    return _attn_fwd_impl(*args)
+
+
+def _attn_bwd(*args) -> Tuple[Tensor, Tensor, Tensor]:
+    """Attention backward (the arguments of ``hf_flash::attn_bwd``), dispatched like
+    :func:`_attn_fwd`; it runs inside autograd's backward, never differentiated itself."""
+    if direct_call(*(a for a in args if isinstance(a, Tensor))):
+        return _attn_bwd_impl(*args)
+    return _attn_bwd_op(*args)
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .interface import eager_call
+from .interface import direct_call, eager_call
 from .kernels import rotary as _kernel
 
 __all__ = ["apply_rotary_emb", "apply_rotary_pos_emb", "rotary_table"]
@@ -65,7 +65,7 @@ def _launch(xs, outs, cos, sin, rotary_dim, cos_half_offset, position_ids, seqle
 
 
 @torch.library.custom_op("hf_flash::rotary", mutates_args=())
-def _rotary(
+def _rotary_op(
     xs: List[Tensor],
     cos: Tensor,
     sin: Tensor,
@@ -83,7 +83,7 @@ def _rotary(
     return outs
 
 
-@_rotary.register_fake
+@_rotary_op.register_fake
 def _(xs, cos, sin, rotary_dim, cos_half_offset, position_ids, seqlen_offsets, offset,
       interleaved, conjugate):  # fmt: skip
     return [torch.empty_like(x) for x in xs]
@@ -142,13 +142,44 @@ def _backward(ctx, grads):
             outs = [torch.empty_like(g) for g in gs]
             _launch(gs, outs, *args)
         else:  # traced (AOTAutograd): the custom op keeps the graph opaque to the tracer
-            outs = _rotary(gs, *args)
+            outs = _rotary_op(gs, *args)
         for i, d in zip(live, outs):
             dxs[i] = d
     return dxs, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("hf_flash::rotary", _backward, setup_context=_setup_context)
+
+
+class _RotaryEager(torch.autograd.Function):
+    """``hf_flash::rotary``'s forward and backward for plain eager autograd
+    (:func:`hf_flash.interface.direct_call`): the same launches without the op's dispatch."""
+
+    @staticmethod
+    def forward(ctx, n, *flat):
+        ctx.set_materialize_grads(False)
+        xs, args = list(flat[:n]), flat[n:]
+        outs = [torch.empty_like(x) for x in xs]
+        _launch(xs, outs, *args)
+        _setup_context(ctx, (xs, *args), outs)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        dxs = _backward(ctx, list(grads))[0]
+        return (None, *dxs) + (None,) * len(_ARG_NAMES[1:])
+
+
+def _rotary(xs: List[Tensor], *args) -> List[Tensor]:
+    """Out-of-place rotation (the arguments of ``hf_flash::rotary``): the custom op for tracers
+    and dispatch modes, the kernel directly in plain eager mode."""
+    if not direct_call(*xs):
+        return _rotary_op(xs, *args)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+        return list(_RotaryEager.apply(len(xs), *xs, *args))
+    outs = [torch.empty_like(x) for x in xs]
+    _launch(xs, outs, *args)
+    return outs
 
 
 class _RotaryInplace(torch.autograd.Function):

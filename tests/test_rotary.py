@@ -344,7 +344,7 @@ def test_compile_fullgraph_and_opcheck(device):
     from hf_flash import rotary as mod
 
     xs = [q.detach().transpose(1, 2).requires_grad_(), k.detach().transpose(1, 2).requires_grad_()]
-    torch.library.opcheck(mod._rotary, (xs, cos, sin, 16, 8, None, None, 0, False, False),
+    torch.library.opcheck(mod._rotary_op, (xs, cos, sin, 16, 8, None, None, 0, False, False),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))  # fmt: skip
 
 
