@@ -52,6 +52,8 @@ _VERIFIED_TRITON = ("3.6.",)
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 # exact-key entries per launcher before the table is emptied (bounds a long-running server)
 _EXACT_MAX = 4096
+# distinct constexpr / option sets seen (by value) -> small int; a few per launch plan
+_META_KEYS: dict = {}
 
 
 def _supported() -> bool:
@@ -95,26 +97,28 @@ def tensor_spec(tensors) -> Optional[tuple[list, list]]:
     is 16-byte aligned. None where a tensor is not on a CUDA device."""
     ptrs = []
     key = []
+    add_ptr, add_key = ptrs.append, key.append
     for t in tensors:
         if t is None:
-            ptrs.append(None)
-            key.append(None)
-        else:
-            if not t.is_cuda:
-                return None
+            add_ptr(None)
+            add_key(None)
+        elif t.is_cuda:
             p = t.data_ptr()
-            ptrs.append(p)
-            key.append(t.dtype)
-            key.append(p & 15 == 0)
+            add_ptr(p)
+            add_key(t.dtype)
+            add_key(not p & 15)
+        else:
+            return None
     return ptrs, key
 
 
 class LaunchMeta:
     """Constexprs and launch options of one kind of launch, made once per launch plan.
 
-    ``kwargs`` are passed to ``kernel[grid](...)`` on the normal path; ``key`` is their hashable
-    form; ``tail`` the constexpr values in parameter order, passed after the runtime arguments
-    to the compiled kernel's launcher (which skips constexprs)."""
+    ``kwargs`` are passed to ``kernel[grid](...)`` on the normal path; ``key`` is a small int
+    standing for their values (equal values, equal key: hashing the values themselves on every
+    launch would cost ~1 us); ``tail`` the constexpr values in parameter order, passed after the
+    runtime arguments to the compiled kernel's launcher (which skips constexprs)."""
 
     __slots__ = ("kwargs", "key", "tail")
 
@@ -153,9 +157,8 @@ class CachedLauncher:
             if names and names == self._params[len(self._params) - len(names):]:
                 tail = tuple(kwargs[n] for n in names)
         try:
-            key = tuple(sorted(kwargs.items()))
-            hash(key)
-        except TypeError:
+            key = _META_KEYS.setdefault(tuple(sorted(kwargs.items())), len(_META_KEYS))
+        except TypeError:  # an unhashable value: normal launches only
             key = tail = None
         return LaunchMeta(kwargs, key, tail)
 
