@@ -79,8 +79,12 @@ def main() -> None:
     x = torch.randn(1, 1, 32, d, device=dev, dtype=dtype)
 
     def attn(splits):
-        return lambda: flash_attn_with_kvcache(q, kc, vc, kn, vn, rotary_cos=cos, rotary_sin=sin,
-                                               cache_seqlens=lens, causal=True, num_splits=splits)  # fmt: skip
+        def call():
+            return flash_attn_with_kvcache(q, kc, vc, kn, vn, rotary_cos=cos, rotary_sin=sin,
+                                           cache_seqlens=lens, causal=True,
+                                           num_splits=splits)  # fmt: skip
+
+        return call
 
     def rope():
         return apply_rotary_emb(x, cos, sin, seqlen_offsets=7)

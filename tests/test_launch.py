@@ -109,8 +109,9 @@ def test_rotary_kernel_parameters_follow_the_launch_order():
     assert consts == params[len(params) - len(consts):]
     assert params[:8] == ["xa_ptr", "oa_ptr", "xb_ptr", "ob_ptr", "cos_ptr", "sin_ptr",
                           "pos_ptr", "offsets_ptr"]  # fmt: skip
-    assert all(n.startswith(("stride_", "nheads_", "nblocks_")) or n in
-               ("seqlen", "ntokens", "seqlen_ro", "offset") for n in params[8:len(params) - len(consts)])  # fmt: skip
+    ints = params[8:len(params) - len(consts)]
+    named = ("seqlen", "ntokens", "seqlen_ro", "offset")
+    assert all(n.startswith(("stride_", "nheads_", "nblocks_")) or n in named for n in ints)
 
 
 # ---- the launcher's bookkeeping, with a stand-in for a JITFunction and its CompiledKernel
@@ -165,15 +166,19 @@ def test_repeated_launches_take_the_cached_kernel(fake):
     assert grid == (4, 2) and args == (x, y, 7, 32, 0.5)
     # the compiled kernel's launcher: grid (padded to 3-D), stream, function, packed
     # metadata, no launch metadata or hooks, then every parameter with pointers as ints
-    assert kernel.log[1] == ("fast", 1, (4, 2, 1, 1234, "function-1", ("packed", 1), None, None,
-                                         None, x.data_ptr(), y.data_ptr(), 7, 32, 0.5, 64, True))  # fmt: skip
+    assert kernel.log[1] == (
+        "fast", 1,
+        (4, 2, 1, 1234, "function-1", ("packed", 1), None, None, None,
+         x.data_ptr(), y.data_ptr(), 7, 32, 0.5, 64, True),
+    )  # fmt: skip
     # new exact ints with the same specialisation: still the cached kernel
     launcher((4,), (x, y), (9, 48), (2.0,), meta)
     assert (launcher.normal, launcher.fast) == (1, 3)
 
 
 @pytest.mark.parametrize("change", ["unaligned pointer", "int becomes 1", "int divisible by 16",
-                                    "dtype", "None pointer", "constexpr", "num_warps"])  # fmt: skip
+                                    "dtype", "None pointer", "constexpr", "constexpr type",
+                                    "num_warps"])  # fmt: skip
 def test_a_new_specialisation_goes_through_triton(fake, change):
     kernel, launcher = fake
     buf = torch.zeros(64, dtype=torch.float16)
@@ -195,6 +200,8 @@ def test_a_new_specialisation_goes_through_triton(fake, change):
         args[0] = (x, None)
     elif change == "constexpr":
         args[3] = launcher.meta(BLOCK=32, FLAG=True, num_warps=4)
+    elif change == "constexpr type":  # True == 1 in Python, not to Triton
+        args[3] = launcher.meta(BLOCK=64, FLAG=1, num_warps=4)
     else:
         args[3] = launcher.meta(BLOCK=64, FLAG=True, num_warps=8)
     launcher((1,), *args)

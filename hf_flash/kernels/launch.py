@@ -157,7 +157,9 @@ class CachedLauncher:
             if names and names == self._params[len(self._params) - len(names):]:
                 tail = tuple(kwargs[n] for n in names)
         try:
-            key = _META_KEYS.setdefault(tuple(sorted(kwargs.items())), len(_META_KEYS))
+            # with the types: True == 1 == 1.0 as dict keys, not as Triton constexprs
+            values = tuple(sorted((k, v.__class__, v) for k, v in kwargs.items()))
+            key = _META_KEYS.setdefault(values, len(_META_KEYS))
         except TypeError:  # an unhashable value: normal launches only
             key = tail = None
         return LaunchMeta(kwargs, key, tail)
