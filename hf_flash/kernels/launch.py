@@ -50,7 +50,7 @@ import triton
 # Triton releases whose JITFunction.run / CompiledKernel.run / CudaLauncher this follows.
 _VERIFIED_TRITON = ("3.6.",)
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
-# exact-key entries per launcher before the table is emptied (bounds a long-running server)
+# entries per table and launcher before the table is emptied (bounds a long-running server)
 _EXACT_MAX = 4096
 # distinct constexpr / option sets seen (by value) -> small int; a few per launch plan
 _META_KEYS: dict = {}
@@ -211,6 +211,8 @@ class CachedLauncher:
                 # these arguments; keep it for the key they share
                 compiled = self._normal(grid, tensors, ints, floats, meta)
                 if compiled is not None and hasattr(compiled, "packed_metadata"):
+                    if len(self._spec) >= _EXACT_MAX:
+                        self._spec.clear()
                     self._spec[skey] = (compiled.run, compiled.function, compiled.packed_metadata)
                 return
             if len(self._exact) >= _EXACT_MAX:
