@@ -9,7 +9,10 @@ switched on only so that hf_flash accepts CPU tensors; every hf_flash Triton ker
 (``kernel[grid](...)``) is replaced by a stub that returns without running anything. The stub
 does what Triton's launcher does in Python before its driver call (bind and specialise the
 arguments, build the compiled-kernel cache key; ``--no-binder`` skips that), so the cost of many
-kernel arguments shows; the driver call itself is not timed. hf_flash's validation, dispatch,
+kernel arguments shows; the driver call itself is not timed. On a GPU (Triton 3.6) repeated
+decode, combine and rotary launches skip that work (hf_flash.kernels.launch), so the binder rows
+here overstate their cost there; ``--no-binder`` is the closer picture of it, and
+scripts/launch_host_time.py measures both launch paths on the GPU. hf_flash's validation, dispatch,
 launch planning and small torch ops run as usual. Launches per step and arguments per launch
 are printed. The sdpa rows run transformers' real sdpa path on tiny CPU kernels; torch ops on a
 GPU cost more host time per op (a CUDA launch) than these CPU ones.
@@ -117,10 +120,20 @@ def _make_binder(kernel):
 
 
 def stub_kernels(binder: bool = True) -> list[_StubKernel]:
+    from hf_flash.kernels.launch import CachedLauncher
+
+    launchers = [v for m in {m for m, _ in _KERNELS} for v in vars(m).values()
+                 if isinstance(v, CachedLauncher)]  # fmt: skip
     stubs = []
     for module, name in _KERNELS:
-        stub = _StubKernel(name, getattr(module, name), binder)
+        kernel = getattr(module, name)
+        stub = _StubKernel(name, kernel, binder)
         setattr(module, name, stub)
+        # launch sites that go through a CachedLauncher (which, under the interpreter, calls
+        # kernel[grid](...) every time)
+        for launcher in launchers:
+            if launcher.kernel is kernel:
+                launcher.kernel = stub
         stubs.append(stub)
     return stubs
 

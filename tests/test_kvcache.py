@@ -321,14 +321,14 @@ def test_one_split_launches_no_combine(monkeypatch):
     """num_splits=1: the decode kernel writes the output itself; no combine launch. Several
     splits: one combine launch. Both equal the reference (the "one-split" case above too)."""
     launches = []
-    real = decode._combine_kernel
+    real = decode._COMBINE.kernel
 
     class Spy:
         def __getitem__(self, grid):
             launches.append(grid)
             return real[grid]
 
-    monkeypatch.setattr(decode, "_combine_kernel", Spy())
+    monkeypatch.setattr(decode._COMBINE, "kernel", Spy())
     _check(num_splits=1, causal=True, lens=(68, 3), seqlen_cache=80)
     assert launches == []
     _check(num_splits=3, causal=True, lens=(68, 3), seqlen_cache=80)
@@ -342,7 +342,7 @@ def test_cached_launch_plan_follows_config_override(monkeypatch):
     from hf_flash.kernels import configs
 
     seen = []
-    real = decode._decode_kernel
+    real = decode._DECODE.kernel
 
     class Spy:
         def __getitem__(self, grid):
@@ -352,7 +352,7 @@ def test_cached_launch_plan_follows_config_override(monkeypatch):
 
             return launch
 
-    monkeypatch.setattr(decode, "_decode_kernel", Spy())
+    monkeypatch.setattr(decode._DECODE, "kernel", Spy())
     _check(causal=True)
     with configs.override(decode={"BLOCK_N": 32}):
         _check(causal=True)

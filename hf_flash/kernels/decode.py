@@ -45,6 +45,7 @@ import triton.language as tl
 
 from . import configs
 from .flash_common import LN2, scores_log2, visible
+from .launch import CachedLauncher
 
 
 @triton.jit
@@ -221,7 +222,7 @@ def _decode_kernel(
     stride_lb, stride_lh,
     stride_btb, stride_cb, stride_cs, stride_ab,
     batch, nheads, seqlen_q, seqlen_new, group, page_size, capacity, num_splits,
-    qk_scale, softcap, window_left, window_right,
+    window_left, window_right, qk_scale, softcap,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_NEW: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
     HAS_LEFTPAD: tl.constexpr, HAS_ROTARY: tl.constexpr, ROTARY_DIM: tl.constexpr,
@@ -497,7 +498,7 @@ class _Plan:
     dtypes and flags only, so it is computed once per distinct combination (every layer of
     every decode step repeats one)."""
 
-    __slots__ = ("block_n", "m_tiles", "constexprs", "combine")
+    __slots__ = ("block_n", "m_tiles", "meta", "combine", "combine_meta")
 
     def __init__(self, head_dim, dtype, device, rows, flags):
         (has_new, paged, has_batch_idx, has_leftpad, has_rotary, rotary_dim, interleaved,
@@ -520,11 +521,26 @@ class _Plan:
             DOT_FP32=dot_fp32, PRECISION="ieee" if dot_fp32 else "tf32",
             NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )  # fmt: skip
-        # by split: keyword arguments of the main kernel, SPLIT included
-        self.constexprs = {split: {**common, "SPLIT": split, **tail} for split in (False, True)}
+        # by split: constexprs and options of the main kernel, SPLIT included
+        self.meta = {
+            split: _DECODE.meta(**common, SPLIT=split, **tail) for split in (False, True)
+        }
         self.combine = dict(
             HEAD_DIM=head_dim, BLOCK_D=block_d, CHUNK_S=8, num_warps=4 if head_dim > 64 else 2
         )
+        self.combine_meta = {}  # by BLOCK_S
+
+    def combine_for(self, num_splits: int):
+        block_s = max(2, configs.next_power_of_2(num_splits))
+        meta = self.combine_meta.get(block_s)
+        if meta is None:
+            meta = self.combine_meta[block_s] = _COMBINE.meta(BLOCK_S=block_s, **self.combine)
+        return meta
+
+
+# Launched once or twice per layer of every decode step: cached launches (see .launch)
+_DECODE = CachedLauncher(_decode_kernel)
+_COMBINE = CachedLauncher(_combine_kernel)
 
 
 _PLANS: dict = {}
@@ -600,26 +616,29 @@ def flash_decode(
         stride_ab = alibi_slopes.stride(0)
     stride_o = out.stride()
     stride_l = lse.stride()
-    _decode_kernel[(num_splits, batch * nheads_k, plan.m_tiles)](
-        q, k_cache, v_cache, k_new, v_new, out, lse, out_part, lse_part,
-        cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,
-        alibi_slopes,
-        *q.stride()[:3],
-        *_strides3(k_cache), *_strides3(v_cache), *_strides3(k_new), *_strides3(v_new),
-        *stride_o[:3],
-        *stride_l[:2],
-        block_table.stride(0) if paged else 0,
-        stride_cb, rotary_cos.stride(-2) if has_rotary else 0,
-        stride_ab,
-        batch, nheads, seqlen_q, seqlen_new, group, page_size, capacity, num_splits,
-        float(softmax_scale), float(softcap), int(window_left), int(window_right),
-        **plan.constexprs[split],
+    _DECODE(
+        (num_splits, batch * nheads_k, plan.m_tiles),
+        (q, k_cache, v_cache, k_new, v_new, out, lse, out_part, lse_part,
+         cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,
+         alibi_slopes),
+        (*q.stride()[:3],
+         *_strides3(k_cache), *_strides3(v_cache), *_strides3(k_new), *_strides3(v_new),
+         *stride_o[:3],
+         *stride_l[:2],
+         block_table.stride(0) if paged else 0,
+         stride_cb, rotary_cos.stride(-2) if has_rotary else 0,
+         stride_ab,
+         batch, nheads, seqlen_q, seqlen_new, group, page_size, capacity, num_splits,
+         int(window_left), int(window_right)),
+        (float(softmax_scale), float(softcap)),
+        plan.meta[split],
     )  # fmt: skip
     if split:
         total_rows = batch * nheads * seqlen_q
-        _combine_kernel[(total_rows,)](
-            out_part, lse_part, out, lse,
-            *stride_o[:3], *stride_l[:2],
-            total_rows, nheads, seqlen_q, num_splits,
-            BLOCK_S=max(2, configs.next_power_of_2(num_splits)), **plan.combine,
+        _COMBINE(
+            (total_rows,),
+            (out_part, lse_part, out, lse),
+            (*stride_o[:3], *stride_l[:2], total_rows, nheads, seqlen_q, num_splits),
+            (),
+            plan.combine_for(num_splits),
         )  # fmt: skip

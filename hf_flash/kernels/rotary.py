@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from . import configs
+from .launch import CachedLauncher
 
 
 @triton.jit
@@ -112,13 +113,12 @@ def _rotate_tokens(
 
 @triton.jit
 def _rotary_kernel(
-    xa_ptr, oa_ptr, stride_xab, stride_xas, stride_xah, stride_oab, stride_oas, stride_oah,
-    nheads_a, nblocks_a,
-    xb_ptr, ob_ptr, stride_xbb, stride_xbs, stride_xbh, stride_obb, stride_obs, stride_obh,
-    nheads_b,
+    xa_ptr, oa_ptr, xb_ptr, ob_ptr, cos_ptr, sin_ptr, pos_ptr, offsets_ptr,
+    stride_xab, stride_xas, stride_xah, stride_oab, stride_oas, stride_oah, nheads_a, nblocks_a,
+    stride_xbb, stride_xbs, stride_xbh, stride_obb, stride_obs, stride_obh, nheads_b,
     seqlen, ntokens,
-    cos_ptr, sin_ptr, stride_cb, stride_cs, seqlen_ro,
-    pos_ptr, stride_pb, stride_ps, offsets_ptr, offset,
+    stride_cb, stride_cs, seqlen_ro,
+    stride_pb, stride_ps, offset,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, COS_HALF_OFFSET: tl.constexpr,
     TAIL: tl.constexpr, BLOCK_TAIL: tl.constexpr,
     BLOCK_TA: tl.constexpr, BLOCK_HA: tl.constexpr, BLOCK_TB: tl.constexpr, BLOCK_HB: tl.constexpr,
@@ -147,6 +147,10 @@ def _rotary_kernel(
             HALF, BLOCK_HALF, COS_HALF_OFFSET, TAIL, BLOCK_TAIL, BLOCK_TB, BLOCK_HB,
             INTERLEAVED, CONJUGATE, HAS_POS, HAS_OFFSETS, COPY_TAIL,
         )  # fmt: skip
+
+
+# one launch per fused RoPE call (q and k together): cached launches, see .launch
+_ROTARY = CachedLauncher(_rotary_kernel)
 
 
 # Elements per program and half (x1 or x2). The broadcast cos/sin rows are held in registers
@@ -204,7 +208,7 @@ def rotary_forward(
     )
     has_pos = position_ids is not None
     has_offsets = seqlen_offsets is not None
-    bta, btb, hblocks, constexprs = _plan(
+    bta, btb, hblocks, meta = _plan(
         xa.shape[2], xb.shape[2] if two else 0, headdim, rotary_dim, int(cos_half_offset),
         copy_tail, bool(interleaved), bool(conjugate), has_pos, has_offsets,
     )  # fmt: skip
@@ -215,20 +219,23 @@ def rotary_forward(
     stride_pb, stride_ps = position_ids.stride()[:2] if has_pos else (0, 0)
     stride_c = cos.stride()
     stride_cb = stride_c[0] if cos.shape[0] > 1 else 0
-    _rotary_kernel[(nblocks_a + nblocks_b, hblocks)](
-        xa, oa, *xa.stride()[:3], *oa.stride()[:3], xa.shape[2], nblocks_a,
-        xb, ob, *xb.stride()[:3], *ob.stride()[:3], xb.shape[2],
-        seqlen, ntokens,
-        cos, sin, stride_cb, stride_c[1], cos.shape[1],
-        pos, stride_pb, stride_ps, offs, int(offset),
-        **constexprs,
+    _ROTARY(
+        (nblocks_a + nblocks_b, hblocks),
+        (xa, oa, xb, ob, cos, sin, pos, offs),
+        (*xa.stride()[:3], *oa.stride()[:3], xa.shape[2], nblocks_a,
+         *xb.stride()[:3], *ob.stride()[:3], xb.shape[2],
+         seqlen, ntokens,
+         stride_cb, stride_c[1], cos.shape[1],
+         stride_pb, stride_ps, int(offset)),
+        (),
+        meta,
     )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=256)
 def _plan(nheads_a, nheads_b, headdim, rotary_dim, cos_half_offset, copy_tail, interleaved,
           conjugate, has_pos, has_offsets):  # fmt: skip
-    """(BLOCK_TA, BLOCK_TB, head blocks, constexpr keyword arguments) for one launch shape;
+    """(BLOCK_TA, BLOCK_TB, head blocks, constexprs and options) for one launch shape;
     ``nheads_b`` 0: a single tensor. Memoised: every layer of a decode step repeats one."""
     half = rotary_dim // 2
     block_half = configs.next_power_of_2(half)
@@ -238,7 +245,7 @@ def _plan(nheads_a, nheads_b, headdim, rotary_dim, cos_half_offset, copy_tail, i
     bta, bha = _blocks(nheads_a, width)
     btb, bhb = _blocks(nheads_b, width) if nheads_b else (bta, bha)
     hblocks = max(configs.cdiv(nheads_a, bha), configs.cdiv(nheads_b, bhb) if nheads_b else 1)
-    constexprs = dict(
+    meta = _ROTARY.meta(
         HALF=half, BLOCK_HALF=block_half, COS_HALF_OFFSET=cos_half_offset,
         TAIL=tail, BLOCK_TAIL=block_tail,
         BLOCK_TA=bta, BLOCK_HA=bha, BLOCK_TB=btb, BLOCK_HB=bhb,
@@ -246,4 +253,4 @@ def _plan(nheads_a, nheads_b, headdim, rotary_dim, cos_half_offset, copy_tail, i
         HAS_POS=has_pos, HAS_OFFSETS=has_offsets, COPY_TAIL=copy_tail,
         num_warps=_NUM_WARPS,
     )  # fmt: skip
-    return bta, btb, hblocks, constexprs
+    return bta, btb, hblocks, meta

@@ -1,0 +1,228 @@
+"""Cached launches of compiled Triton kernels: a host fast path for small, frequent launches.
+
+``kernel[grid](*args, **constexprs)`` costs ~100 us of host time in Triton 3.6
+(``JITFunction.run``): it binds every argument by name, specialises each one (dtype, pointer
+alignment, integer divisibility), turns the result into a string cache key, builds launch
+metadata for the profiler hooks, and the C launcher then asks the driver about every tensor
+pointer. A DynamicCache decode step pays that once or twice per layer, which makes eager decode
+host-bound.
+
+:class:`CachedLauncher` launches the same compiled kernel for a fraction of that. The first call
+with a new specialisation goes through ``kernel[grid](...)`` (Triton compiles or finds the
+kernel and launches it); the ``CompiledKernel`` it returns is kept under a key that holds
+everything Triton specialises on, and later calls with the same key call its launcher directly
+(``CompiledKernel.run``, the entry point ``JITFunction.run`` itself ends in). Two levels of keys:
+
+* exact: the integer arguments by value, the tensors by (dtype, 16-byte alignment of the
+  pointer). Decode repeats shapes and strides, so this hits; hashing a tuple of ints is C work.
+* specialisation: each integer reduced to what Triton 3.6 distinguishes (equal to 1, divisible
+  by 16, other; all within int32), used when the exact key misses (e.g. a position offset that
+  changes every call). A hit here adds an exact entry.
+
+Both keys also hold the device, the constexpr values and launch options, and Triton's
+``debug`` / ``instrumentation_mode`` settings. Floats are not keyed: Triton 3.6 never
+specialises a Python float (always fp32). Anything the keys cannot vouch for (an int outside
+int32, a CPU tensor, a non-int in the integer group, launch hooks installed, pre-run hooks, a
+kernel being traced by torch.compile) takes ``kernel[grid](...)``, the same kernel through
+Triton's own path. Not checked on the fast path: Triton's test that global values used by the
+kernel have not changed since it was compiled (hf_flash kernels read module constants only).
+
+The fast path is on only for the Triton versions whose launch internals it was written against
+(3.6.x), never under the interpreter (``TRITON_INTERPRET=1``: kernels are not ``JITFunction``s
+there), and can be switched off with ``HF_FLASH_FAST_LAUNCH=0`` or :func:`fast_launch`. It
+launches on Triton's current device and stream, so CUDA-graph capture records it like a normal
+launch, and hf_flash calls it inside custom ops, whose bodies torch.compile does not trace.
+
+Contract for callers: the kernel's runtime parameters are ordered pointers (tensors or None),
+then integers, then floats, then constexprs, which :meth:`CachedLauncher.meta` receives by
+keyword (with the launch options). Integers must be Python ints and floats Python floats.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Optional
+
+import torch
+import triton
+
+# Triton releases whose JITFunction.run / CompiledKernel.run / CudaLauncher this follows.
+_VERIFIED_TRITON = ("3.6.",)
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+# entries per table and launcher before the table is emptied (bounds a long-running server)
+_EXACT_MAX = 4096
+# distinct constexpr / option sets seen (by value) -> small int; a few per launch plan
+_META_KEYS: dict = {}
+
+
+def _supported() -> bool:
+    if os.environ.get("HF_FLASH_FAST_LAUNCH", "1") in ("0", "", "false", "False"):
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    return triton.__version__.startswith(_VERIFIED_TRITON)
+
+
+_ENABLED = _supported()
+
+
+@contextlib.contextmanager
+def fast_launch(enabled: bool):
+    """Switch the cached-launch fast path on or off for a block (tests compare both paths).
+    Turning it on where it is unsupported has no effect."""
+    global _ENABLED
+    previous = _ENABLED
+    _ENABLED = bool(enabled) and _supported()
+    try:
+        yield
+    finally:
+        _ENABLED = previous
+
+
+def int_spec(value) -> Optional[int]:
+    """What Triton 3.6 specialises an int argument on: 2 for the value 1 (made a constexpr),
+    1 for a multiple of 16 (divisibility hint), 0 otherwise; None where the key cannot vouch for
+    it (not a Python int, or outside int32: i64/u64 arguments)."""
+    if value.__class__ is not int or not _I32_MIN <= value <= _I32_MAX:
+        return None
+    if value == 1:
+        return 2
+    return 1 if value & 15 == 0 else 0
+
+
+def tensor_spec(tensors) -> Optional[tuple[list, list]]:
+    """(pointers, key) of a launch's pointer arguments: None stays None (a constexpr None to
+    Triton); a tensor gives its data pointer and, in the key, its dtype and whether the pointer
+    is 16-byte aligned. None where a tensor is not on a CUDA device."""
+    ptrs = []
+    key = []
+    add_ptr, add_key = ptrs.append, key.append
+    for t in tensors:
+        if t is None:
+            add_ptr(None)
+            add_key(None)
+        elif t.is_cuda:
+            p = t.data_ptr()
+            add_ptr(p)
+            add_key(t.dtype)
+            add_key(not p & 15)
+        else:
+            return None
+    return ptrs, key
+
+
+class LaunchMeta:
+    """Constexprs and launch options of one kind of launch, made once per launch plan.
+
+    ``kwargs`` are passed to ``kernel[grid](...)`` on the normal path; ``key`` is a small int
+    standing for their values (equal values, equal key: hashing the values themselves on every
+    launch would cost ~1 us); ``tail`` the constexpr values in parameter order, passed after the
+    runtime arguments to the compiled kernel's launcher (which skips constexprs)."""
+
+    __slots__ = ("kwargs", "key", "tail")
+
+    def __init__(self, kwargs: dict, key, tail):
+        self.kwargs = kwargs
+        self.key = key
+        self.tail = tail
+
+
+class CachedLauncher:
+    """Launches ``kernel`` (a ``@triton.jit`` function) with the cached fast path.
+
+    ``launcher(grid, tensors, ints, floats, meta)`` is ``kernel[grid](*tensors, *ints, *floats,
+    **meta.kwargs)``. ``fast`` / ``normal`` count the launches each path took."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        from triton.runtime.jit import JITFunction
+
+        # the fast path serves this kernel only: one swapped in later (a test's spy) is called
+        # through kernel[grid](...)
+        self._jit = kernel if isinstance(kernel, JITFunction) else None
+        self._params = [p.name for p in kernel.params] if self._jit is not None else None
+        self._exact: dict = {}
+        self._spec: dict = {}
+        self._driver = None
+        self.fast = 0
+        self.normal = 0
+
+    def meta(self, **kwargs) -> LaunchMeta:
+        """Constexprs by name plus launch options (num_warps, num_stages, ...)."""
+        tail = None
+        if self._jit is not None:
+            names = [n for n in self._params if n in kwargs]
+            # the constexprs must be exactly the trailing parameters
+            if names and names == self._params[len(self._params) - len(names):]:
+                tail = tuple(kwargs[n] for n in names)
+        try:
+            # with the types: True == 1 == 1.0 as dict keys, not as Triton constexprs
+            values = tuple(sorted((k, v.__class__, v) for k, v in kwargs.items()))
+            key = _META_KEYS.setdefault(values, len(_META_KEYS))
+        except TypeError:  # an unhashable value: normal launches only
+            key = tail = None
+        return LaunchMeta(kwargs, key, tail)
+
+    def _normal(self, grid, tensors, ints, floats, meta):
+        self.normal += 1
+        return self.kernel[grid](*tensors, *ints, *floats, **meta.kwargs)
+
+    def __call__(self, grid, tensors, ints, floats, meta: LaunchMeta) -> None:
+        kernel = self.kernel
+        if not _ENABLED or meta.tail is None or kernel is not self._jit:
+            self._normal(grid, tensors, ints, floats, meta)
+            return
+        runtime = triton.knobs.runtime
+        if (
+            kernel.pre_run_hooks
+            or getattr(runtime.launch_enter_hook, "calls", True)
+            or getattr(runtime.launch_exit_hook, "calls", True)
+            or torch.compiler.is_compiling()
+        ):
+            self._normal(grid, tensors, ints, floats, meta)
+            return
+        spec = tensor_spec(tensors)
+        if spec is None:
+            self._normal(grid, tensors, ints, floats, meta)
+            return
+        ptrs, tkey = spec
+        driver = self._driver
+        if driver is None:
+            active = triton.runtime.driver.active
+            driver = self._driver = (active.get_current_device, active.get_current_stream)
+        device = driver[0]()
+        head = (device, meta.key, runtime.debug, triton.knobs.compilation.instrumentation_mode,
+                tuple(tkey))  # fmt: skip
+        exact = (head, ints)
+        entry = self._exact.get(exact)
+        if entry is None:
+            spec_ints = tuple(map(int_spec, ints))
+            if None in spec_ints:
+                self._normal(grid, tensors, ints, floats, meta)
+                return
+            skey = (head, spec_ints)
+            entry = self._spec.get(skey)
+            if entry is None:
+                if any(f.__class__ is not float for f in floats):
+                    self._normal(grid, tensors, ints, floats, meta)
+                    return
+                # Triton's own path picks (compiling if needed) and launches the kernel for
+                # these arguments; keep it for the key they share
+                compiled = self._normal(grid, tensors, ints, floats, meta)
+                if compiled is not None and hasattr(compiled, "packed_metadata"):
+                    if len(self._spec) >= _EXACT_MAX:
+                        self._spec.clear()
+                    self._spec[skey] = (compiled.run, compiled.function, compiled.packed_metadata)
+                return
+            if len(self._exact) >= _EXACT_MAX:
+                self._exact.clear()
+            self._exact[exact] = entry
+        run, function, packed = entry
+        n = len(grid)
+        self.fast += 1
+        # CompiledKernel.run: grid, stream, function, packed metadata, launch metadata, enter
+        # and exit hooks (none installed: checked above), then every parameter in order,
+        # constexprs included (the launcher skips them)
+        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, driver[1](device),
+            function, packed, None, None, None, *ptrs, *ints, *floats, *meta.tail)  # fmt: skip

@@ -1,0 +1,219 @@
+"""The cached-launch fast path (hf_flash.kernels.launch) on the GPU.
+
+Repeated decode / combine / rotary launches must take the fast path, give the same bits as
+Triton's own launch path, and use the compiled kernel Triton itself would pick for the call
+(checked on every fast launch against Triton's binder and kernel cache), including when the
+specialisation changes (unaligned views, sizes equal to 1 or multiples of 16). Also under
+CUDA-graph capture and torch.compile. Numerics against the oracle: tests/test_kvcache.py and
+tests/test_rotary.py, whose repeated calls take the fast path on the GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+from hf_flash import apply_rotary_emb, flash_attn_with_kvcache
+from hf_flash.kernels import decode, launch, rotary
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+if not launch._supported():
+    pytest.skip(f"fast launch path not enabled for triton {triton.__version__}",
+                allow_module_level=True)  # fmt: skip
+
+
+def _triton_choice(kernel, tensors, ints, floats, meta):
+    """The CompiledKernel JITFunction.run (Triton 3.6) would launch for these arguments, from
+    Triton's own binder and kernel cache (None if it has not compiled one)."""
+    from triton.runtime.jit import compute_cache_key
+
+    device = triton.runtime.driver.active.get_current_device()
+    kernel_cache, key_cache, _target, _backend, binder = kernel.device_caches[device]
+    kwargs = dict(meta.kwargs)
+    kwargs["debug"] = kwargs.get("debug", kernel.debug) or triton.knobs.runtime.debug
+    kwargs["instrumentation_mode"] = triton.knobs.compilation.instrumentation_mode
+    _bound, specialization, options = binder(*tensors, *ints, *floats, **kwargs)
+    return kernel_cache.get(compute_cache_key(key_cache, specialization, options))
+
+
+class _Audit:
+    """Wraps a CachedLauncher: after every call that took the fast path, checks that the
+    compiled kernel it launched is the one Triton would have picked."""
+
+    def __init__(self, launcher):
+        self.launcher = launcher
+        self.meta = launcher.meta
+        self.checked = 0
+        used = self.used = []
+
+        class Recording(dict):
+            def get(self, key, default=None):
+                value = dict.get(self, key, default)
+                used.append(value)
+                return value
+
+        launcher._exact = Recording(launcher._exact)
+        launcher._spec = Recording(launcher._spec)
+
+    def __call__(self, grid, tensors, ints, floats, meta):
+        fast = self.launcher.fast
+        self.used.clear()
+        self.launcher(grid, tensors, ints, floats, meta)
+        if self.launcher.fast > fast:
+            entry = next(e for e in reversed(self.used) if e is not None)
+            compiled = _triton_choice(self.launcher.kernel, tensors, ints, floats, meta)
+            assert compiled is not None and entry[1] == compiled.function
+            self.checked += 1
+
+
+@pytest.fixture
+def audit(monkeypatch):
+    audits = {}
+    for module, name in ((decode, "_DECODE"), (decode, "_COMBINE"), (rotary, "_ROTARY")):
+        launcher = getattr(module, name)
+        monkeypatch.setattr(launcher, "_exact", dict(launcher._exact))
+        monkeypatch.setattr(launcher, "_spec", dict(launcher._spec))
+        audits[name] = _Audit(launcher)
+        monkeypatch.setattr(module, name, audits[name])
+    return audits
+
+
+def _inputs(batch=2, seqlen_cache=512, nheads=8, nheads_k=2, d=128, dtype=torch.bfloat16,
+            unaligned=False, seed=0):  # fmt: skip
+    g = torch.Generator(device=DEV).manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device=DEV, dtype=dtype, generator=g)
+
+    if unaligned:  # views 2 bytes past a 16-byte boundary, odd head strides
+        q = rnd(batch, 1, nheads, d + 1)[..., 1:]
+        kn = rnd(batch, 1, nheads_k, d + 1)[..., 1:]
+        assert q.data_ptr() % 16 and kn.data_ptr() % 16
+    else:
+        q, kn = rnd(batch, 1, nheads, d), rnd(batch, 1, nheads_k, d)
+    kc, vc = rnd(batch, seqlen_cache, nheads_k, d), rnd(batch, seqlen_cache, nheads_k, d)
+    vn = rnd(batch, 1, nheads_k, d)
+    lens = torch.randint(1, seqlen_cache - 1, (batch,), generator=g, device=DEV).to(torch.int32)
+    cos = torch.rand(seqlen_cache, d // 2, device=DEV, generator=g)
+    sin = torch.rand(seqlen_cache, d // 2, device=DEV, generator=g)
+    return dict(q=q, k_cache=kc, v_cache=vc, k=kn, v=vn, cache_seqlens=lens, rotary_cos=cos,
+                rotary_sin=sin)  # fmt: skip
+
+
+def _decode(inp, **opts):
+    """One call on copies of the caches: (out, lse, k_cache, v_cache after the append)."""
+    kc, vc = inp["k_cache"].clone(), inp["v_cache"].clone()
+    args = {**inp, "k_cache": kc, "v_cache": vc}
+    out, lse = flash_attn_with_kvcache(**args, causal=True, return_softmax_lse=True, **opts)
+    return out, lse, kc, vc
+
+
+def _equal(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+CASES = [
+    pytest.param({}, dict(num_splits=1), id="one-split"),
+    pytest.param({}, dict(num_splits=4), id="four-splits"),
+    pytest.param({}, dict(num_splits=0), id="auto-splits"),
+    pytest.param({"batch": 1}, dict(num_splits=0), id="batch1"),
+    pytest.param({"batch": 16, "nheads": 32, "nheads_k": 16}, dict(num_splits=0), id="batch16"),
+    pytest.param({"unaligned": True}, dict(num_splits=3), id="unaligned"),
+    pytest.param({"dtype": torch.float16, "d": 64}, dict(num_splits=2), id="fp16-d64"),
+    pytest.param({}, dict(num_splits=2, window_size=(100, 0), softcap=5.0), id="window-softcap"),
+]
+
+
+@pytest.mark.parametrize("shape, opts", CASES)
+def test_repeats_take_fast_path_and_match_triton_launch(audit, shape, opts):
+    inp = _inputs(**shape)
+    with launch.fast_launch(False):
+        want = _decode(inp, **opts)
+    fast = audit["_DECODE"].launcher.fast
+    for _ in range(3):
+        got = _decode(inp, **opts)
+        assert _equal(got, want)
+    # the first call may have been a new specialisation; the later ones are cached
+    assert audit["_DECODE"].launcher.fast - fast >= 2
+    assert audit["_DECODE"].checked >= 2
+    if opts.get("num_splits", 0) > 1:
+        assert audit["_COMBINE"].checked >= 2
+
+
+def test_specialisation_changes_pick_the_right_kernel(audit):
+    """Aligned and unaligned views, batch 1 and 16 interleaved: every fast launch uses the
+    kernel Triton picks for that call (audited), and outputs equal Triton's own launch."""
+    variants = [_inputs(), _inputs(unaligned=True), _inputs(batch=1), _inputs(batch=16)]
+    with launch.fast_launch(False):
+        want = [_decode(v, num_splits=2) for v in variants]
+    for _ in range(2):
+        for v, w in zip(variants, want):
+            assert _equal(_decode(v, num_splits=2), w)
+    assert audit["_DECODE"].checked >= len(variants)
+    entries = {e[1] for e in audit["_DECODE"].launcher._spec.values()}
+    assert len(entries) >= 2  # several compiled specialisations in use
+
+
+def test_rotary_repeats_take_fast_path(audit):
+    g = torch.Generator(device=DEV).manual_seed(0)
+    x = torch.randn(1, 1, 32, 64, device=DEV, dtype=torch.bfloat16, generator=g)
+    cos = torch.rand(4096, 32, device=DEV, generator=g)
+    sin = torch.rand(4096, 32, device=DEV, generator=g)
+    with launch.fast_launch(False):
+        want = [apply_rotary_emb(x, cos, sin, seqlen_offsets=off) for off in (5, 6, 16, 1)]
+    for _ in range(2):
+        got = [apply_rotary_emb(x, cos, sin, seqlen_offsets=off) for off in (5, 6, 16, 1)]
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert audit["_ROTARY"].checked >= 4
+
+
+def test_cuda_graph_capture_replays_fast_launches(audit):
+    inp = _inputs()
+    static = {**inp, "k_cache": inp["k_cache"].clone(), "v_cache": inp["v_cache"].clone()}
+
+    def step():
+        return flash_attn_with_kvcache(**static, causal=True, num_splits=3)
+
+    with launch.fast_launch(False):
+        want = _decode(inp, num_splits=3)[0]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm-up: compiled and cached before capture
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    fast = audit["_DECODE"].launcher.fast
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    assert audit["_DECODE"].launcher.fast == fast + 1  # captured through the fast path
+    static["k_cache"].copy_(inp["k_cache"])
+    static["v_cache"].copy_(inp["v_cache"])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+    new = static["cache_seqlens"][0].item()
+    assert torch.equal(static["k_cache"][0, new], _decode(inp, num_splits=3)[2][0, new])
+
+
+def test_compiled_caller_matches_eager(audit):
+    inp = _inputs()
+
+    def f(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin):
+        return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=rotary_cos,
+                                       rotary_sin=rotary_sin, cache_seqlens=cache_seqlens,
+                                       causal=True, num_splits=2)  # fmt: skip
+
+    compiled = torch.compile(f, fullgraph=True)
+    with launch.fast_launch(False):
+        want = _decode(inp, num_splits=2)
+    for _ in range(3):
+        kc, vc = inp["k_cache"].clone(), inp["v_cache"].clone()
+        out = compiled(inp["q"], kc, vc, inp["k"], inp["v"], inp["cache_seqlens"],
+                       inp["rotary_cos"], inp["rotary_sin"])  # fmt: skip
+        assert torch.equal(out, want[0]) and torch.equal(kc, want[2]) and torch.equal(vc, want[3])
+    assert audit["_DECODE"].checked >= 2
+
