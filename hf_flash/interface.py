@@ -188,19 +188,22 @@ def _new_rng_state(device) -> Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def _attn_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                   dropout_p, rng_state):  # fmt: skip
+_OPTION_NAMES = (
+    "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal",
+    "window_left", "window_right", "softcap", "alibi_slopes", "dropout_p", "rng_state",
+)  # fmt: skip
+
+
+def _kernel_options(*values) -> dict:
+    """The kernels' keyword options from the ops' positional ones (order of _OPTION_NAMES)."""
+    return dict(zip(_OPTION_NAMES, values))
+
+
+def _attn_fwd_impl(q, k, v, *options):
+    """The body of ``hf_flash::attn_fwd``; ``options`` in the op's order (_OPTION_NAMES)."""
     out = torch.empty_like(q)
-    lse = _empty_lse(q, cu_seqlens_q)
-    _fwd.flash_attn_forward(
-        q, k, v, out, lse,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        softmax_scale=softmax_scale, causal=causal,
-        window_left=window_left, window_right=window_right, softcap=softcap,
-        alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng_state=rng_state,
-    )  # fmt: skip
+    lse = _empty_lse(q, options[0])
+    _fwd.flash_attn_forward(q, k, v, out, lse, **_kernel_options(*options))
     return out, lse
 
 
@@ -242,20 +245,14 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
     return torch.empty_like(q), _empty_lse(q, cu_seqlens_q)
 
 
-def _attn_bwd_impl(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                   max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-                   alibi_slopes, dropout_p, rng_state):  # fmt: skip
+def _attn_bwd_impl(dout, dlse, q, k, v, out, lse, *options):
+    """The body of ``hf_flash::attn_bwd``; ``options`` as for :func:`_attn_fwd_impl`."""
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     _bwd.flash_attn_backward(
-        _prepare(dout), dlse, q, k, v, out, lse, dq, dk, dv,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        softmax_scale=softmax_scale, causal=causal,
-        window_left=window_left, window_right=window_right, softcap=softcap,
-        alibi_slopes=alibi_slopes, dropout_p=dropout_p, rng_state=rng_state,
-    )  # fmt: skip
+        _prepare(dout), dlse, q, k, v, out, lse, dq, dk, dv, **_kernel_options(*options)
+    )
     return dq, dk, dv
 
 
