@@ -28,16 +28,21 @@ import torch
 
 METHODS = ("pi", "ntk", "yarn")
 
+# pretrain_steps x rows_per_step rows of l0 tokens, or pretrain_s seconds if that ends first;
+# corpus_rows fresh rows, repeated in a new order beyond that
 SETTINGS = {
     # quick: ~5M parameters, L0 = 512 -> 2048
-    True: dict(hidden=256, layers=6, heads=4, kv_heads=2, inter=768, l0=512, factor=4,
-               pretrain_steps=1500, rows_per_step=16, lr=2e-3, ft_steps=80, trials=3),
+    True: dict(hidden=256, layers=6, heads=8, kv_heads=4, inter=768, l0=512, factor=4,
+               pretrain_steps=2500, rows_per_step=64, pretrain_s=180, corpus_rows=50_000, lr=2e-3,
+               warmup=200, probe_every=250, ft_steps=80, trials=3),
     # full: ~25M parameters, L0 = 1024 -> 4096 (evaluated up to 8x)
     False: dict(hidden=512, layers=8, heads=8, kv_heads=4, inter=1536, l0=1024, factor=4,
-                pretrain_steps=4000, rows_per_step=32, lr=1e-3, ft_steps=200, trials=5),
+                pretrain_steps=3000, rows_per_step=32, pretrain_s=330, corpus_rows=40_000, lr=1e-3,
+                warmup=200, probe_every=250, ft_steps=200, trials=5),
     # smoke: plumbing check only (CPU, --attn sdpa); learns nothing
     "smoke": dict(hidden=64, layers=1, heads=2, kv_heads=1, inter=128, l0=384, factor=2,
-                  pretrain_steps=3, rows_per_step=2, lr=1e-3, ft_steps=2, trials=1),
+                  pretrain_steps=3, rows_per_step=2, pretrain_s=60, corpus_rows=64, lr=1e-3,
+                  warmup=2, probe_every=2, ft_steps=2, trials=1),
 }
 DEVICE = "cuda"
 ATTN = "hf_flash"
@@ -47,21 +52,67 @@ def log(*a):
     print(time.strftime("%H:%M:%S"), *a, flush=True)
 
 
-def pretraining_documents(tokenizer, l0: int, n_prompts: int, n_docs: int, seed: int) -> list[list[int]]:
-    """Pass-key prompts + answers of random length <= L0 and depth, and long pass-key documents."""
+def passkey_document(tokenizer, length: int, rng: random.Random) -> list[int]:
+    """An evaluation prompt (hf_flash.eval's format, random key and depth) + its answer + EOS:
+    exactly ``length`` tokens."""
     from hf_flash.eval import build_passkey_prompt
 
-    from .data import synthetic_documents, tokenize_documents
+    key = f"{rng.randint(0, 99999):05d}"
+    tail = len(tokenizer.encode(" " + key)) + 1  # the answer and EOS
+    prompt, answer = build_passkey_prompt(tokenizer, length - tail, rng.random(), key)
+    return prompt + answer + [tokenizer.eos_token_id]
 
+
+def _fits(tokenizer, length: int) -> bool:
+    try:
+        passkey_document(tokenizer, length, random.Random(0))
+    except ValueError:
+        return False
+    return True
+
+
+def passkey_rows(tokenizer, l0: int, n_rows: int, seed: int) -> PackedRows:
+    """Rows of exactly ``l0`` tokens filled with whole pass-key documents.
+
+    No document is cut by a row boundary: a cut prompt would teach the model to guess a key it
+    cannot see. A row holds several short prompts (each a retrieval example) or, one time in
+    five, one prompt of the full length, so the key is also seen at every distance up to ``l0``.
+    """
+    from .data import PackedRows
+
+    shortest = next(n for n in range(8, l0 + 1) if _fits(tokenizer, n)) + 8  # the fixed parts + 8 filler
+    if l0 < shortest:
+        raise ValueError(f"l0={l0} cannot hold a pass-key prompt (>= {shortest} tokens)")
     rng = random.Random(seed)
-    docs = []
-    for _ in range(n_prompts):
-        length = rng.randint(200, l0 - 8)  # the prompt's fixed parts take ~170 bytes
-        prompt, answer = build_passkey_prompt(tokenizer, length, rng.random(), f"{rng.randint(0, 99999):05d}")
-        docs.append(prompt + answer + [tokenizer.eos_token_id])
-    docs += tokenize_documents(synthetic_documents(n_docs, seed + 1, l0 // 4, 2 * l0), tokenizer)
-    rng.shuffle(docs)
-    return docs
+    ids = torch.empty(n_rows, l0, dtype=torch.int32)
+    pos = torch.empty(n_rows, l0, dtype=torch.int32)
+    for r in range(n_rows):
+        row, left = [], l0
+        while left:
+            if left < 2 * shortest or rng.random() < 0.2:
+                n = left
+            else:
+                n = rng.randint(shortest, left - shortest)
+            row.append(passkey_document(tokenizer, n, rng))
+            left -= n
+        ids[r] = torch.tensor([t for doc in row for t in doc], dtype=torch.int32)
+        pos[r] = torch.tensor([i for doc in row for i in range(len(doc))], dtype=torch.int32)
+    return PackedRows(ids, pos, n_rows, 0)
+
+
+def pretraining_rows(tokenizer, l0: int, n_rows: int, seed: int) -> PackedRows:
+    """The pretraining corpus: pass-key rows (85%) and long pass-key documents (15%, the
+    perplexity evaluation's kind of text), shuffled by the batch sampler."""
+    from .data import PackedRows, pack_documents, synthetic_documents, tokenize_documents
+
+    n_docs = max(1, n_rows * 15 // 100)
+    prompts = passkey_rows(tokenizer, l0, n_rows - n_docs, seed)
+    texts = synthetic_documents(2 * n_docs + 8, seed + 1, l0 // 4, 2 * l0)  # ~2 documents per row
+    docs = pack_documents(tokenize_documents(texts, tokenizer), l0)
+    n_docs = min(n_docs, docs.num_rows)
+    return PackedRows(torch.cat([prompts.input_ids, docs.input_ids[:n_docs]]),
+                      torch.cat([prompts.position_ids, docs.position_ids[:n_docs]]),
+                      prompts.num_documents + n_docs, 0)
 
 
 def passkey_texts(tokenizer, length: int, n: int, seed: int) -> list[str]:
@@ -77,11 +128,19 @@ def passkey_texts(tokenizer, length: int, n: int, seed: int) -> list[str]:
     return out
 
 
-def pretrain(s: dict, out: Path, seed: int) -> Path:
+def pretrain(s: dict, out: Path, seed: int) -> tuple[Path, list]:
+    """Pretrain from scratch; returns the saved model's folder and the retrieval probes.
+
+    The learning rate warms up, then follows a cosine to 10% over ``pretrain_steps`` steps or
+    ``pretrain_s`` seconds, whichever ends first, so the study keeps its time budget on a slower
+    GPU. Every ``probe_every`` steps a small pass-key grid at L0/2 and L0 is logged: retrieval
+    is learned abruptly (an induction-head phase change), and the probe shows when.
+    """
     import hf_flash  # noqa: F401  (registers attn_implementation="hf_flash")
+    from hf_flash.eval import passkey_grid
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from .data import ByteTokenizer, PackedBatches, pack_documents
+    from .data import ByteTokenizer, PackedBatches
 
     tok = ByteTokenizer()
     torch.manual_seed(seed)
@@ -93,24 +152,23 @@ def pretrain(s: dict, out: Path, seed: int) -> Path:
     )
     model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTN).to(DEVICE)
     n_params = sum(p.numel() for p in model.parameters())
-    tokens_needed = s["pretrain_steps"] * s["rows_per_step"] * s["l0"]
-    # pass-key prompts dominate the corpus: retrieval is the skill the study measures
-    docs = pretraining_documents(tok, s["l0"], n_prompts=tokens_needed // s["l0"] + 1000,
-                                 n_docs=tokens_needed // (s["l0"] * 8) + 200, seed=seed)
-    rows = pack_documents(docs, s["l0"])
+    steps, l0 = s["pretrain_steps"], s["l0"]
+    # fresh rows for up to `corpus_rows`, then further epochs in a new order
+    rows = pretraining_rows(tok, l0, min(steps * s["rows_per_step"], s["corpus_rows"]), seed)
     batches = PackedBatches(rows, s["rows_per_step"], 0, 1, seed, flash_kwargs=True)
-    log(f"pretrain: {n_params / 1e6:.1f}M parameters, {rows.num_rows} rows of {s['l0']} tokens, "
-        f"{s['pretrain_steps']} steps x {s['rows_per_step']} rows")
+    log(f"pretrain: {n_params / 1e6:.1f}M parameters, {rows.num_rows} rows of {l0} tokens, "
+        f"{steps} steps x {s['rows_per_step']} rows or {s['pretrain_s']} s")
     opt = torch.optim.AdamW(model.parameters(), lr=s["lr"], betas=(0.9, 0.95), weight_decay=0.1)
-    warm = 100
-
-    def lr_at(i):
-        return min(1.0, (i + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, i / s["pretrain_steps"]))))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    probes = []
     model.train()
     t0 = time.time()
-    for i in range(s["pretrain_steps"]):
+    for i in range(steps):
+        done = max(i / steps, (time.time() - t0) / s["pretrain_s"])
+        if done >= 1.0:
+            log(f"pretrain: time budget reached after {i} steps")
+            break
+        for group in opt.param_groups:
+            group["lr"] = s["lr"] * min(1.0, (i + 1) / s["warmup"]) * (0.1 + 0.45 * (1 + math.cos(math.pi * done)))
         b = batches.get(i, DEVICE)
         labels = b.pop("labels")
         with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
@@ -119,14 +177,20 @@ def pretrain(s: dict, out: Path, seed: int) -> Path:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
         opt.zero_grad(set_to_none=True)
-        if i % 100 == 0 or i == s["pretrain_steps"] - 1:
+        last = i == steps - 1
+        if i % 100 == 0 or last:
             log(f"pretrain step {i}: loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+        if (i + 1) % s["probe_every"] == 0 or last:
+            with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
+                grid = passkey_grid(model, tok, [l0 // 2, l0], [0.0, 0.5, 1.0], trials=2, seed=99)
+            acc = [round(sum(row) / len(row), 2) for row in grid.accuracy]
+            probes.append({"step": i + 1, "loss": round(loss.item(), 4), "passkey": acc})
+            log(f"pretrain step {i + 1}: pass key @{l0 // 2}, @{l0}: {acc}")
     base = out / "base"
     model.save_pretrained(base)
     tok.save_pretrained(base)
-    return base
+    return base, probes
 
 
 def load_for_eval(path: Path, method: str | None, target: int):
@@ -249,7 +313,8 @@ def main(argv=None) -> None:
             f"{'quick' if args.quick else 'full'} settings {json.dumps(s)}.\n\n{md}\n"
         )
         (out / "study.json").write_text(json.dumps(
-            {"settings": s, "lengths": lengths, "seconds": timings, "results": results}, indent=1))
+            {"settings": s, "lengths": lengths, "seconds": timings, "pretrain_probes": probes,
+             "results": results}, indent=1))
         return md
 
     def timed(name, fn, *a):
@@ -258,7 +323,7 @@ def main(argv=None) -> None:
         timings[name] = round(time.time() - start, 1)
         return r
 
-    base = timed("pretrain", pretrain, s, out, args.seed)
+    base, probes = timed("pretrain", pretrain, s, out, args.seed)
     results["none"] = timed("eval none", evaluate, load_for_eval(base, None, target), "none", s, lengths, ppl_file, out)
     save()
     for method in METHODS:
