@@ -2,15 +2,30 @@
 fine-tune) keep a model working beyond its training length?
 
 A small Llama (byte tokenizer) is pretrained from scratch at context ``L0`` on a synthetic
-corpus of pass-key retrieval prompts (hf_flash.eval's format) and long pass-key documents. It is
-then extended to ``4 x L0`` with each method through ``hf_flash.extend_context`` and evaluated
-as is, and again after a short LoRA fine-tune at the new length run by the recipe itself
-(``recipes.lora_long_context``). Reported for every variant (the unscaled model included):
-pass-key accuracy over a depth x length grid (PNG heatmaps) and perplexity versus context length
-on held-out documents (one PNG plot), plus ``study.json`` and a Markdown table ``study.md``.
+corpus of pass-key retrieval prompts (hf_flash.eval's format, so the model learns the very task
+it is evaluated on) and long pass-key documents. It is then extended to ``4 x L0`` with each
+method through ``hf_flash.extend_context`` and evaluated as is, and again after a short LoRA
+fine-tune at the new length run by the recipe itself (``recipes.lora_long_context``). Reported
+for every variant (the unscaled model included): pass-key accuracy over a depth x length grid
+(PNG heatmaps) and perplexity versus context length on held-out documents (one PNG plot), plus
+``study.json`` and a Markdown table ``study.md``.
 
-    python -m recipes.long_context_study --out results/study --quick   # ~3 min on one H100
-    python -m recipes.long_context_study --out results/study           # ~10 min on one H100
+The comparison means something only if the unscaled model retrieves the key at lengths <= L0.
+With byte tokens that is an induction skill (match the multi-byte cue "pass key is ", copy the
+five digits after it) which a small model learns late and abruptly, and only from the few
+copyable digits of each prompt. Hence: every row of ``L0`` tokens holds whole prompts, mostly
+several short ones (a prompt cut by a row boundary asks for a key it cannot see), and each step
+takes many rows (on the H100 a step of this model is bound by kernel launches, so 64 rows cost
+about what 16 did). With 16 rows x 512 tokens for 1500 steps a 5M model learned everything
+else but no retrieval (0% at 256 and 512 tokens). A pass-key probe is logged during pretraining
+and kept in ``study.json``.
+
+    python -m recipes.long_context_study --out results/study --quick   # ~4.5 min on one H100
+    python -m recipes.long_context_study --out results/study           # ~8.5 min on one H100
+
+Pretraining stops at ``pretrain_steps`` or after ``pretrain_s`` seconds (180 s quick, 330 s
+full; ``--pretrain-seconds`` overrides), whichever comes first; evaluation and the three
+fine-tunes take about 1 min (quick) and 2 min (full) more.
 
 GPU only (hf_flash attention, bf16 autocast).
 """
@@ -160,8 +175,17 @@ def pretrain(s: dict, out: Path, seed: int) -> tuple[Path, list]:
         f"{steps} steps x {s['rows_per_step']} rows or {s['pretrain_s']} s")
     opt = torch.optim.AdamW(model.parameters(), lr=s["lr"], betas=(0.9, 0.95), weight_decay=0.1)
     probes = []
+
+    def probe(step: int, loss: float) -> None:
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
+            grid = passkey_grid(model, tok, [l0 // 2, l0], [0.0, 0.5, 1.0], trials=2, seed=99)
+        acc = [round(sum(row) / len(row), 2) for row in grid.accuracy]
+        probes.append({"step": step, "loss": round(loss, 4), "passkey": acc})
+        log(f"pretrain step {step}: pass key @{l0 // 2}, @{l0}: {acc}")
+
     model.train()
     t0 = time.time()
+    n_done, last_loss = 0, float("nan")
     for i in range(steps):
         done = max(i / steps, (time.time() - t0) / s["pretrain_s"])
         if done >= 1.0:
@@ -178,15 +202,13 @@ def pretrain(s: dict, out: Path, seed: int) -> tuple[Path, list]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        last = i == steps - 1
-        if i % 100 == 0 or last:
-            log(f"pretrain step {i}: loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
-        if (i + 1) % s["probe_every"] == 0 or last:
-            with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
-                grid = passkey_grid(model, tok, [l0 // 2, l0], [0.0, 0.5, 1.0], trials=2, seed=99)
-            acc = [round(sum(row) / len(row), 2) for row in grid.accuracy]
-            probes.append({"step": i + 1, "loss": round(loss.item(), 4), "passkey": acc})
-            log(f"pretrain step {i + 1}: pass key @{l0 // 2}, @{l0}: {acc}")
+        n_done, last_loss = i + 1, loss.item()
+        if i % 100 == 0:
+            log(f"pretrain step {i}: loss {last_loss:.3f} ({time.time() - t0:.0f}s)")
+        if n_done % s["probe_every"] == 0:
+            probe(n_done, last_loss)
+    if not probes or probes[-1]["step"] != n_done:
+        probe(n_done, last_loss)
     base = out / "base"
     model.save_pretrained(base)
     tok.save_pretrained(base)
@@ -277,7 +299,9 @@ def table(results: dict, lengths: list) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for plots, tables and models")
-    parser.add_argument("--quick", action="store_true", help="smaller model and shorter runs (~3 min)")
+    parser.add_argument("--quick", action="store_true", help="smaller model and shorter runs (~4.5 min)")
+    parser.add_argument("--pretrain-seconds", type=float, default=None,
+                        help="wall-clock cap on pretraining (default: the settings' pretrain_s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="a few steps of a 1-layer model: plumbing check (CPU)")
     parser.add_argument("--attn", default="hf_flash", help="attention implementation (default hf_flash)")
@@ -288,12 +312,14 @@ def main(argv=None) -> None:
         if not args.smoke:
             raise SystemExit("the study needs a CUDA GPU (pretraining from scratch); --smoke runs on the CPU")
         DEVICE = "cpu"
-    s = SETTINGS["smoke" if args.smoke else args.quick]
+    s = dict(SETTINGS["smoke" if args.smoke else args.quick])
+    if args.pretrain_seconds is not None:
+        s["pretrain_s"] = args.pretrain_seconds
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     l0, target = s["l0"], s["l0"] * s["factor"]
     lengths = [l0 // 2, l0, 2 * l0, target] if s["factor"] > 2 else [l0, target]
-    if s is SETTINGS[False]:
+    if not args.quick and not args.smoke:
         lengths.append(2 * target)
 
     from .data import synthetic_documents
