@@ -15,7 +15,7 @@ With byte tokens that is an induction skill (match the multi-byte cue "pass key 
 five digits after it) which a small model learns late and abruptly, and only from the few
 copyable digits of each prompt. Hence: every row of ``L0`` tokens holds whole prompts, mostly
 several short ones (a prompt cut by a row boundary asks for a key it cannot see), and each step
-takes many rows (on the H100 a step of this model is bound by kernel launches, so 64 rows cost
+takes many rows (on the H100 a step of this model is bound by kernel launches, so 128 rows cost
 about what 16 did). With 16 rows x 512 tokens for 1500 steps a 5M model learned everything
 else but no retrieval (0% at 256 and 512 tokens). A pass-key probe is logged during pretraining
 and kept in ``study.json``.
@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from .data import PackedRows
+
 METHODS = ("pi", "ntk", "yarn")
 
 # pretrain_steps x rows_per_step rows of l0 tokens, or pretrain_s seconds if that ends first;
@@ -48,16 +50,16 @@ METHODS = ("pi", "ntk", "yarn")
 SETTINGS = {
     # quick: ~5M parameters, L0 = 512 -> 2048
     True: dict(hidden=256, layers=6, heads=8, kv_heads=4, inter=768, l0=512, factor=4,
-               pretrain_steps=2500, rows_per_step=64, pretrain_s=180, corpus_rows=50_000, lr=2e-3,
-               warmup=200, probe_every=250, ft_steps=80, trials=3),
+               pretrain_steps=2500, rows_per_step=128, pretrain_s=180, corpus_rows=80_000, lr=2e-3,
+               warmup=200, probe_every=250, drill_share=0.5, ft_steps=80, trials=3),
     # full: ~25M parameters, L0 = 1024 -> 4096 (evaluated up to 8x)
     False: dict(hidden=512, layers=8, heads=8, kv_heads=4, inter=1536, l0=1024, factor=4,
-                pretrain_steps=3000, rows_per_step=32, pretrain_s=330, corpus_rows=40_000, lr=1e-3,
-                warmup=200, probe_every=250, ft_steps=200, trials=5),
+                pretrain_steps=3000, rows_per_step=64, pretrain_s=330, corpus_rows=50_000, lr=1e-3,
+                warmup=200, probe_every=250, drill_share=0.5, ft_steps=200, trials=5),
     # smoke: plumbing check only (CPU, --attn sdpa); learns nothing
     "smoke": dict(hidden=64, layers=1, heads=2, kv_heads=1, inter=128, l0=384, factor=2,
                   pretrain_steps=3, rows_per_step=2, pretrain_s=60, corpus_rows=64, lr=1e-3,
-                  warmup=2, probe_every=2, ft_steps=2, trials=1),
+                  warmup=2, probe_every=2, drill_share=0.5, ft_steps=2, trials=1),
 }
 DEVICE = "cuda"
 ATTN = "hf_flash"
@@ -93,8 +95,6 @@ def passkey_rows(tokenizer, l0: int, n_rows: int, seed: int) -> PackedRows:
     cannot see. A row holds several short prompts (each a retrieval example) or, one time in
     five, one prompt of the full length, so the key is also seen at every distance up to ``l0``.
     """
-    from .data import PackedRows
-
     shortest = next(n for n in range(8, l0 + 1) if _fits(tokenizer, n)) + 8  # the fixed parts + 8 filler
     if l0 < shortest:
         raise ValueError(f"l0={l0} cannot hold a pass-key prompt (>= {shortest} tokens)")
@@ -115,19 +115,38 @@ def passkey_rows(tokenizer, l0: int, n_rows: int, seed: int) -> PackedRows:
     return PackedRows(ids, pos, n_rows, 0)
 
 
-def pretraining_rows(tokenizer, l0: int, n_rows: int, seed: int) -> PackedRows:
-    """The pretraining corpus: pass-key rows (85%) and long pass-key documents (15%, the
-    perplexity evaluation's kind of text), shuffled by the batch sampler."""
-    from .data import PackedRows, pack_documents, synthetic_documents, tokenize_documents
+def drill_rows(tokenizer, l0: int, n_rows: int, seed: int) -> PackedRows:
+    """Rows of ``hf_flash.eval.passkey_drill`` documents (2 to 8 keys each, no filler)."""
+    from hf_flash.eval import passkey_drill
+
+    from .data import pack_documents
+
+    rng = random.Random(seed)
+    docs, n_tokens = [], 0
+    while n_tokens < (n_rows + 1) * l0:
+        keys = [f"{rng.randint(0, 99999):05d}" for _ in range(rng.randint(2, 8))]
+        docs.append(passkey_drill(tokenizer, keys) + [tokenizer.eos_token_id])
+        n_tokens += len(docs[-1])
+    rows = pack_documents(docs, l0)
+    return PackedRows(rows.input_ids[:n_rows], rows.position_ids[:n_rows], len(docs), 0)
+
+
+def pretraining_rows(tokenizer, l0: int, n_rows: int, seed: int, drill_share: float) -> PackedRows:
+    """The pretraining corpus, shuffled by the batch sampler: pass-key drills (``drill_share``;
+    retrieval at short range, densely), rows of whole pass-key prompts (retrieval at every
+    distance up to ``l0``) and long pass-key documents (15%, the perplexity evaluation's text)."""
+    from .data import pack_documents, synthetic_documents, tokenize_documents
 
     n_docs = max(1, n_rows * 15 // 100)
-    prompts = passkey_rows(tokenizer, l0, n_rows - n_docs, seed)
+    n_drills = int(n_rows * drill_share)
+    parts = [passkey_rows(tokenizer, l0, n_rows - n_docs - n_drills, seed)]
+    if n_drills:
+        parts.append(drill_rows(tokenizer, l0, n_drills, seed + 2))
     texts = synthetic_documents(2 * n_docs + 8, seed + 1, l0 // 4, 2 * l0)  # ~2 documents per row
     docs = pack_documents(tokenize_documents(texts, tokenizer), l0)
-    n_docs = min(n_docs, docs.num_rows)
-    return PackedRows(torch.cat([prompts.input_ids, docs.input_ids[:n_docs]]),
-                      torch.cat([prompts.position_ids, docs.position_ids[:n_docs]]),
-                      prompts.num_documents + n_docs, 0)
+    parts.append(PackedRows(docs.input_ids[:n_docs], docs.position_ids[:n_docs], 0, 0))
+    return PackedRows(torch.cat([p.input_ids for p in parts]), torch.cat([p.position_ids for p in parts]),
+                      sum(p.num_documents for p in parts), 0)
 
 
 def passkey_texts(tokenizer, length: int, n: int, seed: int) -> list[str]:
@@ -169,7 +188,7 @@ def pretrain(s: dict, out: Path, seed: int) -> tuple[Path, list]:
     n_params = sum(p.numel() for p in model.parameters())
     steps, l0 = s["pretrain_steps"], s["l0"]
     # fresh rows for up to `corpus_rows`, then further epochs in a new order
-    rows = pretraining_rows(tok, l0, min(steps * s["rows_per_step"], s["corpus_rows"]), seed)
+    rows = pretraining_rows(tok, l0, min(steps * s["rows_per_step"], s["corpus_rows"]), seed, s["drill_share"])
     batches = PackedBatches(rows, s["rows_per_step"], 0, 1, seed, flash_kwargs=True)
     log(f"pretrain: {n_params / 1e6:.1f}M parameters, {rows.num_rows} rows of {l0} tokens, "
         f"{steps} steps x {s['rows_per_step']} rows or {s['pretrain_s']} s")

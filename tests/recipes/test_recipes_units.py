@@ -357,7 +357,7 @@ def test_study_corpus_keeps_every_pass_key_prompt_whole():
     from recipes.long_context_study import pretraining_rows
 
     tok = ByteTokenizer()
-    rows = pretraining_rows(tok, 512, 40, seed=3)
+    rows = pretraining_rows(tok, 512, 40, seed=3, drill_share=0.0)
     assert rows.input_ids.shape == (40, 512) and rows.position_ids.shape == (40, 512)
     intro = tok.decode(build_passkey_prompt(tok, 300, 0.5, "12345")[0])[:40]
     question = "What is the pass key? The pass key is "
@@ -375,3 +375,9 @@ def test_study_corpus_keeps_every_pass_key_prompt_whole():
             assert text.startswith(intro) and key.isdigit() and text.endswith(question + key)
             n_prompts += 1
     assert n_prompt_rows >= 30 and n_prompts > 1.5 * n_prompt_rows  # most rows hold several prompts
+
+    drills = pretraining_rows(tok, 512, 40, seed=3, drill_share=0.5)
+    assert drills.input_ids.shape == (40, 512)
+    # 20 rows of drills: several keys, each asked for right after it is given
+    n_drill_rows = sum(tok.decode(ids).count("Remember it") >= 3 for ids in drills.input_ids.tolist())
+    assert n_drill_rows >= 20
