@@ -12,13 +12,17 @@ for every variant (the unscaled model included): pass-key accuracy over a depth 
 
 The comparison means something only if the unscaled model retrieves the key at lengths <= L0.
 With byte tokens that is an induction skill (match the multi-byte cue "pass key is ", copy the
-five digits after it) which a small model learns late and abruptly, and only from the few
-copyable digits of each prompt. Hence: every row of ``L0`` tokens holds whole prompts, mostly
-several short ones (a prompt cut by a row boundary asks for a key it cannot see), and each step
-takes many rows (on the H100 a step of this model is bound by kernel launches, so 128 rows cost
-about what 16 did). With 16 rows x 512 tokens for 1500 steps a 5M model learned everything
-else but no retrieval (0% at 256 and 512 tokens). A pass-key probe is logged during pretraining
-and kept in ``study.json``.
+five digits after it), which a small model learns abruptly and only once copying is a large
+enough share of its training signal. A first H100 run (16 rows x 512 tokens, 1500 steps, the
+prompts cut at row boundaries) learned everything else and retrieved nothing, at 256 and 512
+tokens too. Small CPU runs (2 layers, L0 = 384) showed the same at up to 12M tokens of ordinary
+prompts, while with 85% pass-key drills (``hf_flash.eval.passkey_drill``: the prompt's own
+sentences for several keys, no filler) the local copy was perfect within 500 steps. Hence two
+phases: mostly drills for the first 30% of pretraining (the copy skill forms), then mostly whole
+prompts of every length up to ``L0`` (it is carried across the filler), never cut by a row
+boundary (a cut prompt asks for a key it cannot see); and many rows per step, which on the H100
+should cost little time since a step of this model was launch-bound there. A pass-key probe at
+L0/2 and L0 is logged during pretraining and kept in ``study.json``.
 
     python -m recipes.long_context_study --out results/study --quick   # ~4.5 min on one H100
     python -m recipes.long_context_study --out results/study           # ~8.5 min on one H100
@@ -51,15 +55,15 @@ SETTINGS = {
     # quick: ~5M parameters, L0 = 512 -> 2048
     True: dict(hidden=256, layers=6, heads=8, kv_heads=4, inter=768, l0=512, factor=4,
                pretrain_steps=2500, rows_per_step=128, pretrain_s=180, corpus_rows=80_000, lr=2e-3,
-               warmup=200, probe_every=250, drill_share=0.5, ft_steps=80, trials=3),
+               warmup=200, probe_every=250, drill_share=(0.85, 0.35), drill_phase=0.3, ft_steps=80, trials=3),
     # full: ~25M parameters, L0 = 1024 -> 4096 (evaluated up to 8x)
     False: dict(hidden=512, layers=8, heads=8, kv_heads=4, inter=1536, l0=1024, factor=4,
                 pretrain_steps=3000, rows_per_step=64, pretrain_s=330, corpus_rows=50_000, lr=1e-3,
-                warmup=200, probe_every=250, drill_share=0.5, ft_steps=200, trials=5),
+                warmup=200, probe_every=250, drill_share=(0.85, 0.35), drill_phase=0.3, ft_steps=200, trials=5),
     # smoke: plumbing check only (CPU, --attn sdpa); learns nothing
     "smoke": dict(hidden=64, layers=1, heads=2, kv_heads=1, inter=128, l0=384, factor=2,
                   pretrain_steps=3, rows_per_step=2, pretrain_s=60, corpus_rows=64, lr=1e-3,
-                  warmup=2, probe_every=2, drill_share=0.5, ft_steps=2, trials=1),
+                  warmup=2, probe_every=2, drill_share=(0.85, 0.35), drill_phase=0.3, ft_steps=2, trials=1),
 }
 DEVICE = "cuda"
 ATTN = "hf_flash"
@@ -167,7 +171,8 @@ def pretrain(s: dict, out: Path, seed: int) -> tuple[Path, list]:
 
     The learning rate warms up, then follows a cosine to 10% over ``pretrain_steps`` steps or
     ``pretrain_s`` seconds, whichever ends first, so the study keeps its time budget on a slower
-    GPU. Every ``probe_every`` steps a small pass-key grid at L0/2 and L0 is logged: retrieval
+    GPU. Rows come from a corpus with ``drill_share[0]`` drills until ``drill_phase`` of that
+    schedule, then from one with ``drill_share[1]``. Every ``probe_every`` steps a small pass-key grid at L0/2 and L0 is logged: retrieval
     is learned abruptly (an induction-head phase change), and the probe shows when.
     """
     import hf_flash  # noqa: F401  (registers attn_implementation="hf_flash")
@@ -188,9 +193,14 @@ def pretrain(s: dict, out: Path, seed: int) -> tuple[Path, list]:
     n_params = sum(p.numel() for p in model.parameters())
     steps, l0 = s["pretrain_steps"], s["l0"]
     # fresh rows for up to `corpus_rows`, then further epochs in a new order
-    rows = pretraining_rows(tok, l0, min(steps * s["rows_per_step"], s["corpus_rows"]), seed, s["drill_share"])
-    batches = PackedBatches(rows, s["rows_per_step"], 0, 1, seed, flash_kwargs=True)
-    log(f"pretrain: {n_params / 1e6:.1f}M parameters, {rows.num_rows} rows of {l0} tokens, "
+    # two phases: mostly drills until the copy skill forms, then mostly whole prompts, which
+    # carry it to every distance up to l0
+    n_rows = min(steps * s["rows_per_step"], s["corpus_rows"]) // 2
+    phases = [PackedBatches(pretraining_rows(tok, l0, n_rows, seed + k, share), s["rows_per_step"], 0, 1,
+                            seed + k, flash_kwargs=True)
+              for k, share in enumerate(s["drill_share"])]
+    rows = phases[0].rows
+    log(f"pretrain: {n_params / 1e6:.1f}M parameters, 2 x {rows.num_rows} rows of {l0} tokens, "
         f"{steps} steps x {s['rows_per_step']} rows or {s['pretrain_s']} s")
     opt = torch.optim.AdamW(model.parameters(), lr=s["lr"], betas=(0.9, 0.95), weight_decay=0.1)
     probes = []
@@ -212,7 +222,7 @@ def pretrain(s: dict, out: Path, seed: int) -> tuple[Path, list]:
             break
         for group in opt.param_groups:
             group["lr"] = s["lr"] * min(1.0, (i + 1) / s["warmup"]) * (0.1 + 0.45 * (1 + math.cos(math.pi * done)))
-        b = batches.get(i, DEVICE)
+        b = phases[done >= s["drill_phase"]].get(i, DEVICE)
         labels = b.pop("labels")
         with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
             logits = model(**b).logits.float()
