@@ -20,9 +20,13 @@ prompts, while with 85% pass-key drills (``hf_flash.eval.passkey_drill``: the pr
 sentences for several keys, no filler) the local copy was perfect within 500 steps. Hence two
 phases: mostly drills for the first 30% of pretraining (the copy skill forms), then mostly whole
 prompts of every length up to ``L0`` (it is carried across the filler), never cut by a row
-boundary (a cut prompt asks for a key it cannot see); and many rows per step, which on the H100
-should cost little time since a step of this model was launch-bound there. A pass-key probe at
-L0/2 and L0 is logged during pretraining and kept in ``study.json``.
+boundary (a cut prompt asks for a key it cannot see). On the CPU, a 2-layer model of 0.14M
+parameters trained that way (L0 = 384, 16 rows x 2500 steps, 15M tokens) retrieved 100% of the
+keys at 192 tokens and 95% at 384 (the misses: key at depth 0), 92%/92% already at step 2000;
+with 70% or 50% drills throughout it had copied nothing by step 1000/1500. Many rows per step:
+on the H100 a step of this model was launch-bound, so 8x the tokens of the first run should cost
+little more per step. A pass-key probe at L0/2 and L0 is logged during pretraining and kept in
+``study.json``.
 
     python -m recipes.long_context_study --out results/study --quick   # ~4.5 min on one H100
     python -m recipes.long_context_study --out results/study           # ~8.5 min on one H100
