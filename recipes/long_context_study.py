@@ -2,15 +2,38 @@
 fine-tune) keep a model working beyond its training length?
 
 A small Llama (byte tokenizer) is pretrained from scratch at context ``L0`` on a synthetic
-corpus of pass-key retrieval prompts (hf_flash.eval's format) and long pass-key documents. It is
-then extended to ``4 x L0`` with each method through ``hf_flash.extend_context`` and evaluated
-as is, and again after a short LoRA fine-tune at the new length run by the recipe itself
-(``recipes.lora_long_context``). Reported for every variant (the unscaled model included):
-pass-key accuracy over a depth x length grid (PNG heatmaps) and perplexity versus context length
-on held-out documents (one PNG plot), plus ``study.json`` and a Markdown table ``study.md``.
+corpus of pass-key retrieval prompts (hf_flash.eval's format, so the model learns the very task
+it is evaluated on) and long pass-key documents. It is then extended to ``4 x L0`` with each
+method through ``hf_flash.extend_context`` and evaluated as is, and again after a short LoRA
+fine-tune at the new length run by the recipe itself (``recipes.lora_long_context``). Reported
+for every variant (the unscaled model included): pass-key accuracy over a depth x length grid
+(PNG heatmaps) and perplexity versus context length on held-out documents (one PNG plot), plus
+``study.json`` and a Markdown table ``study.md``.
 
-    python -m recipes.long_context_study --out results/study --quick   # ~3 min on one H100
-    python -m recipes.long_context_study --out results/study           # ~10 min on one H100
+The comparison means something only if the unscaled model retrieves the key at lengths <= L0.
+With byte tokens that is an induction skill (match the multi-byte cue "pass key is ", copy the
+five digits after it), which a small model learns abruptly and only once copying is a large
+enough share of its training signal. A first H100 run (16 rows x 512 tokens, 1500 steps, the
+prompts cut at row boundaries) learned everything else and retrieved nothing, at 256 and 512
+tokens too. Small CPU runs (2 layers, L0 = 384) showed the same at up to 12M tokens of ordinary
+prompts, while with 85% pass-key drills (``hf_flash.eval.passkey_drill``: the prompt's own
+sentences for several keys, no filler) the local copy was perfect within 500 steps. Hence two
+phases: mostly drills for the first 30% of pretraining (the copy skill forms), then mostly whole
+prompts of every length up to ``L0`` (it is carried across the filler), never cut by a row
+boundary (a cut prompt asks for a key it cannot see). On the CPU, a 2-layer model of 0.14M
+parameters trained that way (L0 = 384, 16 rows x 2500 steps, 15M tokens) retrieved 100% of the
+keys at 192 tokens and 95% at 384 (the misses: key at depth 0), 92%/92% already at step 2000;
+with 70% or 50% drills throughout it had copied nothing by step 1000/1500. Many rows per step:
+on the H100 a step of this model was launch-bound, so 8x the tokens of the first run should cost
+little more per step. A pass-key probe at L0/2 and L0 is logged during pretraining and kept in
+``study.json``.
+
+    python -m recipes.long_context_study --out results/study --quick   # ~4.5 min on one H100
+    python -m recipes.long_context_study --out results/study           # ~8.5 min on one H100
+
+Pretraining stops at ``pretrain_steps`` or after ``pretrain_s`` seconds (180 s quick, 330 s
+full; ``--pretrain-seconds`` overrides), whichever comes first; evaluation and the three
+fine-tunes take about 1 min (quick) and 2 min (full) more.
 
 GPU only (hf_flash attention, bf16 autocast).
 """
@@ -26,18 +49,25 @@ from pathlib import Path
 
 import torch
 
+from .data import PackedRows
+
 METHODS = ("pi", "ntk", "yarn")
 
+# pretrain_steps x rows_per_step rows of l0 tokens, or pretrain_s seconds if that ends first;
+# corpus_rows fresh rows, repeated in a new order beyond that
 SETTINGS = {
     # quick: ~5M parameters, L0 = 512 -> 2048
-    True: dict(hidden=256, layers=6, heads=4, kv_heads=2, inter=768, l0=512, factor=4,
-               pretrain_steps=1500, rows_per_step=16, lr=2e-3, ft_steps=80, trials=3),
+    True: dict(hidden=256, layers=6, heads=8, kv_heads=4, inter=768, l0=512, factor=4,
+               pretrain_steps=2500, rows_per_step=128, pretrain_s=180, corpus_rows=80_000, lr=2e-3,
+               warmup=200, probe_every=250, drill_share=(0.85, 0.35), drill_phase=0.3, ft_steps=80, trials=3),
     # full: ~25M parameters, L0 = 1024 -> 4096 (evaluated up to 8x)
     False: dict(hidden=512, layers=8, heads=8, kv_heads=4, inter=1536, l0=1024, factor=4,
-                pretrain_steps=4000, rows_per_step=32, lr=1e-3, ft_steps=200, trials=5),
+                pretrain_steps=3000, rows_per_step=64, pretrain_s=330, corpus_rows=50_000, lr=1e-3,
+                warmup=200, probe_every=250, drill_share=(0.85, 0.35), drill_phase=0.3, ft_steps=200, trials=5),
     # smoke: plumbing check only (CPU, --attn sdpa); learns nothing
     "smoke": dict(hidden=64, layers=1, heads=2, kv_heads=1, inter=128, l0=384, factor=2,
-                  pretrain_steps=3, rows_per_step=2, lr=1e-3, ft_steps=2, trials=1),
+                  pretrain_steps=3, rows_per_step=2, pretrain_s=60, corpus_rows=64, lr=1e-3,
+                  warmup=2, probe_every=2, drill_share=(0.85, 0.35), drill_phase=0.3, ft_steps=2, trials=1),
 }
 DEVICE = "cuda"
 ATTN = "hf_flash"
@@ -47,21 +77,84 @@ def log(*a):
     print(time.strftime("%H:%M:%S"), *a, flush=True)
 
 
-def pretraining_documents(tokenizer, l0: int, n_prompts: int, n_docs: int, seed: int) -> list[list[int]]:
-    """Pass-key prompts + answers of random length <= L0 and depth, and long pass-key documents."""
+def passkey_document(tokenizer, length: int, rng: random.Random) -> list[int]:
+    """An evaluation prompt (hf_flash.eval's format, random key and depth) + its answer + EOS:
+    exactly ``length`` tokens."""
     from hf_flash.eval import build_passkey_prompt
 
-    from .data import synthetic_documents, tokenize_documents
+    key = f"{rng.randint(0, 99999):05d}"
+    tail = len(tokenizer.encode(" " + key)) + 1  # the answer and EOS
+    prompt, answer = build_passkey_prompt(tokenizer, length - tail, rng.random(), key)
+    return prompt + answer + [tokenizer.eos_token_id]
+
+
+def _fits(tokenizer, length: int) -> bool:
+    try:
+        passkey_document(tokenizer, length, random.Random(0))
+    except ValueError:
+        return False
+    return True
+
+
+def passkey_rows(tokenizer, l0: int, n_rows: int, seed: int) -> PackedRows:
+    """Rows of exactly ``l0`` tokens filled with whole pass-key documents.
+
+    No document is cut by a row boundary: a cut prompt would teach the model to guess a key it
+    cannot see. A row holds several short prompts (each a retrieval example) or, one time in
+    five, one prompt of the full length, so the key is also seen at every distance up to ``l0``.
+    """
+    shortest = next(n for n in range(8, l0 + 1) if _fits(tokenizer, n)) + 8  # the fixed parts + 8 filler
+    if l0 < shortest:
+        raise ValueError(f"l0={l0} cannot hold a pass-key prompt (>= {shortest} tokens)")
+    rng = random.Random(seed)
+    ids = torch.empty(n_rows, l0, dtype=torch.int32)
+    pos = torch.empty(n_rows, l0, dtype=torch.int32)
+    for r in range(n_rows):
+        row, left = [], l0
+        while left:
+            if left < 2 * shortest or rng.random() < 0.2:
+                n = left
+            else:
+                n = rng.randint(shortest, left - shortest)
+            row.append(passkey_document(tokenizer, n, rng))
+            left -= n
+        ids[r] = torch.tensor([t for doc in row for t in doc], dtype=torch.int32)
+        pos[r] = torch.tensor([i for doc in row for i in range(len(doc))], dtype=torch.int32)
+    return PackedRows(ids, pos, n_rows, 0)
+
+
+def drill_rows(tokenizer, l0: int, n_rows: int, seed: int) -> PackedRows:
+    """Rows of ``hf_flash.eval.passkey_drill`` documents (2 to 8 keys each, no filler)."""
+    from hf_flash.eval import passkey_drill
+
+    from .data import pack_documents
 
     rng = random.Random(seed)
-    docs = []
-    for _ in range(n_prompts):
-        length = rng.randint(200, l0 - 8)  # the prompt's fixed parts take ~170 bytes
-        prompt, answer = build_passkey_prompt(tokenizer, length, rng.random(), f"{rng.randint(0, 99999):05d}")
-        docs.append(prompt + answer + [tokenizer.eos_token_id])
-    docs += tokenize_documents(synthetic_documents(n_docs, seed + 1, l0 // 4, 2 * l0), tokenizer)
-    rng.shuffle(docs)
-    return docs
+    docs, n_tokens = [], 0
+    while n_tokens < (n_rows + 1) * l0:
+        keys = [f"{rng.randint(0, 99999):05d}" for _ in range(rng.randint(2, 8))]
+        docs.append(passkey_drill(tokenizer, keys) + [tokenizer.eos_token_id])
+        n_tokens += len(docs[-1])
+    rows = pack_documents(docs, l0)
+    return PackedRows(rows.input_ids[:n_rows], rows.position_ids[:n_rows], len(docs), 0)
+
+
+def pretraining_rows(tokenizer, l0: int, n_rows: int, seed: int, drill_share: float) -> PackedRows:
+    """The pretraining corpus, shuffled by the batch sampler: pass-key drills (``drill_share``;
+    retrieval at short range, densely), rows of whole pass-key prompts (retrieval at every
+    distance up to ``l0``) and long pass-key documents (15%, the perplexity evaluation's text)."""
+    from .data import pack_documents, synthetic_documents, tokenize_documents
+
+    n_docs = max(1, n_rows * 15 // 100)
+    n_drills = int(n_rows * drill_share)
+    parts = [passkey_rows(tokenizer, l0, n_rows - n_docs - n_drills, seed)]
+    if n_drills:
+        parts.append(drill_rows(tokenizer, l0, n_drills, seed + 2))
+    texts = synthetic_documents(2 * n_docs + 8, seed + 1, l0 // 4, 2 * l0)  # ~2 documents per row
+    docs = pack_documents(tokenize_documents(texts, tokenizer), l0)
+    parts.append(PackedRows(docs.input_ids[:n_docs], docs.position_ids[:n_docs], 0, 0))
+    return PackedRows(torch.cat([p.input_ids for p in parts]), torch.cat([p.position_ids for p in parts]),
+                      sum(p.num_documents for p in parts), 0)
 
 
 def passkey_texts(tokenizer, length: int, n: int, seed: int) -> list[str]:
@@ -77,11 +170,20 @@ def passkey_texts(tokenizer, length: int, n: int, seed: int) -> list[str]:
     return out
 
 
-def pretrain(s: dict, out: Path, seed: int) -> Path:
+def pretrain(s: dict, out: Path, seed: int) -> tuple[Path, list]:
+    """Pretrain from scratch; returns the saved model's folder and the retrieval probes.
+
+    The learning rate warms up, then follows a cosine to 10% over ``pretrain_steps`` steps or
+    ``pretrain_s`` seconds, whichever ends first, so the study keeps its time budget on a slower
+    GPU. Rows come from a corpus with ``drill_share[0]`` drills until ``drill_phase`` of that
+    schedule, then from one with ``drill_share[1]``. Every ``probe_every`` steps a small pass-key grid at L0/2 and L0 is logged: retrieval
+    is learned abruptly (an induction-head phase change), and the probe shows when.
+    """
     import hf_flash  # noqa: F401  (registers attn_implementation="hf_flash")
+    from hf_flash.eval import passkey_grid
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from .data import ByteTokenizer, PackedBatches, pack_documents
+    from .data import ByteTokenizer, PackedBatches
 
     tok = ByteTokenizer()
     torch.manual_seed(seed)
@@ -93,25 +195,38 @@ def pretrain(s: dict, out: Path, seed: int) -> Path:
     )
     model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTN).to(DEVICE)
     n_params = sum(p.numel() for p in model.parameters())
-    tokens_needed = s["pretrain_steps"] * s["rows_per_step"] * s["l0"]
-    # pass-key prompts dominate the corpus: retrieval is the skill the study measures
-    docs = pretraining_documents(tok, s["l0"], n_prompts=tokens_needed // s["l0"] + 1000,
-                                 n_docs=tokens_needed // (s["l0"] * 8) + 200, seed=seed)
-    rows = pack_documents(docs, s["l0"])
-    batches = PackedBatches(rows, s["rows_per_step"], 0, 1, seed, flash_kwargs=True)
-    log(f"pretrain: {n_params / 1e6:.1f}M parameters, {rows.num_rows} rows of {s['l0']} tokens, "
-        f"{s['pretrain_steps']} steps x {s['rows_per_step']} rows")
+    steps, l0 = s["pretrain_steps"], s["l0"]
+    # fresh rows for up to `corpus_rows`, then further epochs in a new order
+    # two phases: mostly drills until the copy skill forms, then mostly whole prompts, which
+    # carry it to every distance up to l0
+    n_rows = min(steps * s["rows_per_step"], s["corpus_rows"]) // 2
+    phases = [PackedBatches(pretraining_rows(tok, l0, n_rows, seed + k, share), s["rows_per_step"], 0, 1,
+                            seed + k, flash_kwargs=True)
+              for k, share in enumerate(s["drill_share"])]
+    rows = phases[0].rows
+    log(f"pretrain: {n_params / 1e6:.1f}M parameters, 2 x {rows.num_rows} rows of {l0} tokens, "
+        f"{steps} steps x {s['rows_per_step']} rows or {s['pretrain_s']} s")
     opt = torch.optim.AdamW(model.parameters(), lr=s["lr"], betas=(0.9, 0.95), weight_decay=0.1)
-    warm = 100
+    probes = []
 
-    def lr_at(i):
-        return min(1.0, (i + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, i / s["pretrain_steps"]))))
+    def probe(step: int, loss: float) -> None:
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
+            grid = passkey_grid(model, tok, [l0 // 2, l0], [0.0, 0.5, 1.0], trials=2, seed=99)
+        acc = [round(sum(row) / len(row), 2) for row in grid.accuracy]
+        probes.append({"step": step, "loss": round(loss, 4), "passkey": acc})
+        log(f"pretrain step {step}: pass key @{l0 // 2}, @{l0}: {acc}")
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     model.train()
     t0 = time.time()
-    for i in range(s["pretrain_steps"]):
-        b = batches.get(i, DEVICE)
+    n_done, last_loss = 0, float("nan")
+    for i in range(steps):
+        done = max(i / steps, (time.time() - t0) / s["pretrain_s"])
+        if done >= 1.0:
+            log(f"pretrain: time budget reached after {i} steps")
+            break
+        for group in opt.param_groups:
+            group["lr"] = s["lr"] * min(1.0, (i + 1) / s["warmup"]) * (0.1 + 0.45 * (1 + math.cos(math.pi * done)))
+        b = phases[done >= s["drill_phase"]].get(i, DEVICE)
         labels = b.pop("labels")
         with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
             logits = model(**b).logits.float()
@@ -119,14 +234,18 @@ def pretrain(s: dict, out: Path, seed: int) -> Path:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
         opt.zero_grad(set_to_none=True)
-        if i % 100 == 0 or i == s["pretrain_steps"] - 1:
-            log(f"pretrain step {i}: loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+        n_done, last_loss = i + 1, loss.item()
+        if i % 100 == 0:
+            log(f"pretrain step {i}: loss {last_loss:.3f} ({time.time() - t0:.0f}s)")
+        if n_done % s["probe_every"] == 0:
+            probe(n_done, last_loss)
+    if not probes or probes[-1]["step"] != n_done:
+        probe(n_done, last_loss)
     base = out / "base"
     model.save_pretrained(base)
     tok.save_pretrained(base)
-    return base
+    return base, probes
 
 
 def load_for_eval(path: Path, method: str | None, target: int):
@@ -213,7 +332,9 @@ def table(results: dict, lengths: list) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for plots, tables and models")
-    parser.add_argument("--quick", action="store_true", help="smaller model and shorter runs (~3 min)")
+    parser.add_argument("--quick", action="store_true", help="smaller model and shorter runs (~4.5 min)")
+    parser.add_argument("--pretrain-seconds", type=float, default=None,
+                        help="wall-clock cap on pretraining (default: the settings' pretrain_s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="a few steps of a 1-layer model: plumbing check (CPU)")
     parser.add_argument("--attn", default="hf_flash", help="attention implementation (default hf_flash)")
@@ -224,12 +345,14 @@ def main(argv=None) -> None:
         if not args.smoke:
             raise SystemExit("the study needs a CUDA GPU (pretraining from scratch); --smoke runs on the CPU")
         DEVICE = "cpu"
-    s = SETTINGS["smoke" if args.smoke else args.quick]
+    s = dict(SETTINGS["smoke" if args.smoke else args.quick])
+    if args.pretrain_seconds is not None:
+        s["pretrain_s"] = args.pretrain_seconds
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     l0, target = s["l0"], s["l0"] * s["factor"]
     lengths = [l0 // 2, l0, 2 * l0, target] if s["factor"] > 2 else [l0, target]
-    if s is SETTINGS[False]:
+    if not args.quick and not args.smoke:
         lengths.append(2 * target)
 
     from .data import synthetic_documents
@@ -249,7 +372,8 @@ def main(argv=None) -> None:
             f"{'quick' if args.quick else 'full'} settings {json.dumps(s)}.\n\n{md}\n"
         )
         (out / "study.json").write_text(json.dumps(
-            {"settings": s, "lengths": lengths, "seconds": timings, "results": results}, indent=1))
+            {"settings": s, "lengths": lengths, "seconds": timings, "pretrain_probes": probes,
+             "results": results}, indent=1))
         return md
 
     def timed(name, fn, *a):
@@ -258,7 +382,7 @@ def main(argv=None) -> None:
         timings[name] = round(time.time() - start, 1)
         return r
 
-    base = timed("pretrain", pretrain, s, out, args.seed)
+    base, probes = timed("pretrain", pretrain, s, out, args.seed)
     results["none"] = timed("eval none", evaluate, load_for_eval(base, None, target), "none", s, lengths, ppl_file, out)
     save()
     for method in METHODS:

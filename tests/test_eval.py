@@ -13,6 +13,7 @@ import torch.nn as nn
 from hf_flash.eval import (
     build_passkey_prompt,
     format_grid,
+    passkey_drill,
     passkey_grid,
     perplexity_of_tokens,
     perplexity_vs_length,
@@ -91,6 +92,22 @@ def test_prompt_is_exact_length_and_holds_the_key():
         build_passkey_prompt(tok, 50, 0.5, "51234")
     with pytest.raises(ValueError, match="depth"):
         build_passkey_prompt(tok, 400, 1.5, "51234")
+
+
+def test_drill_is_the_prompt_without_filler():
+    tok = CharTokenizer()
+    one = passkey_drill(tok, ["51234"])
+    fixed = next(n for n in range(1, 400) if len(one) - 6 == n)  # prompt = drill minus " 51234"
+    for depth in (0.0, 1.0):
+        prompt, answer = build_passkey_prompt(tok, fixed, depth, "51234")
+        assert one == prompt + answer
+    with pytest.raises(ValueError, match="fixed parts"):
+        build_passkey_prompt(tok, fixed - 1, 0.5, "51234")
+    three = tok.decode(passkey_drill(tok, ["11111", "22222", "33333"]))
+    assert three.count("What is the pass key?") == 3 and three.endswith("The pass key is 33333")
+    # every question is answered with the key stated just before it
+    parts = three.split("What is the pass key? The pass key is ")[1:]
+    assert [p[:6] for p in parts] == ["11111 ", "22222 ", "33333"]
 
 
 def test_grid_separates_models_that_can_and_cannot_see_the_key(tmp_path):

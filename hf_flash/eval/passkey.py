@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-__all__ = ["PasskeyResult", "build_passkey_prompt", "passkey_grid", "format_grid", "save_heatmap"]
+__all__ = ["PasskeyResult", "build_passkey_prompt", "passkey_drill", "passkey_grid", "format_grid", "save_heatmap"]
 
 _INTRO = "There is a pass key hidden in this text; find it and remember it."
 _FILLER = (
@@ -64,6 +64,23 @@ def build_passkey_prompt(tokenizer, length: int, depth: float, key: str):
     prompt = bos + intro + filler[:cut] + key_ids + filler[cut:] + question
     assert len(prompt) == length
     return prompt, answer
+
+
+def passkey_drill(tokenizer, keys: Sequence[str]) -> List[int]:
+    """Training text in the prompt's own words, dense in retrieval: BOS, the intro, then for
+    every key its key sentence, the question and the answer, with no filler.
+
+    With one key this is exactly the shortest prompt (``build_passkey_prompt`` with no filler)
+    followed by its answer. Each later question asks for the key given just before it, so the
+    text holds a copy of every key at two distances and distractors (the earlier keys). For
+    pretraining small models, whose retrieval skill (an induction head) forms only when copying
+    is a large enough share of the training signal; evaluation uses ``build_passkey_prompt``.
+    """
+    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
+    ids = bos + _encode(tokenizer, _INTRO)
+    for key in keys:
+        ids += _encode(tokenizer, _KEY.format(key=key)) + _encode(tokenizer, _QUESTION) + _encode(tokenizer, " " + key)
+    return ids
 
 
 @dataclass

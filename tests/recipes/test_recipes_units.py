@@ -347,3 +347,37 @@ def test_predicted_memory_counts_kept_attention_outputs():
     no_ckpt = predict_memory_gib(model, cfg, 1, False)
     cfg.keep_attention_outputs = True  # invalid (validate() refuses it); never counted twice
     assert predict_memory_gib(model, cfg, 1, False) == no_ckpt
+
+
+def test_study_corpus_keeps_every_pass_key_prompt_whole():
+    """The study's pretraining rows: exactly l0 tokens, and every pass-key segment is a whole
+    evaluation prompt (BOS ... question) followed by its own key and EOS."""
+    from hf_flash.eval import build_passkey_prompt
+    from recipes.data import ByteTokenizer
+    from recipes.long_context_study import pretraining_rows
+
+    tok = ByteTokenizer()
+    rows = pretraining_rows(tok, 512, 40, seed=3, drill_share=0.0)
+    assert rows.input_ids.shape == (40, 512) and rows.position_ids.shape == (40, 512)
+    intro = tok.decode(build_passkey_prompt(tok, 300, 0.5, "12345")[0])[:40]
+    question = "What is the pass key? The pass key is "
+    n_prompts = n_prompt_rows = 0
+    for ids, pos in zip(rows.input_ids.tolist(), rows.position_ids.tolist()):
+        starts = [i for i, p in enumerate(pos) if p == 0] + [len(pos)]
+        segments = [ids[a:b] for a, b in zip(starts, starts[1:])]
+        if not tok.decode(ids).startswith(intro):
+            continue  # a row of long documents, packed the ordinary way
+        n_prompt_rows += 1
+        for seg in segments:
+            text = tok.decode(seg)
+            assert seg[0] == tok.bos_token_id and seg[-1] == tok.eos_token_id, text[:80]
+            key = text[text.index("The pass key is ") + 16:][:5]
+            assert text.startswith(intro) and key.isdigit() and text.endswith(question + key)
+            n_prompts += 1
+    assert n_prompt_rows >= 30 and n_prompts > 1.5 * n_prompt_rows  # most rows hold several prompts
+
+    drills = pretraining_rows(tok, 512, 40, seed=3, drill_share=0.5)
+    assert drills.input_ids.shape == (40, 512)
+    # 20 rows of drills: several keys, each asked for right after it is given
+    n_drill_rows = sum(tok.decode(ids).count("Remember it") >= 3 for ids in drills.input_ids.tolist())
+    assert n_drill_rows >= 20
