@@ -108,7 +108,13 @@ def _generate(model, ids, mask, new_tokens):
     if ON_GPU:
         torch.cuda.reset_peak_memory_stats()
     gen = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-    model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    if ON_GPU:
+        # an untimed run of the same length: every decode step has a new key length, and the
+        # first model to meet each one pays one-time costs (cuDNN builds an attention plan per
+        # shape: the first sdpa model measured 40 tokens/s against 270 for the second on an H100)
+        model.generate(ids, attention_mask=mask, **gen)
+    else:
+        model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
     _sync()
     start = time.perf_counter()
     out = model.generate(ids, attention_mask=mask, **gen)
@@ -205,6 +211,12 @@ def main(argv=None) -> int:
         f"logits vs float32 eager: {'PASS' if ok else 'FAIL'} (hf_flash error <= 2 x eager's own "
         f"{str(size['dtype'])[6:]} error + {floor:g})"
     )
+    if size["dtype"] != torch.float32:
+        print(
+            "(random weights give near-tied logits: in reduced precision two correct kernels pick "
+            "different greedy tokens once a tie flips, so 'same tokens' is informative only in "
+            "float32, where the tests require 100%)"
+        )
     return 0 if ok else 1
 
 
