@@ -73,7 +73,18 @@ def direct_call(*tensors) -> bool:
     through a plain ``torch.autograd.Function``: the custom op's Python dispatch and autograd
     wrapper cost ~0.3-0.5 ms of host time per call, which a LoRA step at 4K tokens (host-bound)
     pays for every layer's attention and rotary, forward, recompute and backward."""
-    return eager_call(*tensors) and torch._C._len_torch_dispatch_stack() == 0
+    return (
+        eager_call(*tensors)
+        and torch._C._len_torch_dispatch_stack() == 0
+        and not _functorch_active()
+    )
+
+
+def _functorch_active() -> bool:
+    # torch.func transforms (grad, vmap, ...) wrap tensors below Python's view of their type and
+    # accept only autograd.Functions with setup_context: they get the custom op
+    peek = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None
 
 
 def _check_tensor_basics(q: Tensor, k: Tensor, v: Tensor) -> None:
