@@ -441,6 +441,19 @@ SWEEP = {
     "bwd_dq": [_cfg(128, 32, 8, 2), _cfg(128, 64, 8, 2), _cfg(128, 64, 8, 1), _cfg(64, 64, 4, 2),
                _cfg(64, 32, 4, 3), _cfg(64, 128, 8, 2), _cfg(128, 32, 4, 3)],
 }  # fmt: skip
+# head_dim 64 (the 1.2B shape of every end-to-end benchmark): half the shared memory per tile,
+# so larger tiles and fewer warps per tile become candidates. Prediction before measuring: the
+# forward's best is a 128 x 128 tile (as at d=128), and the dK/dV kernel, the slowest of the
+# backward, gains most from a 64-row query walk (fewer loop trips per key tile).
+SWEEP_D64 = {
+    "fwd": [_cfg(128, 128, 8, 3), _cfg(128, 128, 4, 3), _cfg(128, 128, 8, 2), _cfg(128, 64, 4, 3),
+            _cfg(128, 64, 4, 4), _cfg(128, 64, 8, 3), _cfg(64, 128, 4, 3), _cfg(64, 64, 4, 3)],
+    "bwd_dkdv": [_cfg(32, 64, 4, 3), _cfg(64, 64, 4, 3), _cfg(64, 64, 4, 2), _cfg(32, 128, 4, 3),
+                 _cfg(64, 128, 8, 2), _cfg(64, 128, 8, 3), _cfg(128, 128, 8, 2)],
+    "bwd_dq": [_cfg(64, 32, 4, 3), _cfg(64, 64, 4, 3), _cfg(128, 32, 4, 3), _cfg(128, 64, 8, 2),
+               _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 2)],
+}  # fmt: skip
+SWEEPS = {128: SWEEP, 64: SWEEP_D64}
 SWEEP_SEQLENS = (4096, 16384)
 
 
@@ -502,12 +515,23 @@ def _time_hf_flash(q, k, v, dout, passes, timing) -> dict:
 
 
 def sweep_configs(args, timing) -> list[dict]:
-    """hf_flash alone, head_dim 128 causal: the default launch parameters, then each candidate
-    in SWEEP for one kernel at a time (the other kernels keep their defaults)."""
+    """hf_flash alone, causal, for each head dim of ``--head-dims`` (default 128) that has a
+    candidate list in SWEEPS: the default launch parameters, then each candidate for one kernel
+    at a time (the other kernels keep their defaults)."""
+    head_dims = args.head_dims or [128]
+    missing = [d for d in head_dims if d not in SWEEPS]
+    if missing:
+        raise SystemExit(f"--sweep-configs has candidates for head dims {sorted(SWEEPS)}, not {missing}")
+    rows = []
+    for head_dim in head_dims:
+        rows += _sweep_head_dim(args, timing, head_dim, SWEEPS[head_dim])
+    return rows
+
+
+def _sweep_head_dim(args, timing, head_dim: int, sweep: dict) -> list[dict]:
     from hf_flash.kernels import configs
 
     rows = []
-    head_dim = 128
     for seqlen in args.seqlens or SWEEP_SEQLENS:
         batch = max(1, TOKENS // seqlen)
         gen = torch.Generator(device=DEVICE).manual_seed(seqlen)
@@ -518,7 +542,7 @@ def sweep_configs(args, timing) -> list[dict]:
         )  # fmt: skip
         dout = dout.detach()
         flops = fwd_flops(batch, seqlen, head_dim, "causal")
-        for kernel, cands in [("default", [None])] + list(SWEEP.items()):
+        for kernel, cands in [("default", [None])] + list(sweep.items()):
             for cand in cands:
                 row = {"head_dim": head_dim, "mask": "causal", "seqlen": seqlen, "batch": batch,
                        "kernel": kernel, "config": cand}  # fmt: skip
@@ -545,7 +569,7 @@ def sweep_configs(args, timing) -> list[dict]:
                 timed = " ".join(f"{p} {row[p + '_ms']:.3f} ms" for p in passes if p + "_ms" in row)
                 forced_here = row.get("override_reached_launcher") is False
                 note = "  (forced by the benchmark)" if forced_here else ""
-                print(f"sweep S={seqlen} {kernel:8s} {cand or 'default'}: "
+                print(f"sweep d={head_dim} S={seqlen} {kernel:8s} {cand or 'default'}: "
                       f"{timed or row.get('error')}{note}", flush=True)  # fmt: skip
         del q, k, v, dout
         _free()
@@ -628,7 +652,8 @@ def main(argv=None) -> int:
     if args.sweep_configs:
         rows = sweep_configs(args, timing)
         path = write_results("attention_configs", rows, args.out, timing=timing,
-                             head_dim=128, mask="causal", tokens_per_batch=TOKENS)  # fmt: skip
+                             head_dims=args.head_dims or [128], mask="causal",
+                             tokens_per_batch=TOKENS)  # fmt: skip
         print(f"wrote {path} in {time.time() - t0:.0f}s")
         return 0
 

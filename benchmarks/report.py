@@ -141,14 +141,14 @@ def attention_section(data: dict) -> list[str]:
 
 def attention_configs_section(data: dict) -> list[str]:
     rows = data.get("rows", [])
-    header = ["S", "kernel", "BLOCK_M×BLOCK_N, warps, stages", "fwd ms", "fwd TFLOP/s", "bwd ms",
+    header = ["D", "S", "kernel", "BLOCK_M×BLOCK_N, warps, stages", "fwd ms", "fwd TFLOP/s", "bwd ms",
               "bwd TFLOP/s", "override reached launcher", "error"]  # fmt: skip
     body = []
     for r in rows:
         c = r.get("config")
         cfg = (f"{c['BLOCK_M']}×{c['BLOCK_N']}, {c['num_warps']}, {c['num_stages']}"
                if isinstance(c, dict) else "default")  # fmt: skip
-        body.append([r.get("seqlen"), r.get("kernel"), cfg, r.get("fwd_ms"), r.get("fwd_tflops"),
+        body.append([r.get("head_dim"), r.get("seqlen"), r.get("kernel"), cfg, r.get("fwd_ms"), r.get("fwd_tflops"),
                      r.get("bwd_ms"), r.get("bwd_tflops"), r.get("override_reached_launcher"),
                      r.get("error")])  # fmt: skip
     return md_table(header, body) + [""]
