@@ -47,7 +47,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attention import first_valid
+from .attention import _cacheable_mask, _key_blocks, first_valid
 from .instance_patch import unwrap_forwards, wrap_forward
 
 __all__ = ["patch_model", "revert_model", "is_patched", "MAX_FUSED_QUERIES", "FAMILIES"]
@@ -194,7 +194,12 @@ def _fused_decode(module, layer, static, hidden_states, position_embeddings, att
         lens = kvcache._full_lengths(batch, past, q.device, True)
     leftpad: Optional[Tensor] = None
     if attention_mask is not None:
-        leftpad = first_valid(attention_mask.to(q.device).bool()).to(torch.int32)
+        mask = attention_mask.to(q.device).bool()  # the mask function's own tensor: no copy
+        if mask is attention_mask and _cacheable_mask(mask):
+            # eager: every layer of the step gets this tensor; its bounds are computed once
+            leftpad = _key_blocks(mask)[0]
+        else:
+            leftpad = first_valid(mask).to(torch.int32)
     window = getattr(module.config, "sliding_window", None)
     # transformers' window w: key j visible to query i iff i - w < j <= i
     left = int(window) - 1 if window else -1
