@@ -148,12 +148,6 @@ def _check_index_tensor(name: str, t, batch: int, device) -> None:
         raise ValueError(f"{name} is on {t.device} but q is on {device}")
 
 
-def _values_checkable() -> bool:
-    # Reading values syncs with the device: skipped while a CUDA graph is being captured (and
-    # while torch.compile traces, where the caller skips validation altogether).
-    return host_reads_allowed()
-
-
 def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
               cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes,
               num_splits) -> None:  # fmt: skip
@@ -287,7 +281,7 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
     if not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits={num_splits!r} must be an int >= 0 (0 = automatic)")
 
-    if not _values_checkable():
+    if not host_reads_allowed():  # reading values syncs: not while tracing or capturing
         return
     # value checks (one device sync)
     if isinstance(cache_seqlens, Tensor):
@@ -456,7 +450,7 @@ def _full_lengths(batch: int, seqlen_k: int, device, eager: bool) -> Tensor:
     the graph, and one used inside a graph must not be freed by a later replacement)."""
     global _last_full_lengths
     key = (batch, seqlen_k, device)
-    cacheable = eager and not _capturing()
+    cacheable = eager and host_reads_allowed()
     last_key, tensor = _last_full_lengths
     if cacheable and last_key == key:
         return tensor
@@ -464,10 +458,6 @@ def _full_lengths(batch: int, seqlen_k: int, device, eager: bool) -> Tensor:
     if cacheable:
         _last_full_lengths = (key, tensor)
     return tensor
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def append_attend_paged(

@@ -2,7 +2,8 @@
 
 Two public entry points, both differentiable (the backward pass is the same kernel with the
 rotation conjugated) and traceable by ``torch.compile`` (``torch.library`` custom ops with fake
-implementations):
+implementations; in plain eager mode the kernel is launched without the op's dispatch, see
+:func:`hf_flash.interface.direct_call`):
 
 * :func:`apply_rotary_emb`: flash-attn 2.x ``flash_attn.layers.rotary.apply_rotary_emb``
   semantics. A ``(seqlen_ro, rotary_dim / 2)`` cos/sin table, rows picked by position.
@@ -24,30 +25,18 @@ past ``rotary_dim`` (partial rotary) pass through unchanged. Arithmetic is float
 from __future__ import annotations
 
 import math
-import os
 from typing import List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from .interface import direct_call, eager_call
+from .interface import direct_call, eager_call, host_reads_allowed, interpreter_active
 from .kernels import rotary as _kernel
 
 __all__ = ["apply_rotary_emb", "apply_rotary_pos_emb", "rotary_table"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INT_DTYPES = (torch.int32, torch.int64)
-
-
-def _interpreter_active() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def _host_checks_allowed() -> bool:
-    # Value checks read device memory (a sync): skip them while tracing or capturing a graph.
-    if torch.compiler.is_compiling():
-        return False
-    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,7 +209,7 @@ def _check_float(name: str, t) -> None:
 
 
 def _check_device(x: Tensor, *others: Tuple[str, Optional[Tensor]]) -> None:
-    if x.device.type == "cpu" and not _interpreter_active():
+    if x.device.type == "cpu" and not interpreter_active():
         raise ValueError(
             "hf_flash rotary kernels run on CUDA tensors; got CPU tensors. To run on the CPU "
             "(slowly, for tests), set TRITON_INTERPRET=1 before importing hf_flash."
@@ -364,7 +353,7 @@ def _check_positions(x, cos, seqlen_offsets, cu_seqlens, max_seqlen, position_id
                 "pass either position_ids or seqlen_offsets, not both (position_ids already "
                 "give every token's absolute position)"
             )
-        if _host_checks_allowed() and position_ids.numel():
+        if host_reads_allowed() and position_ids.numel():
             lo, hi = int(position_ids.min()), int(position_ids.max())
             if lo < 0 or hi >= seqlen_ro:
                 raise ValueError(
@@ -379,7 +368,7 @@ def _check_positions(x, cos, seqlen_offsets, cu_seqlens, max_seqlen, position_id
             raise ValueError(
                 f"seqlen_offsets has shape {tuple(seqlen_offsets.shape)}; expected ({batch},)"
             )
-        if _host_checks_allowed() and batch:
+        if host_reads_allowed() and batch:
             lo, hi = int(seqlen_offsets.min()), int(seqlen_offsets.max())
             if lo < 0 or hi + seqlen > seqlen_ro:
                 raise ValueError(
@@ -480,14 +469,7 @@ def apply_rotary_pos_emb(
     rotary_dim = cos.shape[-1]
     cos, sin = cos.contiguous(), sin.contiguous()
     args = (cos, sin, rotary_dim, rotary_dim // 2, None, None, 0, False, False)
-    needs_grad = torch.is_grad_enabled() and (qb.requires_grad or kb.requires_grad)
-    if not needs_grad and eager_call(qb, kb):
-        # inference in eager mode (decode steps): launch directly; the custom op's dispatch and
-        # autograd wrapper would cost more host time than the kernel takes
-        qo, ko = torch.empty_like(qb), torch.empty_like(kb)
-        _launch([qb, kb], [qo, ko], *args)
-    else:
-        qo, ko = _rotary([qb, kb], *args)
+    qo, ko = _rotary([qb, kb], *args)  # launched directly in plain eager mode, grads or not
     if ud == 1:
         qo, ko = qo.transpose(1, 2), ko.transpose(1, 2)
     return qo, ko

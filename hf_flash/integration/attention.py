@@ -43,6 +43,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..interface import host_reads_allowed
 from . import ATTN_IMPLEMENTATION
 
 __all__ = ["ATTN_IMPLEMENTATION", "hf_flash_attention_forward", "hf_flash_mask"]
@@ -202,9 +203,8 @@ def _cacheable_mask(mask) -> bool:
     # capturing a CUDA graph, tensors made there hold no value outside it
     return (
         type(mask) is Tensor
-        and not torch.compiler.is_compiling()  # first: dynamo cannot trace is_inference()
+        and host_reads_allowed()  # first: dynamo cannot trace is_inference()
         and not mask.is_inference()
-        and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
     )
 
 

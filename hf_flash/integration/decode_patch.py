@@ -40,14 +40,13 @@ hooked the module, the patch goes to ``module._old_forward``, which its wrapper 
 
 from __future__ import annotations
 
-import functools
 import importlib
 from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .attention import _cacheable_mask, _key_blocks, first_valid
+from .attention import _key_blocks
 from .instance_patch import unwrap_forwards, wrap_forward
 
 __all__ = ["patch_model", "revert_model", "is_patched", "MAX_FUSED_QUERIES", "FAMILIES"]
@@ -64,7 +63,8 @@ FAMILIES: Dict[str, Tuple[str, str]] = {
 
 
 def patch_model(model) -> bool:
-    """Enable the fused StaticCache decode path in this model's Llama/Mistral attention modules.
+    """Enable the fused StaticCache/DynamicCache decode path in this model's Llama/Mistral
+    attention modules.
 
     Returns True when ``config.model_type`` is llama or mistral and its attention modules are
     patched (or already were); False, changing nothing, for other families. Idempotent. The
@@ -194,12 +194,9 @@ def _fused_decode(module, layer, static, hidden_states, position_embeddings, att
         lens = kvcache._full_lengths(batch, past, q.device, True)
     leftpad: Optional[Tensor] = None
     if attention_mask is not None:
-        mask = attention_mask.to(q.device).bool()  # the mask function's own tensor: no copy
-        if mask is attention_mask and _cacheable_mask(mask):
-            # eager: every layer of the step gets this tensor; its bounds are computed once
-            leftpad = _key_blocks(mask)[0]
-        else:
-            leftpad = first_valid(mask).to(torch.int32)
+        # every layer of a step gets the mask function's tensor: in eager mode its bounds are
+        # computed once per step (_key_blocks' cache), while tracing inline
+        leftpad = _key_blocks(attention_mask.to(q.device).bool())[0]
     window = getattr(module.config, "sliding_window", None)
     # transformers' window w: key j visible to query i iff i - w < j <= i
     left = int(window) - 1 if window else -1
