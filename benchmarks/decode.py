@@ -19,12 +19,19 @@ layout (B, Hkv, L, D); every provider reads the same memory:
                    generate with padding or a static cache; older releases repeat K/V).
   repeat_kv_sdpa   ``repeat_kv`` then masked SDPA, spelled out (what transformers' sdpa path
                    does under torch.compile, i.e. with the static cache).
+  read_only        not attention, a reference: one Triton launch that reads the K and V
+                   buffers once (16 KB per program, summed, one float written per program),
+                   i.e. what merely streaming the cache costs on this GPU under the same timing.
 
 GB/s = KV bytes read / time, KV bytes = 2 * B * L * Hkv * D * 2 (K and V, bf16), the same
 count for every provider (the repeat_kv path really moves ~4x more). Timing: every provider is
 captured in a CUDA graph and the graph replay is timed (``harness.bench_ms``: CUDA events,
 L2 flushed, median / p20 / p80), so Python launch overhead, which the generate path also
 removes with CUDA graphs, does not hide the kernel time; ``--eager`` times plain calls instead.
+Each point is timed twice, with the two L2 flushes of ``harness.bench_ms``: ``us``/``GB_s`` after
+Triton's zeroing flush (the peers' numbers in the issue were taken this way; the call also pays
+the write-back of ~50 MB of dirty L2 lines) and ``us_read_flush``/``GB_s_read_flush`` after a
+reading flush (clean L2, as after the weight GEMVs of a decode step).
 Points whose buffers do not fit in free GPU memory are recorded as skipped. Rows also record
 ``max_abs_diff_vs_sdpa`` (output against ``sdpa_gqa`` on the untouched cache, a spot check) and
 hf_flash's ``num_splits``; ``hf_flash_append`` writes row L - 1 of the cache, so it runs last.
@@ -38,6 +45,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -47,7 +56,7 @@ from benchmarks.harness import base_parser, bench_ms, print_table, write_results
 HQ, HKV, D = 32, 8, 128
 DTYPE = torch.bfloat16
 # hf_flash_append writes the cache (row L - 1), so it runs last
-PROVIDERS = ("hf_flash", "sdpa_gqa", "hf_sdpa", "repeat_kv_sdpa", "hf_flash_append")
+PROVIDERS = ("hf_flash", "sdpa_gqa", "hf_sdpa", "repeat_kv_sdpa", "read_only", "hf_flash_append")
 
 
 def grid(quick: bool):
@@ -85,6 +94,8 @@ def build(provider: str, batch: int, ctx: int, kb: torch.Tensor, vb: torch.Tenso
             q, kc, vc, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens,
             causal=True, rotary_interleaved=False,
         )  # fmt: skip
+    if provider == "read_only":  # a reference, not attention: one launch that reads the same bytes
+        return _read_only(kb, vb)
     qs = q.transpose(1, 2)  # (B, Hq, 1, D)
     if provider == "sdpa_gqa":
         return lambda: F.scaled_dot_product_attention(qs, kb, vb, enable_gqa=True)
@@ -108,6 +119,27 @@ def build(provider: str, batch: int, ctx: int, kb: torch.Tensor, vb: torch.Tenso
     raise ValueError(f"unknown provider {provider!r}; known: {PROVIDERS}")
 
 
+_READ_BLOCK = 8192  # bf16 elements per program of the read-only reference
+
+
+@triton.jit
+def _read_kernel(K, V, Partial, n_blocks, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = (pid % n_blocks).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    if pid < n_blocks:
+        x = tl.load(K + offs)
+    else:
+        x = tl.load(V + offs)
+    tl.store(Partial + pid, tl.sum(x.to(tl.float32), 0))
+
+
+def _read_only(kb: torch.Tensor, vb: torch.Tensor):
+    assert kb.is_contiguous() and vb.is_contiguous() and kb.numel() % _READ_BLOCK == 0
+    n_blocks = kb.numel() // _READ_BLOCK
+    partial = torch.empty(2 * n_blocks, dtype=torch.float32, device=kb.device)
+    return lambda: _read_kernel[(2 * n_blocks,)](kb, vb, partial, n_blocks, BLOCK=_READ_BLOCK)
+
+
 def extra_bytes(provider: str, batch: int, ctx: int) -> int:
     """Temporary memory a provider allocates per call (the repeat_kv copies)."""
     if provider in ("repeat_kv_sdpa", "hf_sdpa"):
@@ -115,7 +147,7 @@ def extra_bytes(provider: str, batch: int, ctx: int) -> int:
     return 0
 
 
-def timed(fn, eager: bool) -> dict:
+def timed(fn, eager: bool, flush: str = "zero") -> dict:
     """bench_ms of fn itself (eager) or of the replay of a CUDA graph that captured it."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -124,11 +156,11 @@ def timed(fn, eager: bool) -> dict:
             fn()
     torch.cuda.current_stream().wait_stream(s)
     if eager:
-        return bench_ms(fn)
+        return bench_ms(fn, flush=flush)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    res = bench_ms(graph.replay)
+    res = bench_ms(graph.replay, flush=flush)
     del graph
     return res
 
@@ -162,12 +194,17 @@ def run_point(batch: int, ctx: int, providers, eager: bool, results: list) -> No
             out = fn()
             if p in ("sdpa_gqa", "repeat_kv_sdpa"):
                 out = out.transpose(1, 2)  # (B, Hq, 1, D) -> (B, 1, Hq, D), as the others
-            if p != "hf_flash_append":  # the others read the untouched cache
+            if p == "read_only":
+                pass
+            elif p != "hf_flash_append":  # the others read the untouched cache
                 row["max_abs_diff_vs_sdpa"] = (out.float() - baseline).abs().max().item()
             res = timed(fn, eager)
             row.update(res)
             row["us"] = res["ms"] * 1e3
             row["GB_s"] = kv_bytes(batch, ctx) / (res["ms"] * 1e-3) / 1e9
+            read = timed(fn, eager, flush="read")
+            row["us_read_flush"] = read["ms"] * 1e3
+            row["GB_s_read_flush"] = kv_bytes(batch, ctx) / (read["ms"] * 1e-3) / 1e9
             if p.startswith("hf_flash"):
                 from hf_flash.kernels import decode
 
@@ -220,8 +257,11 @@ def sweep(points, results: list) -> None:
                             q, kc, vc, cache_seqlens=lens, causal=True, num_splits=splits
                         )
                         res = timed(fn, eager=False)
+                        read = timed(fn, eager=False, flush="read")
                     row.update(res, us=res["ms"] * 1e3,
-                               GB_s=kv_bytes(batch, ctx) / (res["ms"] * 1e-3) / 1e9)  # fmt: skip
+                               GB_s=kv_bytes(batch, ctx) / (res["ms"] * 1e-3) / 1e9,
+                               us_read_flush=read["ms"] * 1e3,
+                               GB_s_read_flush=kv_bytes(batch, ctx) / (read["ms"] * 1e-3) / 1e9)  # fmt: skip
                 except Exception as e:
                     row["error"] = _error(e)
                 results.append(row)
@@ -242,7 +282,7 @@ def main() -> None:
     if args.sweep:
         sweep(points, results)
         cols = ["batch", "context", "BLOCK_N", "num_warps", "num_stages", "num_splits", "us",
-                "GB_s"]  # fmt: skip
+                "GB_s", "GB_s_read_flush"]  # fmt: skip
         print_table(results, cols)
         best = {}
         for r in results:
@@ -257,8 +297,8 @@ def main() -> None:
         for batch, ctx in points:
             run_point(batch, ctx, providers, args.eager, results)
             print_table([r for r in results if r["batch"] == batch and r["context"] == ctx],
-                        ["batch", "context", "provider", "us", "GB_s", "num_splits", "skipped",
-                         "error"])  # fmt: skip
+                        ["batch", "context", "provider", "us", "GB_s", "us_read_flush",
+                         "GB_s_read_flush", "num_splits", "skipped", "error"])  # fmt: skip
             sys.stdout.flush()
             # rewritten after every point, so a run cut short still leaves its rows
             path = write_results(

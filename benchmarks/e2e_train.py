@@ -199,6 +199,15 @@ def main(argv=None) -> int:
     # the slower of two (0.57x-1.33x spread of the dense 4K row over five 2-step runs)
     steps, warmup = (3, 1) if args.quick else (args.steps, 1)
     rows = []
+
+    def save():  # after every row, so a run cut short (device time limit) keeps what it measured
+        _add_ratios(rows)
+        name = "e2e_train-smoke" if args.smoke else "e2e_train"
+        return write_results(
+            name, rows, args.out, quick=args.quick, smoke=args.smoke, shape=SHAPE, window=WINDOW,
+            lora_r=16, steps=steps, warmup=warmup, keep_attention=args.keep_attention,
+        )  # fmt: skip
+
     for family in args.families:
         model = build(family, args.smoke)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -234,6 +243,7 @@ def main(argv=None) -> int:
                 if DEVICE == "cuda":
                     torch.cuda.empty_cache()
                 rows.append(row)
+                save()
                 label = provider + ("+keep" if keep else "") + ("" if unpad or provider != "hf_flash" else "-nounpad")
                 print(f"{family:8s} {workload:14s} {label:14s} {row['status']:4s} "
                       f"{row.get('tok_per_s') or 0:9.0f} tok/s {row.get('peak_gib') or 0:6.1f} GiB",
@@ -243,12 +253,7 @@ def main(argv=None) -> int:
         gc.collect()
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
-    _add_ratios(rows)
-    name = "e2e_train-smoke" if args.smoke else "e2e_train"
-    path = write_results(
-        name, rows, args.out, quick=args.quick, smoke=args.smoke, shape=SHAPE, window=WINDOW, lora_r=16,
-        steps=steps, warmup=warmup, keep_attention=args.keep_attention,
-    )  # fmt: skip
+    path = save()
     cols = ["model", "workload", "provider", "keep_attention", "unpad", "status", "tok_per_s", "peak_gib",
             "vs_sdpa", "vs_recompute"]  # fmt: skip
     print_table(rows, cols)

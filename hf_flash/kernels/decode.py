@@ -427,10 +427,10 @@ def _sm_count(index: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device``; the interpreter pretends to have 4, so tests
+    """Streaming multiprocessors of ``device``; the interpreter pretends to have 8, so tests
     exercise the split heuristic on tiny shapes."""
     if device.type != "cuda":
-        return 4
+        return 8
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
@@ -442,7 +442,9 @@ def decode_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> di
     elif dtype == torch.float32:
         cfg = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
     elif configs.head_dim_block(head_dim) <= 128:
-        cfg = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 4}
+        # H100 sweep (benchmarks/results/decode_sweep-*.json): 3 stages is within 1% of the best
+        # config at every point of B in {1, 16} x L in {4K, 32K}; 4 stages was up to 1.5% slower
+        cfg = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
     else:
         cfg = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3}
     return configs._pick("decode", cfg)
@@ -452,8 +454,12 @@ def decode_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> di
 # (loading q, writing an fp32 partial) outweighs the parallelism gained.
 MIN_TILES_PER_SPLIT = 2
 MAX_SPLITS = 128
-# Programs resident per SM: the Hopper config (4 warps, ~100 KB of pipeline buffers) fits two.
-PROGRAMS_PER_SM = 2
+# Programs per SM that one "wave" counts. Two of the Hopper config (4 warps, 96 KB of pipeline
+# buffers) fit on an SM, but one wave of one program per SM streams faster: in the H100 sweep at
+# B=1 (8 programs per split) 16 splits beat 32 at 32K (54.3 vs 55.7 us) and 15 beat 31 at 4K
+# (16.7 vs 18.6 us). Two co-resident programs compete for the same SM's load bandwidth and the
+# extra splits each pay a prologue and a partial write.
+PROGRAMS_PER_SM = 1
 
 
 def choose_num_splits(programs: int, max_keys: int, block_n: int, device: torch.device) -> int:
@@ -462,8 +468,8 @@ def choose_num_splits(programs: int, max_keys: int, block_n: int, device: torch.
     The cache capacity bounds the work (a host-side number: true lengths stay on the device).
     Grids that already fill the GPU are not split. Otherwise, among split counts that leave
     each split ``MIN_TILES_PER_SPLIT`` tiles, take the smallest whose waves of programs are
-    within 5% as full as the best choice's, up to ~4 waves (wave quantisation: 384 programs on
-    264 slots run in two waves, the second half empty, so 256 programs finish as fast).
+    within 5% as full as the best choice's, up to ~4 waves (wave quantisation: 192 programs on
+    132 slots run in two waves, the second half empty, so 128 programs finish as fast).
     """
     tiles = configs.cdiv(max(max_keys, 1), block_n)
     return _best_splits(max(programs, 1), tiles, PROGRAMS_PER_SM * sm_count(device))
