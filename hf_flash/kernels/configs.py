@@ -114,7 +114,12 @@ def fwd_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
         # scripts/probe_attention.py, bf16 d=128 causal, B*S = 16K: (128, 128, 8 warps, 3
         # stages) 426 / 486 TFLOP/s at S = 4K / 16K; (128, 64, 8, 3) 414 / 473; (64, 64, 4, 3)
         # 435 / 453; (128, 64, 4, 3) 195 / 232 (too few warps for a 128-row tile).
-        if d <= 128:
+        # d <= 64: benchmarks/attention.py --sweep-configs --head-dims 64 (results/
+        # attention_configs-*.json): (128, 64, 8, 3) 0.737 / 2.636 ms at S = 4K / 16K against
+        # 0.910 / 3.084 for the d=128 tile (128, 128, 8, 3), the best of 8 candidates at both.
+        if d <= 64:
+            cfg = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+        elif d <= 128:
             cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
         else:
             cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
@@ -138,6 +143,12 @@ def bwd_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tupl
     if dtype == torch.float32 or major < 8:
         dkdv = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
         dq = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    elif d <= 64 and major >= 9:
+        # the same sweep at d=64 (whole backward, other kernel at its default): dK/dV
+        # (64, 64, 4 warps, 3 stages) 2.29 / 7.75 ms at S = 4K / 16K vs 2.36 / 8.76 for the d=128
+        # tiles; dQ (128, 32, 4, 3) 2.37 / 8.15 (best at 16K; (64, 64, 4, 3) 2.28 / 8.22).
+        dkdv = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+        dq = {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}
     elif d <= 128:
         # benchmarks/attention.py --sweep-configs, H100 bf16 d=128 causal (results/
         # attention_configs-*.json): dK/dV (32, 64, 4 warps, 3 stages) 3.93 / 14.68 ms at
