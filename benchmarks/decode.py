@@ -59,9 +59,9 @@ DTYPE = torch.bfloat16
 PROVIDERS = ("hf_flash", "sdpa_gqa", "hf_sdpa", "repeat_kv_sdpa", "read_only", "hf_flash_append")
 
 
-def grid(quick: bool):
-    batches = (1, 16) if quick else (1, 16, 64)
-    contexts = (4096, 32768) if quick else (4096, 32768, 131072)
+def grid(quick: bool, batches=None, contexts=None):
+    batches = batches or ((1, 16) if quick else (1, 16, 64))
+    contexts = contexts or ((4096, 32768) if quick else (4096, 32768, 131072))
     return [(b, L) for b in batches for L in contexts]
 
 
@@ -274,10 +274,12 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="time eager calls, no CUDA graph")
     parser.add_argument("--sweep", action="store_true", help="sweep hf_flash launch configs")
     parser.add_argument("--providers", default=",".join(PROVIDERS))
+    parser.add_argument("--batches", type=int, nargs="+", help="batch sizes instead of the grid's")
+    parser.add_argument("--contexts", type=int, nargs="+", help="context lengths instead of the grid's")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/decode.py needs a CUDA GPU")
-    points = grid(args.quick)
+    points = grid(args.quick, args.batches, args.contexts)
     results: list = []
     if args.sweep:
         sweep(points, results)

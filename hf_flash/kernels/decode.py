@@ -442,9 +442,11 @@ def decode_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> di
     elif dtype == torch.float32:
         cfg = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
     elif configs.head_dim_block(head_dim) <= 128:
-        # H100 sweep (benchmarks/results/decode_sweep-*.json): 3 stages is within 1% of the best
-        # config at every point of B in {1, 16} x L in {4K, 32K}; 4 stages was up to 1.5% slower
-        cfg = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+        # H100 (benchmarks/results/decode_sweep-*.json, B in {1, 16} x L in {4K, 32K}): within
+        # 2% of the best config at every point. 4 stages (128 KB of buffers) also keeps one
+        # program per SM: with 3 stages two fit, and at B=64 (512 programs, no split) the kernel
+        # fell 11% behind SDPA (3099 vs 2779 us at 32K; 2790 with 4 stages in an earlier run).
+        cfg = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 4}
     else:
         cfg = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3}
     return configs._pick("decode", cfg)
@@ -454,11 +456,10 @@ def decode_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> di
 # (loading q, writing an fp32 partial) outweighs the parallelism gained.
 MIN_TILES_PER_SPLIT = 2
 MAX_SPLITS = 128
-# Programs per SM that one "wave" counts. Two of the Hopper config (4 warps, 96 KB of pipeline
-# buffers) fit on an SM, but one wave of one program per SM streams faster: in the H100 sweep at
-# B=1 (8 programs per split) 16 splits beat 32 at 32K (54.3 vs 55.7 us) and 15 beat 31 at 4K
-# (16.7 vs 18.6 us). Two co-resident programs compete for the same SM's load bandwidth and the
-# extra splits each pay a prologue and a partial write.
+# Programs per SM that one "wave" counts: the Hopper config's 128 KB of pipeline buffers leave
+# room for one. One wave of one program per SM is also the fastest split: in the H100 sweep at
+# B=1 (8 programs per split) 16 splits beat 32 at 32K (54.1 vs 56.8 us) and 15 beat 31 at 4K
+# (17.0 vs 19.1 us); each extra split pays a prologue and a partial write.
 PROGRAMS_PER_SM = 1
 
 
