@@ -43,7 +43,7 @@ def _check(q, k, v, dtype, grads=True, **opts):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d", [64, 80, 96, 128, 192, 256])
+@pytest.mark.parametrize("d", [16, 32, 64, 80, 96, 128, 192, 256])
 @pytest.mark.parametrize("seqlen", [1, 97, 1025])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_grid_headdim_seqlen(dtype, d, seqlen, causal):
@@ -65,22 +65,25 @@ def test_grid_headdim_seqlen(dtype, d, seqlen, causal):
         pytest.param(97, 1025, 8, 1, {"causal": True}, id="chunked-prefill"),
     ],
 )
-def test_features(dtype, sq, sk, h, hk, opts):
+# d 64 and 128 run different tile shapes on Hopper (hf_flash.kernels.configs)
+@pytest.mark.parametrize("d", [64, 128])
+def test_features(dtype, sq, sk, h, hk, opts, d):
     torch.manual_seed(sq)
     opts = dict(opts)
     if opts.pop("alibi", False):
         opts["alibi_slopes"] = torch.rand(h, device=DEV) * 0.1
-    _check(*_qkv(1, sq, sk, h, hk, 128, dtype), dtype, **opts)
+    _check(*_qkv(1, sq, sk, h, hk, d, dtype), dtype, **opts)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_varlen(dtype):
+@pytest.mark.parametrize("d", [64, 128])
+def test_varlen(dtype, d):
     torch.manual_seed(0)
     lens = [1, 97, 1025, 300, 2048]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
-    q = torch.randn(sum(lens), 8, 128, device=DEV, dtype=dtype, requires_grad=True)
-    k = torch.randn(sum(lens), 2, 128, device=DEV, dtype=dtype, requires_grad=True)
-    v = torch.randn(sum(lens), 2, 128, device=DEV, dtype=dtype, requires_grad=True)
+    q = torch.randn(sum(lens), 8, d, device=DEV, dtype=dtype, requires_grad=True)
+    k = torch.randn(sum(lens), 2, d, device=DEV, dtype=dtype, requires_grad=True)
+    v = torch.randn(sum(lens), 2, d, device=DEV, dtype=dtype, requires_grad=True)
     for opts in ({"causal": True}, {"causal": True, "window_size": (255, 0)}):
         out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), **opts)
         ref = attention_varlen_ref(q, k, v, cu, cu, **opts)
