@@ -30,7 +30,7 @@ L2 flushed, median / p20 / p80), so Python launch overhead, which the generate p
 removes with CUDA graphs, does not hide the kernel time; ``--eager`` times plain calls instead.
 Each point is timed twice, with the two L2 flushes of ``harness.bench_ms``: ``us``/``GB_s`` after
 Triton's zeroing flush (the peers' numbers in the issue were taken this way; the call also pays
-the write-back of ~50 MB of dirty L2 lines) and ``us_read_flush``/``GB_s_read_flush`` after a
+up to ~10 us of write-back of the dirty L2 lines the flush leaves) and ``us_read_flush``/``GB_s_read_flush`` after a
 reading flush (clean L2, as after the weight GEMVs of a decode step).
 Points whose buffers do not fit in free GPU memory are recorded as skipped. Rows also record
 ``max_abs_diff_vs_sdpa`` (output against ``sdpa_gqa`` on the untouched cache, a spot check) and
