@@ -28,10 +28,11 @@ count for every provider (the repeat_kv path really moves ~4x more). Timing: eve
 captured in a CUDA graph and the graph replay is timed (``harness.bench_ms``: CUDA events,
 L2 flushed, median / p20 / p80), so Python launch overhead, which the generate path also
 removes with CUDA graphs, does not hide the kernel time; ``--eager`` times plain calls instead.
-Each point is timed twice, with the two L2 flushes of ``harness.bench_ms``: ``us``/``GB_s`` after
-Triton's zeroing flush (the peers' numbers in the issue were taken this way; the call also pays
-up to ~10 us of write-back of the dirty L2 lines the flush leaves) and ``us_read_flush``/``GB_s_read_flush`` after a
-reading flush (clean L2, as after the weight GEMVs of a decode step).
+Each point is timed twice, with the two L2 flushes of ``harness.bench_ms``: ``us``/``GB_s``
+after Triton's zeroing flush (the peers' numbers in the issue were taken this way; the call also
+pays up to ~10 us of write-back of the dirty L2 lines the flush leaves) and
+``us_read_flush``/``GB_s_read_flush`` after a reading flush (clean L2, as after the weight GEMVs
+of a decode step).
 Points whose buffers do not fit in free GPU memory are recorded as skipped. Rows also record
 ``max_abs_diff_vs_sdpa`` (output against ``sdpa_gqa`` on the untouched cache, a spot check) and
 hf_flash's ``num_splits``; ``hf_flash_append`` writes row L - 1 of the cache, so it runs last.
@@ -194,9 +195,9 @@ def run_point(batch: int, ctx: int, providers, eager: bool, results: list) -> No
             out = fn()
             if p in ("sdpa_gqa", "repeat_kv_sdpa"):
                 out = out.transpose(1, 2)  # (B, Hq, 1, D) -> (B, 1, Hq, D), as the others
-            if p == "read_only":
-                pass
-            elif p != "hf_flash_append":  # the others read the untouched cache
+            # the attention providers that read the untouched cache (not the appending one, not
+            # the read-only reference) are spot-checked against sdpa_gqa
+            if p not in ("hf_flash_append", "read_only"):
                 row["max_abs_diff_vs_sdpa"] = (out.float() - baseline).abs().max().item()
             res = timed(fn, eager)
             row.update(res)
@@ -261,7 +262,8 @@ def sweep(points, results: list) -> None:
                     row.update(res, us=res["ms"] * 1e3,
                                GB_s=kv_bytes(batch, ctx) / (res["ms"] * 1e-3) / 1e9,
                                us_read_flush=read["ms"] * 1e3,
-                               GB_s_read_flush=kv_bytes(batch, ctx) / (read["ms"] * 1e-3) / 1e9)  # fmt: skip
+                               GB_s_read_flush=kv_bytes(batch, ctx) / (read["ms"] * 1e-3) / 1e9,
+                               )  # fmt: skip
                 except Exception as e:
                     row["error"] = _error(e)
                 results.append(row)
@@ -275,7 +277,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="sweep hf_flash launch configs")
     parser.add_argument("--providers", default=",".join(PROVIDERS))
     parser.add_argument("--batches", type=int, nargs="+", help="batch sizes instead of the grid's")
-    parser.add_argument("--contexts", type=int, nargs="+", help="context lengths instead of the grid's")
+    parser.add_argument("--contexts", type=int, nargs="+",
+                        help="context lengths instead of the grid's")  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/decode.py needs a CUDA GPU")

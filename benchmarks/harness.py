@@ -91,7 +91,8 @@ def bench_ms(
     for _ in range(max(1, int(warmup_ms / estimate))):
         fn()
     times = runs(max(1, int(rep_ms / estimate)))
-    med, p20, p80 = torch.quantile(times, torch.tensor([0.5, 0.2, 0.8], dtype=torch.float64)).tolist()
+    q = torch.tensor([0.5, 0.2, 0.8], dtype=torch.float64)
+    med, p20, p80 = torch.quantile(times, q).tolist()
     return {"ms": med, "p20_ms": p20, "p80_ms": p80}
 
 

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ORDER = ["attention", "attention_configs", "decode", "decode_sweep", "rope", "e2e_generate", "e2e_train",
-         "e2e_finetune"]  # fmt: skip
+ORDER = ["attention", "attention_configs", "decode", "decode_sweep", "rope", "e2e_generate",
+         "e2e_train", "e2e_finetune"]  # fmt: skip
 PROVIDERS = ["hf_flash", "sdpa", "sdpa_flash", "sdpa_cudnn", "flex"]
 PROVIDER_TITLES = {"hf_flash": "hf_flash", "sdpa": "SDPA default", "sdpa_flash": "SDPA flash",
                    "sdpa_cudnn": "SDPA cuDNN", "flex": "FlexAttention"}  # fmt: skip
