@@ -23,6 +23,7 @@ plain hf_flash row (``vs_recompute``: its tokens/s over the plain row's).
     python benchmarks/e2e_train.py --quick          # ~3 min on an H100
     python benchmarks/e2e_train.py                  # full grid, ~10 min
     python benchmarks/e2e_train.py --quick --keep-attention both --providers hf_flash sdpa
+    python benchmarks/e2e_train.py --families llama --workloads S=16K S=32K   # some rows again
 """
 
 from __future__ import annotations
@@ -178,6 +179,9 @@ def main(argv=None) -> int:
     parser.add_argument("--families", nargs="+", default=["llama", "mistral"])
     parser.add_argument("--providers", nargs="+", default=PROVIDERS, choices=PROVIDERS)
     parser.add_argument("--steps", type=int, default=3, help="measured steps per cell (median)")
+    parser.add_argument("--workloads", nargs="+", metavar="NAME",
+                        help="only the workloads whose name contains one of these, e.g. S=32K "
+                        "padded (a rerun of some rows)")  # fmt: skip
     parser.add_argument("--eager-all", action="store_true", help="also run eager beyond 4K")
     parser.add_argument("--markdown", action="store_true", help="print a BENCHMARKS.md table")
     parser.add_argument("--keep-attention", choices=sorted(KEEP_CHOICES), default="off",
@@ -214,6 +218,8 @@ def main(argv=None) -> int:
         optimizer = torch.optim.AdamW(params, lr=1e-4)
         vocab = (SMOKE_SHAPE if args.smoke else SHAPE)["vocab_size"]
         for workload, kind, max_len in workloads(args.quick, args.smoke, family):
+            if args.workloads and not any(w in workload for w in args.workloads):
+                continue
             batch, tokens = make_batch(kind, max_len, vocab)
             variants = [(p, keep, p == "hf_flash") for p in providers
                         for keep in (KEEP_CHOICES[args.keep_attention] if p == "hf_flash" else (False,))]
