@@ -67,9 +67,10 @@ def eager_call(*tensors) -> bool:
 
 
 def direct_call(*tensors) -> bool:
-    """:func:`eager_call`, and no TorchDispatchMode active: selective activation checkpointing
-    (:mod:`hf_flash.checkpointing`), FakeTensorMode and FunctionalTensorMode see ops at the
-    dispatcher, so they must get the custom op. Otherwise autograd can run the same kernels
+    """:func:`eager_call`, no TorchDispatchMode active and no torch.func transform (grad, vmap)
+    running: selective activation checkpointing (:mod:`hf_flash.checkpointing`), FakeTensorMode
+    and FunctionalTensorMode see ops at the dispatcher, and torch.func accepts only the op's
+    registered autograd, so they must get the custom op. Otherwise autograd can run the same kernels
     through a plain ``torch.autograd.Function``: the custom op's Python dispatch and autograd
     wrapper cost ~0.3-0.5 ms of host time per call, which a LoRA step at 4K tokens (host-bound)
     pays for every layer's attention and rotary, forward, recompute and backward."""

@@ -53,6 +53,13 @@ def _launch(xs, outs, cos, sin, rotary_dim, cos_half_offset, position_ids, seqle
     )  # fmt: skip
 
 
+def _launch_new(xs: List[Tensor], *args) -> List[Tensor]:
+    """Rotated copies of ``xs`` (the kernel launched directly, no op dispatch)."""
+    outs = [torch.empty_like(x) for x in xs]
+    _launch(xs, outs, *args)
+    return outs
+
+
 @torch.library.custom_op("hf_flash::rotary", mutates_args=())
 def _rotary_op(
     xs: List[Tensor],
@@ -66,10 +73,8 @@ def _rotary_op(
     interleaved: bool,
     conjugate: bool,
 ) -> List[Tensor]:
-    outs = [torch.empty_like(x) for x in xs]
-    _launch(xs, outs, cos, sin, rotary_dim, cos_half_offset, position_ids, seqlen_offsets,
-            offset, interleaved, conjugate)  # fmt: skip
-    return outs
+    return _launch_new(xs, cos, sin, rotary_dim, cos_half_offset, position_ids, seqlen_offsets,
+                       offset, interleaved, conjugate)  # fmt: skip
 
 
 @_rotary_op.register_fake
@@ -128,8 +133,7 @@ def _backward(ctx, grads):
                 p["offset"], p["interleaved"], not p["conjugate"])  # fmt: skip
         if eager_call(*gs):
             # eager backward: launch directly, skipping a second trip through the dispatcher
-            outs = [torch.empty_like(g) for g in gs]
-            _launch(gs, outs, *args)
+            outs = _launch_new(gs, *args)
         else:  # traced (AOTAutograd): the custom op keeps the graph opaque to the tracer
             outs = _rotary_op(gs, *args)
         for i, d in zip(live, outs):
@@ -148,8 +152,7 @@ class _RotaryEager(torch.autograd.Function):
     def forward(ctx, n, *flat):
         ctx.set_materialize_grads(False)
         xs, args = list(flat[:n]), flat[n:]
-        outs = [torch.empty_like(x) for x in xs]
-        _launch(xs, outs, *args)
+        outs = _launch_new(xs, *args)
         _setup_context(ctx, (xs, *args), outs)
         return tuple(outs)
 
@@ -166,9 +169,8 @@ def _rotary(xs: List[Tensor], *args) -> List[Tensor]:
         return _rotary_op(xs, *args)
     if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
         return list(_RotaryEager.apply(len(xs), *xs, *args))
-    outs = [torch.empty_like(x) for x in xs]
-    _launch(xs, outs, *args)
-    return outs
+    return _launch_new(xs, *args)
+
 
 
 class _RotaryInplace(torch.autograd.Function):

@@ -28,8 +28,8 @@ on the H100 a step of this model was launch-bound, so 8x the tokens of the first
 little more per step. A pass-key probe at L0/2 and L0 is logged during pretraining and kept in
 ``study.json``.
 
-    python -m recipes.long_context_study --out results/study --quick   # ~4.5 min on one H100
-    python -m recipes.long_context_study --out results/study           # ~8.5 min on one H100
+    python -m recipes.long_context_study --out results/study --quick   # ~4 min on one H100
+    python -m recipes.long_context_study --out results/study           # ~7 min on one H100
 
 Pretraining stops at ``pretrain_steps`` or after ``pretrain_s`` seconds (180 s quick, 330 s
 full; ``--pretrain-seconds`` overrides), whichever comes first; evaluation and the three
@@ -88,14 +88,6 @@ def passkey_document(tokenizer, length: int, rng: random.Random) -> list[int]:
     return prompt + answer + [tokenizer.eos_token_id]
 
 
-def _fits(tokenizer, length: int) -> bool:
-    try:
-        passkey_document(tokenizer, length, random.Random(0))
-    except ValueError:
-        return False
-    return True
-
-
 def passkey_rows(tokenizer, l0: int, n_rows: int, seed: int) -> PackedRows:
     """Rows of exactly ``l0`` tokens filled with whole pass-key documents.
 
@@ -103,7 +95,10 @@ def passkey_rows(tokenizer, l0: int, n_rows: int, seed: int) -> PackedRows:
     cannot see. A row holds several short prompts (each a retrieval example) or, one time in
     five, one prompt of the full length, so the key is also seen at every distance up to ``l0``.
     """
-    shortest = next(n for n in range(8, l0 + 1) if _fits(tokenizer, n)) + 8  # the fixed parts + 8 filler
+    from hf_flash.eval import passkey_drill
+
+    # a one-key drill is the shortest prompt plus its answer; + EOS, + 8 filler tokens
+    shortest = len(passkey_drill(tokenizer, ["00000"])) + 1 + 8
     if l0 < shortest:
         raise ValueError(f"l0={l0} cannot hold a pass-key prompt (>= {shortest} tokens)")
     rng = random.Random(seed)
@@ -332,7 +327,7 @@ def table(results: dict, lengths: list) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for plots, tables and models")
-    parser.add_argument("--quick", action="store_true", help="smaller model and shorter runs (~4.5 min)")
+    parser.add_argument("--quick", action="store_true", help="smaller model and shorter runs (~4 min)")
     parser.add_argument("--pretrain-seconds", type=float, default=None,
                         help="wall-clock cap on pretraining (default: the settings' pretrain_s)")
     parser.add_argument("--seed", type=int, default=0)

@@ -11,7 +11,14 @@ Library use::
 Command line: ``python -m hf_flash.eval {passkey,ppl} --help``.
 """
 
-from .passkey import PasskeyResult, build_passkey_prompt, format_grid, passkey_drill, passkey_grid, save_heatmap
+from .passkey import (
+    PasskeyResult,
+    build_passkey_prompt,
+    format_grid,
+    passkey_drill,
+    passkey_grid,
+    save_heatmap,
+)
 from .perplexity import PerplexityResult, load_tokens, perplexity_of_tokens, perplexity_vs_length
 
 __all__ = [

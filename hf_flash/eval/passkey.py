@@ -23,7 +23,10 @@ from typing import List, Optional, Sequence
 
 import torch
 
-__all__ = ["PasskeyResult", "build_passkey_prompt", "passkey_drill", "passkey_grid", "format_grid", "save_heatmap"]
+__all__ = [
+    "PasskeyResult", "build_passkey_prompt", "passkey_drill", "passkey_grid", "format_grid",
+    "save_heatmap",
+]  # fmt: skip
 
 _INTRO = "There is a pass key hidden in this text; find it and remember it."
 _FILLER = (
