@@ -14,6 +14,8 @@ vocab 128256, original context 8192, extended with YaRN) and the 8B Llama-3 shap
     python benchmarks/e2e_finetune.py                  # full grid incl. 8B and 128K (~10 min)
     python benchmarks/e2e_finetune.py --fsdp-gpus 2    # adds the FSDP config on 2 GPUs vs 1
     python benchmarks/e2e_finetune.py --quick --keep-attention both   # + hf_flash keeping attention
+    python benchmarks/e2e_finetune.py --points llama-1.2b:32768:hf_flash --profile-step 3 --no-loss
+                                                       # + device time by kind of step 3
 
 Rows carry ``keep_attention_outputs`` as the recipe reported it. By default every point runs
 with ``keep_attention_outputs: false`` (plain checkpointing, what the earlier results measured;
@@ -164,6 +166,9 @@ def main() -> None:
     parser.add_argument("--points", nargs="+", default=None, metavar="SHAPE:SEQ:ATTN",
                         help="run only these grid points, e.g. llama-8b:65536:hf_flash")
     parser.add_argument("--no-loss", action="store_true", help="skip the loss-alone timing")
+    parser.add_argument("--profile-step", type=int, default=0, metavar="N",
+                        help="profile step N of every point (the recipe's profile_step; printed, "
+                        "and that step is left out of tokens/s)")
     parser.add_argument("--keep-attention", choices=sorted(KEEP_CHOICES), default="off",
                         help="hf_flash points: plain checkpointing (off, the default), attention "
                         "outputs kept (on), or a row of each (both)")
@@ -197,7 +202,12 @@ def main() -> None:
             n = steps if seq_len <= 32768 else 3  # a 128K step of the 1.2B shape takes ~20 s
             data = write_data(root, seq_len, rows=n + 2)
             name = f"run-{shape}-{seq_len}-{attn}" + ("-keep" if keep else "")
-            r = run_recipe(model_dir, data, seq_len, attn, n, root / name, args.timeout, keep_attention=keep)
+            extra = ["--profile_step", str(args.profile_step)] if args.profile_step else None
+            r = run_recipe(model_dir, data, seq_len, attn, n, root / name, args.timeout, extra=extra,
+                           keep_attention=keep)
+            profile = root / name / f"profile-step{args.profile_step}.txt"
+            if args.profile_step and profile.is_file():
+                print(f"--- profile of {name}, step {args.profile_step}\n{profile.read_text()}", flush=True)
             peer = SDPA_MEASURED.get((shape, seq_len))
             row = {"part": "e2e", "shape": shape, "seq_len": seq_len, "attn": attn, "gpus": 1, "steps": n,
                    "keep_attention_outputs": keep, **r, "sdpa_issue_tok_per_s": peer[0] if peer else None}
@@ -239,7 +249,7 @@ def main() -> None:
                       "peak_gib", "speedup_vs_sdpa", "mem_ratio_vs_sdpa", "speedup_vs_recompute",
                       "mem_delta_gib_vs_recompute", "scaling_vs_1gpu", "sdpa_issue_tok_per_s"])
     path = write_results("e2e_finetune", rows, args.out, quick=args.quick, steps=steps,
-                         keep_attention=args.keep_attention)
+                         keep_attention=args.keep_attention, profile_step=args.profile_step)
     print(f"wrote {path}")
 
 

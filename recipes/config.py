@@ -123,6 +123,10 @@ class RecipeConfig:
     skip_memory_check: bool = False
     interrupt_after: Optional[int] = None
     """Testing aid: stop abruptly after this many steps of this run, as a kill would."""
+    profile_step: int = 0
+    """Profile optimiser step N (1-based; 0: off) with torch.profiler and write
+    ``output_dir/profile-step{N}.txt``: operators and kernels by device time, grouped by kind.
+    That step is left out of tokens/s (the profiler slows it)."""
 
     # ------------------------------------------------------------------------------------------
 
@@ -188,9 +192,13 @@ class RecipeConfig:
         need(self.rope_factor is None or self.rope_factor > 1, f"rope_factor={self.rope_factor} must be > 1")
         for name in ("micro_batch_size", "gradient_accumulation_steps", "max_steps", "lora_r", "log_every"):
             need(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1")
-        for name in ("warmup_steps", "save_every", "keep_checkpoints"):
+        for name in ("warmup_steps", "save_every", "keep_checkpoints", "profile_step"):
             need(getattr(self, name) >= 0, f"{name}={getattr(self, name)} must be >= 0")
         need(self.keep_checkpoints >= 1 or self.save_every == 0, "keep_checkpoints must be >= 1 when save_every > 0")
+        need(
+            self.profile_step <= self.max_steps,
+            f"profile_step={self.profile_step} is beyond max_steps={self.max_steps}",
+        )
         need(self.learning_rate > 0, f"learning_rate={self.learning_rate} must be > 0")
         need(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         need(0 <= self.lora_dropout < 1, f"lora_dropout={self.lora_dropout} must be in [0, 1)")

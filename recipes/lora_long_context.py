@@ -169,6 +169,7 @@ def train(cfg: RecipeConfig) -> dict:
     step, loss_value, run_tokens, run_time = start_step, float("nan"), 0, 0.0
     steps_this_run = 0
     while step < cfg.max_steps:
+        prof = _start_profiler(device) if step + 1 == cfg.profile_step else None
         t0 = time.perf_counter()
         micro = [batches.get(step * ga + i, device) for i in range(ga)]
         n_label = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro)
@@ -191,7 +192,15 @@ def train(cfg: RecipeConfig) -> dict:
         dt = time.perf_counter() - t0
         step_tokens = cfg.micro_batch_size * cfg.seq_len * ga * accelerator.num_processes
         tokens_seen += step_tokens
-        if steps_this_run > 1 or cfg.max_steps - start_step == 1:  # first step pays warm-up costs
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            if main:
+                from .profiling import summary
+
+                path = out / f"profile-step{step}.txt"
+                path.write_text(summary(prof, dt) + "\n")
+                log(f"profile of step {step}: {path}")
+        elif steps_this_run > 1 or cfg.max_steps - start_step == 1:  # first step pays warm-up costs
             run_tokens += step_tokens
             run_time += dt
         mem, peak = _memory_gib(device)
@@ -234,6 +243,15 @@ def train(cfg: RecipeConfig) -> dict:
         log(f"done: loss {loss_value:.4f}, {summary['tok_per_s'] or 0:,.0f} tok/s, peak {summary['peak_mem_gib']:.2f} GiB")
     accelerator.end_training()
     return summary
+
+
+def _start_profiler(device):
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    prof = profile(activities=activities)
+    prof.__enter__()
+    return prof
 
 
 class _nullcontext:

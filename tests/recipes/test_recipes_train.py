@@ -32,7 +32,8 @@ def _losses(out: Path) -> list:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     out = tmp_path_factory.mktemp("full")
-    summary = train(load_config(BASE + ["--output_dir", str(out), "--save_merged", "true"]))
+    summary = train(load_config(
+        BASE + ["--output_dir", str(out), "--save_merged", "true", "--profile_step", "6"]))
     return out, summary
 
 
@@ -47,6 +48,9 @@ def test_loss_decreases_and_outputs_are_saved(uninterrupted):
     assert (out / "merged" / "config.json").is_file()
     assert (out / "checkpoints" / "latest").read_text() == "step-000008"
     assert summary["steps"] == 12 and summary["tok_per_s"] > 0
+    # the profiled step: hf_flash's attention and the chunked loss among the host operators
+    profile = (out / "profile-step6.txt").read_text()
+    assert "_AttnEager" in profile and "_ChunkedLinearCrossEntropy" in profile, profile[:2000]
 
 
 def test_interrupted_then_resumed_run_reproduces_losses(uninterrupted, tmp_path):

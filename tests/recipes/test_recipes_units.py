@@ -243,6 +243,7 @@ def test_config_yaml_then_command_line(tmp_path):
         (["--seq_lenn", "10"], "unrecognized arguments"),
         (["--rope_method", "magic"], "rope_method='magic'"),
         (["--max_steps", "0"], "max_steps=0 must be >= 1"),
+        (["--max_steps", "5", "--profile_step", "6"], "profile_step=6 is beyond max_steps=5"),
         (["--model", "/nonexistent/model"], "does not exist"),
         (["--data", "/nonexistent/data.jsonl"], "data path /nonexistent/data.jsonl does not exist"),
         (["--learning_rate", "fast"], "learning_rate='fast' is not a valid float"),
@@ -251,7 +252,7 @@ def test_config_yaml_then_command_line(tmp_path):
         (["--gradient_checkpointing", "false", "--keep_attention_outputs", "true"],
          "keep_attention_outputs: true only applies with gradient_checkpointing: true"),
     ],
-    ids=["typo", "rope", "steps", "model", "data", "type", "keep_sdpa", "keep_no_checkpointing"],
+    ids=["typo", "rope", "steps", "profile", "model", "data", "type", "keep_sdpa", "keep_no_checkpointing"],
 )
 def test_bad_options(args, message, capsys):
     with pytest.raises((ConfigError, SystemExit)) as err:
@@ -381,3 +382,18 @@ def test_study_corpus_keeps_every_pass_key_prompt_whole():
     # 20 rows of drills: several keys, each asked for right after it is given
     n_drill_rows = sum(tok.decode(ids).count("Remember it") >= 3 for ids in drills.input_ids.tolist())
     assert n_drill_rows >= 20
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("_flash_fwd_kernel", "attention forward (hf_flash)"),
+    ("_bwd_dkdv_kernel", "attention backward (hf_flash)"),
+    ("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", "GEMM"),
+    ("void at::native::elementwise_kernel<128, 2, at::native::direct_copy_kernel_cuda>", "copy / cast / fill"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>",
+     "elementwise"),
+    ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
+])
+def test_profile_kinds(name, kind):
+    from recipes.profiling import kind_of
+
+    assert kind_of(name) == kind

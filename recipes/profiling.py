@@ -1,0 +1,70 @@
+"""Where one training step's device time goes: a torch.profiler summary grouped by kind.
+
+Used by the recipe's ``profile_step`` option. Kernels are grouped by name into kinds
+(hf_flash attention, GEMMs, elementwise, ...) so that a long step's time can be compared
+with a FLOP estimate of its GEMMs and attention; the raw tables follow the summary.
+"""
+
+from __future__ import annotations
+
+import re
+
+# first match wins; patterns are matched against the kernel's name, lower-cased
+KINDS = (
+    ("attention forward (hf_flash)", r"_flash_fwd_kernel"),
+    ("attention backward (hf_flash)", r"_bwd_(dkdv|dq)_kernel|_bwd_preprocess"),
+    ("attention (other)", r"flash|fmha|attention|sdpa|cudnn"),
+    ("rotary (hf_flash)", r"_rotary_kernel"),
+    ("cross-entropy (hf_flash)", r"_cross_entropy"),
+    ("GEMM", r"gemm|cutlass|nvjet|xmma|cublas|sm90_|sm80_|matmul"),
+    ("optimizer", r"multi_tensor|adam|foreach"),
+    ("reduction", r"reduce|norm|softmax|sum"),
+    ("copy / cast / fill", r"copy|cast|fill|memcpy|memset|cat|index|scatter|gather"),
+    ("elementwise", r"elementwise|vectorized|unrolled|triton_"),
+)
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    for kind, pattern in KINDS:
+        if re.search(pattern, low):
+            return kind
+    return "other"
+
+
+def device_events(prof):
+    """Kernel-level events (device side) of a finished ``torch.profiler.profile``."""
+    import torch
+
+    cuda = torch.autograd.DeviceType.CUDA
+    return [e for e in prof.events() if e.device_type == cuda]
+
+
+def summary(prof, wall_s: float, top: int = 30) -> str:
+    """A text report: device time by kind, the top kernels, the top host operators."""
+    kernels = device_events(prof)
+    by_kind: dict[str, list] = {}
+    per_name: dict[str, list] = {}
+    for e in kernels:
+        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        by_kind.setdefault(kind_of(e.name), [0.0, 0])
+        by_kind[kind_of(e.name)][0] += us
+        by_kind[kind_of(e.name)][1] += 1
+        per_name.setdefault(e.name, [0.0, 0])
+        per_name[e.name][0] += us
+        per_name[e.name][1] += 1
+    busy = sum(v[0] for v in by_kind.values())
+    lines = [
+        f"step wall {wall_s * 1e3:.1f} ms (under the profiler), kernels {len(kernels)}, "
+        f"device busy {busy / 1e3:.1f} ms ({busy / 1e4 / max(wall_s, 1e-9):.0f}% of wall)",
+        "",
+        f"{'kind':<32} {'ms':>10} {'share':>7} {'kernels':>8}",
+    ]
+    for kind, (us, n) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"{kind:<32} {us / 1e3:>10.1f} {us / max(busy, 1e-9):>7.1%} {n:>8}")
+    lines += ["", f"top {top} kernels by device time", f"{'ms':>10} {'count':>6}  {'kind':<24} name"]
+    for name, (us, n) in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"{us / 1e3:>10.2f} {n:>6}  {kind_of(name):<24} {name[:110]}")
+    lines += ["", "host operators by self CPU time", prof.key_averages().table(
+        sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)]
+    return "\n".join(lines)
