@@ -113,7 +113,7 @@ def train(cfg: RecipeConfig) -> dict:
         raise ConfigError(
             f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {model.config.vocab_size}"
         )
-    model = apply_lora(model, cfg)
+    model = apply_lora(model, cfg, autocast=accelerator.mixed_precision in ("bf16", "fp16"))
     total, trainable = count_parameters(model)
     checkpointing = "off"
     if cfg.gradient_checkpointing:

@@ -63,3 +63,35 @@ def test_packed_row_equals_documents_run_alone(tiny_dirs, family, attn, flash_kw
         flat = base(input_ids=batch["input_ids"], position_ids=torch.arange(64)[None]).logits[0]
     torch.testing.assert_close(packed_loss, alone_loss, rtol=1e-5, atol=1e-5)
     assert (flat[DOC_LENGTHS[0]:] - packed[DOC_LENGTHS[0]:]).abs().max() > 1e-3
+
+
+def test_lora_without_input_casts_is_exact_under_autocast(tiny_dirs):
+    """keep_lora_inputs drops peft's fp32 copy of each adapted layer's input (bf16 weights, fp32
+    adapters, bf16 autocast): loss and every adapter gradient must be the same bits as with it."""
+    from recipes.model import keep_lora_inputs
+
+    cfg = RecipeConfig(attn_implementation="sdpa", dtype="bfloat16", seq_len=64, rope_method="yarn",
+                       lora_dropout=0.0, gradient_checkpointing=False)
+    torch.manual_seed(0)
+    peft_model = apply_lora(load_model(cfg, tiny_dirs["llama"], log=lambda *a: None), cfg)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    assert {p.dtype for n, p in peft_model.named_parameters() if "lora_" in n} == {torch.float32}
+    ids = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(3))
+
+    def run():
+        peft_model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = peft_model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in peft_model.named_parameters() if p.requires_grad}
+
+    loss_cast, grads_cast = run()
+    assert keep_lora_inputs(peft_model) == 7 * peft_model.config.num_hidden_layers
+    loss_kept, grads_kept = run()
+    assert torch.equal(loss_cast, loss_kept)
+    assert grads_cast.keys() == grads_kept.keys() and len(grads_cast) > 0
+    for n in grads_cast:
+        assert torch.equal(grads_cast[n], grads_kept[n]), n
