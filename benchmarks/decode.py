@@ -11,9 +11,6 @@ layout (B, Hkv, L, D); every provider reads the same memory:
 
   hf_flash         ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=L)`` on the
                    transposed view (B, L, Hkv, D) of the buffer (no copy), causal.
-  hf_flash_combine_launch  the same call with the split partials merged by a second
-                   launch (``decode.MERGE_IN_KERNEL = False``) instead of by each tile's last
-                   split; the same as hf_flash where one split suffices.
   hf_flash_append  the same call as a generate step does it: appends one new token at row
                    L - 1 with rotary on q and k (Llama "rotate half"), then attends over L.
   sdpa_gqa         ``F.scaled_dot_product_attention(q, k, v, enable_gqa=True)``, no mask.
@@ -60,8 +57,7 @@ from benchmarks.harness import base_parser, bench_ms, print_table, write_results
 HQ, HKV, D = 32, 8, 128
 DTYPE = torch.bfloat16
 # hf_flash_append writes the cache (row L - 1), so it runs last
-PROVIDERS = ("hf_flash", "hf_flash_combine_launch", "sdpa_gqa", "hf_sdpa", "repeat_kv_sdpa",
-             "read_only", "hf_flash_append")  # fmt: skip
+PROVIDERS = ("hf_flash", "sdpa_gqa", "hf_sdpa", "repeat_kv_sdpa", "read_only", "hf_flash_append")
 
 
 def grid(quick: bool, batches=None, contexts=None):
@@ -89,20 +85,6 @@ def build(provider: str, batch: int, ctx: int, kb: torch.Tensor, vb: torch.Tenso
         lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
         kc, vc = kb.transpose(1, 2), vb.transpose(1, 2)
         return lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True)
-    if provider == "hf_flash_combine_launch":
-        from hf_flash.kernels import decode
-
-        lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
-        kc, vc = kb.transpose(1, 2), vb.transpose(1, 2)
-
-        def two_launches():
-            decode.MERGE_IN_KERNEL = False
-            try:
-                return flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True)
-            finally:
-                decode.MERGE_IN_KERNEL = True
-
-        return two_launches
     if provider == "hf_flash_append":
         lens = torch.full((batch,), ctx - 1, dtype=torch.int32, device=dev)
         kc, vc = kb.transpose(1, 2), vb.transpose(1, 2)

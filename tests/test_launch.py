@@ -84,14 +84,13 @@ def _runtime_params(kernel):
     return list(inspect.signature(kernel.fn).parameters)
 
 
-@pytest.mark.parametrize("split", [(False, False), (True, False), (True, True)],
-                         ids=["one-split", "combine-launch", "merged-by-last-split"])
+@pytest.mark.parametrize("split", [False, True])
 def test_decode_kernel_parameters_follow_the_launch_order(split):
     """Pointers, then ints, then floats, then the constexprs the plan passes by keyword."""
     flags = (True, False, False, False, True, 32, False, True, False, False, True, False, False)
     plan = decode._plan(32, torch.float16, torch.device("cpu"), 4, flags)
     for kernel, meta, counts in (
-        (decode._DECODE.kernel, plan.meta[split], (17, 34, 2)),
+        (decode._DECODE.kernel, plan.meta[split], (16, 34, 2)),
         (decode._COMBINE.kernel, plan.combine_for(3), (4, 9, 0)),
     ):
         params = _runtime_params(kernel)
@@ -99,8 +98,8 @@ def test_decode_kernel_parameters_follow_the_launch_order(split):
         assert consts == params[len(params) - len(consts):]
         assert len(params) - len(consts) == sum(counts)
     params = _runtime_params(decode._DECODE.kernel)
-    assert params[16] == "Arrivals" and params[17] == "stride_qb"
-    assert params[49:53] == ["window_left", "window_right", "qk_scale", "softcap"]
+    assert params[15] == "Alibi" and params[16] == "stride_qb"
+    assert params[48:52] == ["window_left", "window_right", "qk_scale", "softcap"]
 
 
 def test_rotary_kernel_parameters_follow_the_launch_order():
@@ -284,11 +283,10 @@ def test_launch_sites_pass_typed_groups(monkeypatch):
     vn = torch.randn_like(kn)
     lens = torch.tensor([5, 30], dtype=torch.int32, device=DEVICE)
     cos, sin = torch.randn(64, 16, device=DEVICE), torch.randn(64, 16, device=DEVICE)
-    for splits, merge in ((1, True), (3, True), (3, False)):
-        monkeypatch.setattr(decode, "MERGE_IN_KERNEL", merge)
+    for splits in (1, 3):
         flash_attn_with_kvcache(q, kc, vc, kn, vn, rotary_cos=cos, rotary_sin=sin,
                                 cache_seqlens=lens, causal=True, num_splits=splits)  # fmt: skip
-    assert checks["_DECODE"].sizes == [(17, 34, 2)] * 3
+    assert checks["_DECODE"].sizes == [(16, 34, 2)] * 2
     assert checks["_COMBINE"].sizes == [(4, 9, 0)]
     apply_rotary_emb(torch.randn(2, 3, 4, 32, device=DEVICE), cos, sin, seqlen_offsets=2)
     assert checks["_ROTARY"].sizes == [(8, 23, 0)]

@@ -118,7 +118,6 @@ def _equal(a, b):
 CASES = [
     pytest.param({}, dict(num_splits=1), id="one-split"),
     pytest.param({}, dict(num_splits=4), id="four-splits"),
-    pytest.param({"merge": False}, dict(num_splits=4), id="four-splits-combine-launch"),
     pytest.param({}, dict(num_splits=0), id="auto-splits"),
     pytest.param({"batch": 1}, dict(num_splits=0), id="batch1"),
     pytest.param({"batch": 16, "nheads": 32, "nheads_k": 16}, dict(num_splits=0), id="batch16"),
@@ -129,9 +128,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("shape, opts", CASES)
-def test_repeats_take_fast_path_and_match_triton_launch(audit, monkeypatch, shape, opts):
-    shape = dict(shape)
-    monkeypatch.setattr(decode, "MERGE_IN_KERNEL", shape.pop("merge", True))
+def test_repeats_take_fast_path_and_match_triton_launch(audit, shape, opts):
     inp = _inputs(**shape)
     with launch.fast_launch(False):
         want = _decode(inp, **opts)
@@ -142,7 +139,7 @@ def test_repeats_take_fast_path_and_match_triton_launch(audit, monkeypatch, shap
     # the first call may have been a new specialisation; the later ones are cached
     assert audit["_DECODE"].launcher.fast - fast >= 2
     assert audit["_DECODE"].checked >= 2
-    if opts.get("num_splits", 0) > 1 and not decode.MERGE_IN_KERNEL:
+    if opts.get("num_splits", 0) > 1:
         assert audit["_COMBINE"].checked >= 2
 
 

@@ -11,10 +11,8 @@ organised around memory traffic:
   ``BLOCK_N`` keys. The cut follows the true length read in-kernel from ``cache_seqlens`` (it
   stays on the device: no host sync, CUDA-graph capturable), so a large static cache holding a
   short sequence still spreads over every split. Each split writes an fp32 partial output and a
-  log2-domain log-sum-exp, then counts its arrival on a per-tile counter; the last split of a
-  tile to arrive merges the partials and writes the output (``MERGE_IN_KERNEL``; otherwise
-  ``_combine_kernel`` merges them in a second launch). With one split the kernel writes the
-  output directly.
+  log2-domain log-sum-exp; ``_combine_kernel`` merges them. With one split the main kernel
+  writes the final output itself and there is no second launch.
 * new keys/values (``k``/``v``) are appended at ``cache_seqlens`` in the same launch: split
   ``s`` stores new-key tiles ``s, s + num_splits, ...`` (rotated when rotary is on), while the
   attention loop reads new keys from ``k``/``v`` directly (rotating them again), never from the
@@ -214,7 +212,7 @@ def _append_new(
 @triton.jit
 def _decode_kernel(
     Q, K, V, Knew, Vnew, Out, Lse, OutPart, LsePart,
-    CacheSeqlens, CacheBatchIdx, CacheLeftpad, BlockTable, Cos, Sin, Alibi, Arrivals,
+    CacheSeqlens, CacheBatchIdx, CacheLeftpad, BlockTable, Cos, Sin, Alibi,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -231,7 +229,6 @@ def _decode_kernel(
     INTERLEAVED: tl.constexpr, ROTARY_Q_PER_ROW: tl.constexpr, ROTARY_PER_TOKEN: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SPLIT: tl.constexpr,
-    MERGE_LAST: tl.constexpr,
     DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(0)
@@ -366,65 +363,19 @@ def _decode_kernel(
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     o_mask = row_ok[:, None] & d_ok[None, :]
-    o_off = b64 * stride_ob + qi.to(tl.int64) * stride_om + head.to(tl.int64) * stride_oh
-    l_off = b64 * stride_lb + head.to(tl.int64) * stride_lh + qi
     if SPLIT:
         # partials: OutPart (splits, batch, nheads, seqlen_q, HEAD_DIM) fp32,
         # LsePart (splits, batch, nheads, seqlen_q) log2 domain, -inf where the split saw nothing
         lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
-        row0 = (b64 * nheads + head) * seqlen_q + qi  # the row in split 0
-        rows = batch * nheads * seqlen_q
-        row = split.to(tl.int64) * rows + row0
+        row = ((split.to(tl.int64) * batch + b64) * nheads + head) * seqlen_q + qi
         tl.store(LsePart + row, lse2, mask=row_ok)
         tl.store(OutPart + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=o_mask)
-        if MERGE_LAST:
-            # The last split of this (batch row, K/V head, query tile) to finish merges the
-            # partials, so there is no combine launch. Every thread's stores are issued before
-            # the arrival is counted (barrier, then a release by the counting thread, as in a
-            # split-K semaphore); the last arrival's acquire orders its loads after the others'
-            # stores, and the loads bypass L1 (.cg), which may hold lines of an earlier step.
-            tl.debug_barrier()
-            tile = bk * tl.num_programs(2) + pid_m
-            arrived = tl.atomic_add(Arrivals + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == num_splits - 1:
-                tl.store(Arrivals + tile, 0)  # re-armed for the next launch on this stream
-                out, lse = _merge_splits(
-                    OutPart, LsePart, row0, rows, num_splits, offs_d, row_ok, o_mask, HEAD_DIM,
-                )  # fmt: skip
-                tl.store(Out + o_off[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty),
-                         mask=o_mask)  # fmt: skip
-                tl.store(Lse + l_off, lse, mask=row_ok)
     else:
         # rows that saw no key: output 0 and lse = +inf, as hf_flash's other kernels
         lse = tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) * LN2)
+        o_off = b64 * stride_ob + qi.to(tl.int64) * stride_om + head.to(tl.int64) * stride_oh
         tl.store(Out + o_off[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
-        tl.store(Lse + l_off, lse, mask=row_ok)
-
-
-@triton.jit
-def _merge_splits(OutPart, LsePart, row0, rows, num_splits, offs_d, row_ok, o_mask,
-                  HEAD_DIM: tl.constexpr):  # fmt: skip
-    """out = sum_s 2^(lse_s - lse) * out_s over the splits' partials of rows ``row0`` (the
-    combine kernel's arithmetic, one query tile at a time); returns (out, natural-log lse)."""
-    m = tl.full(row0.shape, float("-inf"), dtype=tl.float32)
-    for s in range(0, num_splits):
-        lse_s = tl.load(LsePart + s * rows + row0, mask=row_ok, other=float("-inf"),
-                        cache_modifier=".cg")  # fmt: skip
-        m = tl.maximum(m, lse_s)
-    m_sub = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.zeros(row0.shape, dtype=tl.float32)
-    acc = tl.zeros([row0.shape[0], offs_d.shape[0]], dtype=tl.float32)
-    for s in range(0, num_splits):
-        r = s * rows + row0
-        w = tl.exp2(tl.load(LsePart + r, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - m_sub)
-        o = tl.load(OutPart + r[:, None] * HEAD_DIM + offs_d[None, :], mask=o_mask, other=0.0,
-                    cache_modifier=".cg")  # fmt: skip
-        acc += w[:, None] * o
-        total += w
-    empty = total == 0.0
-    out = acc / tl.where(empty, 1.0, total)[:, None]
-    lse = tl.where(empty, float("inf"), (m_sub + tl.log2(tl.where(empty, 1.0, total))) * LN2)
-    return out, lse
+        tl.store(Lse + b64 * stride_lb + head.to(tl.int64) * stride_lh + qi, lse, mask=row_ok)
 
 
 @triton.jit
@@ -577,10 +528,9 @@ class _Plan:
             DOT_FP32=dot_fp32, PRECISION="ieee" if dot_fp32 else "tf32",
             NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )  # fmt: skip
-        # by (split, merged by the last split): constexprs and options of the main kernel
+        # by split: constexprs and options of the main kernel, SPLIT included
         self.meta = {
-            (split, merge): _DECODE.meta(**common, SPLIT=split, MERGE_LAST=merge, **tail)
-            for split, merge in ((False, False), (True, False), (True, True))
+            split: _DECODE.meta(**common, SPLIT=split, **tail) for split in (False, True)
         }
         self.combine = dict(
             HEAD_DIM=head_dim, BLOCK_D=block_d, CHUNK_S=8, num_warps=4 if head_dim > 64 else 2
@@ -598,27 +548,6 @@ class _Plan:
 # Launched once or twice per layer of every decode step: cached launches (see .launch)
 _DECODE = CachedLauncher(_decode_kernel)
 _COMBINE = CachedLauncher(_combine_kernel)
-
-# Split partials are merged by the last split of each query tile to finish (True) or by
-# _combine_kernel in a second launch (False). The merge saves a launch per layer: ~2.5 us of
-# device time at batch 1 on an H100 (the combine kernel's share of a 4K decode step).
-MERGE_IN_KERNEL = True
-
-# Arrival counters of the in-kernel merge: one int32 per query tile, zero between launches (the
-# last arrival re-arms its own). Launches on different streams may overlap, so each (device,
-# stream) has its own; allocated when first needed, also while a CUDA graph is being captured
-# (the graph then owns the memory, and keeps using it on every replay).
-_ARRIVALS: dict = {}
-
-
-def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
-    buf = _ARRIVALS.get(key)
-    if buf is None or buf.numel() < tiles:
-        buf = _ARRIVALS[key] = torch.zeros(configs.cdiv(tiles, 1024) * 1024, dtype=torch.int32,
-                                           device=device)  # fmt: skip
-    return buf
 
 
 _PLANS: dict = {}
@@ -679,9 +608,6 @@ def flash_decode(
                                        q.device)  # fmt: skip
     num_splits = int(max(1, min(num_splits, MAX_SPLITS)))
     split = num_splits > 1
-    merge = split and MERGE_IN_KERNEL
-    tiles = batch * nheads_k * plan.m_tiles
-    arrivals = _arrivals(q.device, tiles) if merge else None
     if split:
         out_part = torch.empty(
             (num_splits, batch, nheads, seqlen_q, head_dim), dtype=torch.float32, device=q.device
@@ -701,7 +627,7 @@ def flash_decode(
         (num_splits, batch * nheads_k, plan.m_tiles),
         (q, k_cache, v_cache, k_new, v_new, out, lse, out_part, lse_part,
          cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,
-         alibi_slopes, arrivals),
+         alibi_slopes),
         (*q.stride()[:3],
          *_strides3(k_cache), *_strides3(v_cache), *_strides3(k_new), *_strides3(v_new),
          *stride_o[:3],
@@ -712,9 +638,9 @@ def flash_decode(
          batch, nheads, seqlen_q, seqlen_new, group, page_size, capacity, num_splits,
          int(window_left), int(window_right)),
         (float(softmax_scale), float(softcap)),
-        plan.meta[split, merge],
+        plan.meta[split],
     )  # fmt: skip
-    if split and not merge:
+    if split:
         total_rows = batch * nheads * seqlen_q
         _COMBINE(
             (total_rows,),
