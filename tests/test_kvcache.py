@@ -609,3 +609,10 @@ def test_gpu_cuda_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(kc[1, 3001], k[1, 0])
+    # the second replay also attends over the token the first replay appended
+    k1, v1 = k0.clone(), v0.clone()
+    for b, pos in enumerate((100, 3000)):
+        k1[b, pos], v1[b, pos] = k[b, 0], v[b, 0]
+    ref2, _, _ = kvcache_attention_ref(q, k1, v1, k, v, cache_seqlens=lens, causal=True)
+    lp2, _, _ = kvcache_attention_ref(q, k1, v1, k, v, cache_seqlens=lens, causal=True, upcast=False)
+    assert_close_to_ref("graph out, second replay", out, ref2, lp2, FWD_FACTOR, dtype)
