@@ -616,3 +616,21 @@ def test_gpu_cuda_graph_capture():
     ref2, _, _ = kvcache_attention_ref(q, k1, v1, k, v, cache_seqlens=lens, causal=True)
     lp2, _, _ = kvcache_attention_ref(q, k1, v1, k, v, cache_seqlens=lens, causal=True, upcast=False)
     assert_close_to_ref("graph out, second replay", out, ref2, lp2, FWD_FACTOR, dtype)
+
+
+def test_hopper_plan_uses_three_stages_only_for_one_wave(monkeypatch):
+    """bf16, head dim 128 (the H100 config): 4 pipeline stages, which keep one program per SM,
+    unless the whole grid fits in one wave, where 3 were faster; a sweep's forced stage count
+    applies to both."""
+    from hf_flash.kernels import configs
+
+    monkeypatch.setattr(configs, "interpreting", lambda: False)
+    flags = (False,) * 4 + (False, 0, False, False, False, False, True, False, False)
+    monkeypatch.setattr(decode, "_PLANS", {})
+    plan = decode._Plan(128, torch.bfloat16, torch.device("cpu"), 4, flags)
+    stages = {key: meta.kwargs["num_stages"] for key, meta in plan.meta.items()}
+    assert stages == {(False, False): 4, (True, False): 4, (False, True): 3, (True, True): 3}
+    assert all(m.kwargs["NUM_STAGES"] == m.kwargs["num_stages"] for m in plan.meta.values())
+    with configs.override(decode={"num_stages": 2}):
+        forced = decode._Plan(128, torch.bfloat16, torch.device("cpu"), 4, flags)
+    assert {m.kwargs["num_stages"] for m in forced.meta.values()} == {2}

@@ -90,7 +90,7 @@ def test_decode_kernel_parameters_follow_the_launch_order(split):
     flags = (True, False, False, False, True, 32, False, True, False, False, True, False, False)
     plan = decode._plan(32, torch.float16, torch.device("cpu"), 4, flags)
     for kernel, meta, counts in (
-        (decode._DECODE.kernel, plan.meta[split], (16, 34, 2)),
+        (decode._DECODE.kernel, plan.meta[split, False], (16, 34, 2)),
         (decode._COMBINE.kernel, plan.combine_for(3), (4, 9, 0)),
     ):
         params = _runtime_params(kernel)

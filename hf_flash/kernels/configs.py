@@ -81,8 +81,8 @@ def override(**kw):
     """Force launch parameters, e.g. ``override(fwd={"BLOCK_M": 64, ...})``.
 
     Keys: ``fwd``, ``bwd_dkdv``, ``bwd_dq`` mapping to dicts of BLOCK_M, BLOCK_N, num_warps,
-    num_stages and optionally maxnreg (a named kernel's default register cap is dropped unless
-    given again). Unnamed kernels keep their defaults.
+    num_stages and optionally maxnreg / one_wave_stages (a named kernel's defaults for these are
+    dropped unless given again). Unnamed kernels keep their defaults.
     """
     global _OVERRIDE
     previous, _OVERRIDE = _OVERRIDE, kw
@@ -95,8 +95,9 @@ def override(**kw):
 def _pick(kind: str, default: dict) -> dict:
     forced = _OVERRIDE
     if forced and kind in forced:
-        # a register cap belongs to the tile it was chosen for: kept only if the override says so
-        base = {k: v for k, v in default.items() if k != "maxnreg"}
+        # a register cap or a one-wave stage count belongs to the tile it was chosen for: kept
+        # only if the override says so
+        base = {k: v for k, v in default.items() if k not in ("maxnreg", "one_wave_stages")}
         return {**base, **forced[kind]}
     return default
 

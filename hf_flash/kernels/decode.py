@@ -442,11 +442,13 @@ def decode_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> di
     elif dtype == torch.float32:
         cfg = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
     elif configs.head_dim_block(head_dim) <= 128:
-        # H100 (benchmarks/results/decode_sweep-*.json, B in {1, 16} x L in {4K, 32K}): within
-        # 2% of the best config at every point. 4 stages (128 KB of buffers) also keeps one
-        # program per SM: with 3 stages two fit, and at B=64 (512 programs, no split) the kernel
-        # fell 11% behind SDPA (3099 vs 2779 us at 32K; 2790 with 4 stages in an earlier run).
-        cfg = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 4}
+        # H100 (benchmarks/results/decode_sweep-*.json, B in {1, 16} x L in {4K, 32K}): 3
+        # stages were the fastest at every point of that sweep (B=16 32K: 696 vs 707 us with 4;
+        # B=1 32K, 16 splits: 63.6 vs 64.4). But with 3 stages two programs fit on an SM, and
+        # when the grid is more than one wave (B=64: 512 programs, no split) the kernel fell 11%
+        # behind SDPA (3099 vs 2779 us at 32K; 2790 with 4 stages). So: 4 stages, which keep one
+        # program per SM, unless the grid fits in one wave ("one_wave_stages").
+        cfg = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "one_wave_stages": 3}
     else:
         cfg = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3}
     return configs._pick("decode", cfg)
@@ -524,14 +526,15 @@ class _Plan:
             MASK_LEFT=mask_left, MASK_RIGHT=mask_right, HAS_SOFTCAP=has_softcap,
             HAS_ALIBI=has_alibi,
         )  # fmt: skip
-        tail = dict(
-            DOT_FP32=dot_fp32, PRECISION="ieee" if dot_fp32 else "tf32",
-            NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        )  # fmt: skip
-        # by split: constexprs and options of the main kernel, SPLIT included
-        self.meta = {
-            split: _DECODE.meta(**common, SPLIT=split, **tail) for split in (False, True)
-        }
+        # by (split, grid of at most one wave): constexprs and options of the main kernel
+        self.meta = {}
+        for one_wave in (False, True):
+            stages = cfg.get("one_wave_stages", cfg["num_stages"]) if one_wave else cfg["num_stages"]
+            for split in (False, True):
+                self.meta[split, one_wave] = _DECODE.meta(
+                    **common, SPLIT=split, DOT_FP32=dot_fp32, PRECISION="ieee" if dot_fp32 else "tf32",
+                    NUM_STAGES=stages, num_warps=cfg["num_warps"], num_stages=stages,
+                )  # fmt: skip
         self.combine = dict(
             HEAD_DIM=head_dim, BLOCK_D=block_d, CHUNK_S=8, num_warps=4 if head_dim > 64 else 2
         )
@@ -603,9 +606,9 @@ def flash_decode(
         alibi_slopes is not None,
     )  # fmt: skip
     plan = _plan(head_dim, q.dtype, q.device, seqlen_q * group, flags)
+    programs = batch * nheads_k * plan.m_tiles
     if num_splits <= 0:
-        num_splits = choose_num_splits(batch * nheads_k * plan.m_tiles, capacity, plan.block_n,
-                                       q.device)  # fmt: skip
+        num_splits = choose_num_splits(programs, capacity, plan.block_n, q.device)
     num_splits = int(max(1, min(num_splits, MAX_SPLITS)))
     split = num_splits > 1
     if split:
@@ -638,7 +641,7 @@ def flash_decode(
          batch, nheads, seqlen_q, seqlen_new, group, page_size, capacity, num_splits,
          int(window_left), int(window_right)),
         (float(softmax_scale), float(softcap)),
-        plan.meta[split],
+        plan.meta[split, num_splits * programs <= sm_count(q.device)],
     )  # fmt: skip
     if split:
         total_rows = batch * nheads * seqlen_q
