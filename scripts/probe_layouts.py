@@ -6,7 +6,7 @@ One causal sequence (Hq=32, Hkv=8, bf16), forward only, timed with the benchmark
 dense ``flash_attn_func`` versus ``flash_attn_varlen_func`` with one sequence, inputs laid out
 (B, S, H, D) contiguous or as the transposed view of (B, H, S, D) that transformers' attention
 interface passes, without and with gradients required (the training forward also writes the
-log-sum-exp). The recipe's profile at 32K measured the forward at 13.1 ms per layer against
+log-sum-exp); ``--backward`` adds forward + backward, dense and packed. The recipe's profile at 32K measured the forward at 13.1 ms per layer against
 10.0 ms in benchmarks/attention.py: this says which of these differences costs it.
 """
 
@@ -40,6 +40,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqlen", type=int, default=32768)
     ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--backward", action="store_true",
+                    help="also time forward + backward, dense and packed, (B, S, H, D) inputs")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     s = a.seqlen
@@ -61,6 +63,23 @@ def main(argv=None) -> None:
                        "tflops": round(flops / ms / 1e9, 1)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    if a.backward:
+        q, k, v = inputs(s, a.d, "bshd", True)
+        do = torch.randn_like(q)
+
+        def dense():
+            torch.autograd.grad(flash_attn_func(q, k, v, causal=True), (q, k, v), do)
+
+        def varlen():
+            out = flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, s, s, causal=True)
+            torch.autograd.grad(out, (q, k, v), do[0])
+
+        for name, fn in (("dense", dense), ("varlen", varlen)):
+            ms = bench_ms(fn)["ms"]
+            row = {"call": name, "layout": "bshd", "pass": "fwd+bwd", "ms": round(ms, 3),
+                   "tflops": round(3.5 * flops / ms / 1e9, 1)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))
 
