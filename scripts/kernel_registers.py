@@ -10,7 +10,7 @@ and by shared memory (227 KB per SM on an H100).
 
 Found with it: the packed forward at head dim 64 took 143 registers per thread (the dense one
 124), so one 8-warp program ran per SM instead of two and it was 1.3x slower than the dense
-forward at S = 32K; the config now caps it at 128 (``maxnreg``).
+forward at S = 32K; the config now caps packed launches at 128 (``packed_maxnreg``).
 
 Set TRITON_INTERPRET=0 (the tests' interpreter mode replaces the kernels with Python objects).
 """
@@ -80,7 +80,9 @@ def compile_kernel(kernel, cfg: dict, head_dim: int, varlen: bool) -> dict:
             value = _int_value(name, varlen, head_dim)
             if value % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    options = {k: cfg[k] for k in ("num_warps", "num_stages", "maxnreg") if cfg.get(k)}
+    from hf_flash.kernels.configs import launch_options
+
+    options = launch_options(cfg, varlen)
     compiled = triton.compile(
         ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs),
         target=GPUTarget("cuda", 90, 32), options=options,

@@ -81,8 +81,8 @@ def override(**kw):
     """Force launch parameters, e.g. ``override(fwd={"BLOCK_M": 64, ...})``.
 
     Keys: ``fwd``, ``bwd_dkdv``, ``bwd_dq`` mapping to dicts of BLOCK_M, BLOCK_N, num_warps,
-    num_stages and optionally maxnreg / one_wave_stages (a named kernel's defaults for these are
-    dropped unless given again). Unnamed kernels keep their defaults.
+    num_stages and optionally maxnreg / packed_maxnreg / one_wave_stages (a named kernel's
+    defaults for these are dropped unless given again). Unnamed kernels keep their defaults.
     """
     global _OVERRIDE
     previous, _OVERRIDE = _OVERRIDE, kw
@@ -97,16 +97,19 @@ def _pick(kind: str, default: dict) -> dict:
     if forced and kind in forced:
         # a register cap or a one-wave stage count belongs to the tile it was chosen for: kept
         # only if the override says so
-        base = {k: v for k, v in default.items() if k not in ("maxnreg", "one_wave_stages")}
+        base = {k: v for k, v in default.items()
+                if k not in ("maxnreg", "packed_maxnreg", "one_wave_stages")}  # fmt: skip
         return {**base, **forced[kind]}
     return default
 
 
-def launch_options(cfg: dict) -> dict:
-    """The Triton launch options of a config: warps, stages and, where set, a register cap."""
+def launch_options(cfg: dict, packed: bool = False) -> dict:
+    """The Triton launch options of a config: warps, stages and, where set, a register cap
+    (``maxnreg`` for every launch, ``packed_maxnreg`` for packed / varlen launches only)."""
     opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-    if cfg.get("maxnreg"):
-        opts["maxnreg"] = cfg["maxnreg"]
+    cap = cfg.get("maxnreg") or (cfg.get("packed_maxnreg") if packed else None)
+    if cap:
+        opts["maxnreg"] = cap
     return opts
 
 
@@ -129,12 +132,15 @@ def fwd_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
         # d <= 64: benchmarks/attention.py --sweep-configs --head-dims 64 (results/
         # attention_configs-*.json): (128, 64, 8, 3) 0.737 / 2.636 ms at S = 4K / 16K against
         # 0.910 / 3.084 for the d=128 tile (128, 128, 8, 3), the best of 8 candidates at both.
-        # maxnreg 128: ptxas gives the packed (varlen) variant of this tile 143 registers per
-        # thread (the dense one 124), one 8-warp program per SM instead of two, and the varlen
-        # forward ran 1.3x slower than the dense one at S = 32K (scripts/probe_layouts.py). Capped,
-        # both fit in 109-116 registers with no spills (ptxas -v of the sm_90a build).
+        # packed_maxnreg 128: ptxas gives the packed (varlen) build of this tile 143 registers
+        # per thread (the dense one 124), one 8-warp program per SM instead of two, and the
+        # packed forward ran 1.3x slower than the dense one at S = 32K (13.7 vs 10.5 ms,
+        # scripts/probe_layouts.py). Capped it takes 109, no spills (scripts/kernel_registers.py),
+        # and runs as fast as the dense one (10.5-10.8 ms). The dense build, already at two
+        # programs per SM, is left as the tile sweep measured it.
         if d <= 64:
-            cfg = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "maxnreg": 128}
+            cfg = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3,
+                   "packed_maxnreg": 128}  # fmt: skip
         elif d <= 128:
             cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
         else:

@@ -433,7 +433,7 @@ def flash_attn_backward(
         *common, nheads, nheads_k, nheads // nheads_k, *scalars,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=dkdv_cfg["BLOCK_M"],
         BLOCK_N=dkdv_cfg["BLOCK_N"], IS_VARLEN=varlen,
-        **configs.launch_options(dkdv_cfg), **flags,
+        **configs.launch_options(dkdv_cfg, varlen), **flags,
     )  # fmt: skip
     _bwd_dq_kernel[(configs.cdiv(max_seqlen_q, dq_cfg["BLOCK_M"]), batch * nheads)](
         q, k, v, dout, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
@@ -444,5 +444,5 @@ def flash_attn_backward(
         *common, nheads, nheads // nheads_k, *scalars,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=dq_cfg["BLOCK_M"], BLOCK_N=dq_cfg["BLOCK_N"],
         IS_VARLEN=varlen, REVERSE_M=window_right >= 0,
-        **configs.launch_options(dq_cfg), **flags,
+        **configs.launch_options(dq_cfg, varlen), **flags,
     )  # fmt: skip

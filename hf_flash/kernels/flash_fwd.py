@@ -250,5 +250,5 @@ def flash_attn_forward(
         float(softmax_scale), float(softcap), float(dropout_p), int(window_left), int(window_right),
         HEAD_DIM=head_dim, BLOCK_D=configs.head_dim_block(head_dim),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], IS_VARLEN=varlen,
-        REVERSE_M=window_right >= 0, **configs.launch_options(cfg), **flags,
+        REVERSE_M=window_right >= 0, **configs.launch_options(cfg, varlen), **flags,
     )  # fmt: skip
