@@ -7,8 +7,9 @@ gradient checkpointing, the chunked cross-entropy, batch 1, one document per row
 its fast no-mask path, as in the peers measured in the issue). Tokens/s excludes the first step.
 
 Shapes: the 1.2B Llama of DESIGN.md (hidden 2048, 16 layers, 32/8 heads, intermediate 8192,
-vocab 128256, original context 8192, extended with YaRN) and the 8B Llama-3 shape (hidden 4096,
-32 layers, 32/8 heads, intermediate 14336).
+vocab 128256, original context 8192, extended with YaRN), the 8B Llama-3 shape (hidden 4096,
+32 layers, 32/8 heads, intermediate 14336) and, with ``--points`` only, the Mistral-7B v0.3
+shape (the 8B's layers, vocab 32768, 32K positions: no RoPE scaling up to 32K, YaRN beyond).
 
     python benchmarks/e2e_finetune.py --quick          # 1.2B at 16K and 32K, both providers (~3 min)
     python benchmarks/e2e_finetune.py                  # full grid incl. 8B and 128K (~10 min)
@@ -50,6 +51,11 @@ SHAPES = {
                        num_attention_heads=32, num_key_value_heads=8),
     "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                      num_attention_heads=32, num_key_value_heads=8),
+    # Mistral-7B v0.3 (32K positions, no sliding window): the recipes' mistral-*.yaml shape
+    "mistral-7b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, vocab_size=32768,
+                       max_position_embeddings=32768, rope_theta=1000000.0, model_type="mistral",
+                       architectures=["MistralForCausalLM"], sliding_window=None),
 }
 COMMON = dict(vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
               tie_word_embeddings=False, model_type="llama", architectures=["LlamaForCausalLM"],
@@ -81,12 +87,18 @@ def write_data(root: Path, seq_len: int, rows: int) -> Path:
 KEEP_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
 
 
+def rope_method(model_dir: Path, seq_len: int) -> str:
+    """YaRN beyond the shape's original context, none within it (as the shipped configs do)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return "yarn" if seq_len > config["max_position_embeddings"] else "none"
+
+
 def run_recipe(model_dir: Path, data: Path, seq_len: int, attn: str, steps: int, out: Path,
                timeout: int, launcher: list | None = None, extra: list | None = None,
                keep_attention: bool = False) -> dict:
     cmd = (launcher or [sys.executable]) + [
         "-m", "recipes.lora_long_context", "--model", str(model_dir), "--random_init", "true",
-        "--data", str(data), "--seq_len", str(seq_len), "--rope_method", "yarn",
+        "--data", str(data), "--seq_len", str(seq_len), "--rope_method", rope_method(model_dir, seq_len),
         "--attn_implementation", attn, "--max_steps", str(steps), "--warmup_steps", "1",
         "--output_dir", str(out), "--save_adapter", "false", "--progress", "false",
         "--skip_memory_check", "true", "--dtype", "bfloat16", "--mixed_precision", "bf16",
