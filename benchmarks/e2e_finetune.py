@@ -218,7 +218,7 @@ def main() -> None:
             r = run_recipe(model_dir, data, seq_len, attn, n, root / name, args.timeout, extra=extra,
                            keep_attention=keep)
             profile = root / name / f"profile-step{args.profile_step}.txt"
-            if args.profile_step and profile.is_file():
+            if extra and profile.is_file():
                 print(f"--- profile of {name}, step {args.profile_step}\n{profile.read_text()}", flush=True)
             peer = SDPA_MEASURED.get((shape, seq_len))
             row = {"part": "e2e", "shape": shape, "seq_len": seq_len, "attn": attn, "gpus": 1, "steps": n,

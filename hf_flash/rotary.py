@@ -172,7 +172,6 @@ def _rotary(xs: List[Tensor], *args) -> List[Tensor]:
     return _launch_new(xs, *args)
 
 
-
 class _RotaryInplace(torch.autograd.Function):
     """In-place rotation that autograd can differentiate (the input is marked dirty)."""
 

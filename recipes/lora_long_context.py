@@ -193,7 +193,7 @@ def train(cfg: RecipeConfig) -> dict:
         step_tokens = cfg.micro_batch_size * cfg.seq_len * ga * accelerator.num_processes
         tokens_seen += step_tokens
         if prof is not None:
-            prof.__exit__(None, None, None)
+            prof.stop()
             if main:
                 from .profiling import summary
 
@@ -250,7 +250,7 @@ def _start_profiler(device):
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     prof = profile(activities=activities)
-    prof.__enter__()
+    prof.start()
     return prof
 
 

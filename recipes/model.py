@@ -175,7 +175,9 @@ def keep_lora_inputs(model) -> int:
     bf16 input directly (bf16 -> fp32 -> bf16 is exact, and the gradient takes the same casts in
     reverse), but each cast is a full-size pass over the input: on the 1.2B Llama shape at 32K
     tokens these copies were ~200 ms of a 1.65 s step (``profile_step``). Only valid under
-    autocast, which casts the fp32 adapter weights for each matmul instead.
+    autocast, which casts the fp32 adapter weights for each matmul instead. (peft's
+    ``helpers.disable_input_dtype_casting`` flips the same switch for the length of a block; the
+    recipe needs it for the whole run.)
     """
     changed = 0
     for module in model.modules():

@@ -43,16 +43,16 @@ def device_events(prof):
 def summary(prof, wall_s: float, top: int = 30) -> str:
     """A text report: device time by kind, the top kernels, the top host operators."""
     kernels = device_events(prof)
-    by_kind: dict[str, list] = {}
-    per_name: dict[str, list] = {}
+    per_name: dict[str, list] = {}  # name -> [device us, launches]
     for e in kernels:
-        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-        by_kind.setdefault(kind_of(e.name), [0.0, 0])
-        by_kind[kind_of(e.name)][0] += us
-        by_kind[kind_of(e.name)][1] += 1
-        per_name.setdefault(e.name, [0.0, 0])
-        per_name[e.name][0] += us
-        per_name[e.name][1] += 1
+        entry = per_name.setdefault(e.name, [0.0, 0])
+        entry[0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        entry[1] += 1
+    by_kind: dict[str, list] = {}
+    for name, (us, n) in per_name.items():
+        entry = by_kind.setdefault(kind_of(name), [0.0, 0])
+        entry[0] += us
+        entry[1] += n
     busy = sum(v[0] for v in by_kind.values())
     lines = [
         f"step wall {wall_s * 1e3:.1f} ms (under the profiler), kernels {len(kernels)}, "

@@ -81,8 +81,8 @@ def override(**kw):
     """Force launch parameters, e.g. ``override(fwd={"BLOCK_M": 64, ...})``.
 
     Keys: ``fwd``, ``bwd_dkdv``, ``bwd_dq`` mapping to dicts of BLOCK_M, BLOCK_N, num_warps,
-    num_stages and optionally maxnreg / packed_maxnreg / one_wave_stages (a named kernel's
-    defaults for these are dropped unless given again). Unnamed kernels keep their defaults.
+    num_stages and optionally packed_maxnreg / one_wave_stages (a named kernel's defaults for
+    these are dropped unless given again). Unnamed kernels keep their defaults.
     """
     global _OVERRIDE
     previous, _OVERRIDE = _OVERRIDE, kw
@@ -97,19 +97,17 @@ def _pick(kind: str, default: dict) -> dict:
     if forced and kind in forced:
         # a register cap or a one-wave stage count belongs to the tile it was chosen for: kept
         # only if the override says so
-        base = {k: v for k, v in default.items()
-                if k not in ("maxnreg", "packed_maxnreg", "one_wave_stages")}  # fmt: skip
+        base = {k: v for k, v in default.items() if k not in ("packed_maxnreg", "one_wave_stages")}
         return {**base, **forced[kind]}
     return default
 
 
 def launch_options(cfg: dict, packed: bool = False) -> dict:
-    """The Triton launch options of a config: warps, stages and, where set, a register cap
-    (``maxnreg`` for every launch, ``packed_maxnreg`` for packed / varlen launches only)."""
+    """The Triton launch options of a config: warps, stages and, for packed (varlen) launches,
+    the config's ``packed_maxnreg`` register cap where it has one."""
     opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-    cap = cfg.get("maxnreg") or (cfg.get("packed_maxnreg") if packed else None)
-    if cap:
-        opts["maxnreg"] = cap
+    if packed and cfg.get("packed_maxnreg"):
+        opts["maxnreg"] = cfg["packed_maxnreg"]
     return opts
 
 
