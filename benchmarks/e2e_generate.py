@@ -15,7 +15,10 @@ cache, generate compiles the decode step (transformers' automatic ``torch.compil
 graphs) unless ``--no-compile``. hf_flash runs the fused decode of
 ``hf_flash.integration.decode_patch`` with both caches (the DynamicCache's layers then append
 into spare slots of their buffers). A static cache object of fixed size is reused (reset
-between runs) so compiled graphs are reused too.
+between runs) so compiled graphs are reused too. Each compiled static row starts from a clean
+compiler state (``torch._dynamo.reset()``), as in a process that runs one attention
+implementation: otherwise every row's compiled step piles up in one frame's cache, where each
+call's guard checks walk past the other rows' entries and the recompile limit is reached.
 
 ms/step = (time of a run with N new tokens - time of a run with 1 new token) / (N - 1): the
 prefill and generate's set-up cancel out. Each run is timed with ``torch.cuda.synchronize`` and
@@ -98,6 +101,8 @@ def run(model, batch, prompt, attn, cache_impl, n_new, repeats, compile_static):
     cache = None
     if cache_impl == "static":
         cache = StaticCache(config=model.config, max_cache_len=prompt + n_new + 8)
+        if compile_static:
+            torch._dynamo.reset()
     with torch.no_grad():
         _generate(model, ids, 4, cache_impl, cache, compile_static)  # warm-up / compile
         gen = lambda n: _generate(model, ids, n, cache_impl, cache, compile_static)  # noqa: E731

@@ -16,12 +16,20 @@ If host ms/step ~ wall ms/step the step is host-bound; the launch counts and the
 where that host time goes. With ``--cache static`` (default: both) it also profiles generate()
 with the static cache (compiled, CUDA graphs: device-bound) and lists the kernels of a decode
 step by device time (a run of ``--steps`` new tokens minus a run of one). scripts/decode_host_overhead.py measures the Python part on a CPU.
+
+``--host-breakdown`` (static cache only) times where a compiled generate() step spends its host
+time: generate's own pieces (``prepare_inputs_for_generation``, the compiled forward call until
+it returns, ``_update_model_kwargs_for_generation``, the stop check, which waits for the device)
+are wrapped with perf_counter on this model instance, and cProfile plus torch.profiler's CPU
+operators show what inside the compiled call costs (dynamo guards, AOT wrappers, CUDA-graph tree
+bookkeeping, the graph launch).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
 import pstats
 import sys
@@ -90,6 +98,81 @@ def report_static(name: str, model, ids, steps: int, top: int) -> None:
         print(f"  {t / (steps - 1):9.1f} us/step  {c / (steps - 1):6.1f}/step  {key[:90]}")
 
 
+def host_breakdown_static(name: str, model, ids, steps: int, top: int) -> None:
+    """Host microseconds per decode step of a compiled static-cache generate(), by piece."""
+    from collections import defaultdict
+
+    import transformers.generation.utils as gen_utils
+
+    gen = dict(do_sample=False, pad_token_id=128004, cache_implementation="static",
+               attention_mask=torch.ones_like(ids))  # fmt: skip
+    spans = defaultdict(list)
+
+    def timed(label, fn):
+        @functools.wraps(fn)  # generate inspects prepare_inputs_for_generation's signature
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spans[label].append(time.perf_counter() - t0)
+        return wrapper
+
+    real_get = model.get_compiled_call
+    stop_cls = gen_utils.StopCheck
+    real_stop = stop_cls.__call__
+    model.prepare_inputs_for_generation = timed("prepare_inputs_for_generation",
+                                                model.prepare_inputs_for_generation)
+    model._update_model_kwargs_for_generation = timed("_update_model_kwargs_for_generation",
+                                                      model._update_model_kwargs_for_generation)
+    model.get_compiled_call = lambda cfg: timed("compiled forward call", real_get(cfg))
+    stop_cls.__call__ = timed("stop check (waits for the device)", real_stop)
+    real_masks = gen_utils.create_masks_for_generate
+    gen_utils.create_masks_for_generate = timed("  of which create_masks_for_generate", real_masks)
+    try:
+        with torch.no_grad():
+            for n in (steps, 1):  # warm-up: compilation, graph capture
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, **gen)
+            walls = {}
+            for n in (steps, 1):
+                spans.clear()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, **gen)
+                torch.cuda.synchronize()
+                walls[n] = time.perf_counter() - t0
+                if n == steps:
+                    kept = {k: list(v) for k, v in spans.items()}
+            per_step = (walls[steps] - walls[1]) / (steps - 1)
+            print(f"\n=== {name} static host breakdown: {per_step * 1e3:.3f} ms/step "
+                  f"(generate of {steps} minus generate of 1)")
+            for label, ts in kept.items():
+                decode = ts[1:] if label != "compiled forward call" else ts  # drop the prefill
+                if label.startswith("stop"):
+                    decode = ts[:-1] if len(ts) > 1 else ts
+                if decode:
+                    med = sorted(decode)[len(decode) // 2]
+                    print(f"  {label:45s} median {med * 1e6:8.1f} us  mean "
+                          f"{sum(decode) / len(decode) * 1e6:8.1f} us  over {len(decode)} calls")
+            prof_py = cProfile.Profile()
+            prof_py.enable()
+            model.generate(ids, max_new_tokens=steps, min_new_tokens=steps, **gen)
+            prof_py.disable()
+            buf = io.StringIO()
+            pstats.Stats(prof_py, stream=buf).sort_stats("tottime").print_stats(top)
+            print(buf.getvalue())
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                model.generate(ids, max_new_tokens=steps, min_new_tokens=steps, **gen)
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top,
+                                            max_name_column_width=60))
+    finally:
+        stop_cls.__call__ = real_stop
+        gen_utils.create_masks_for_generate = real_masks
+        for attr in ("prepare_inputs_for_generation", "_update_model_kwargs_for_generation",
+                     "get_compiled_call"):
+            model.__dict__.pop(attr, None)
+
+
 def report(name: str, model, ids, steps: int, top: int) -> None:
     run = decode_loop(model, ids, steps)
     run()  # warm-up: Triton compilation, cuBLAS handles
@@ -124,6 +207,8 @@ def main(argv=None) -> int:
     parser.add_argument("--attn", nargs="+", default=["sdpa", "hf_flash"])
     parser.add_argument("--cache", nargs="+", default=["dynamic", "static"],
                         choices=["dynamic", "static"])
+    parser.add_argument("--host-breakdown", action="store_true",
+                        help="static cache: where a compiled step's host time goes")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (scripts/decode_host_overhead.py measures the host part on a CPU)")
@@ -133,11 +218,14 @@ def main(argv=None) -> int:
     model = build_model()
     ids = torch.randint(0, 128000, (1, args.prompt), device="cuda")
     for attn in args.attn:
+        torch._dynamo.reset()  # each implementation compiles from a clean state
         model.set_attn_implementation(attn)
         if "dynamic" in args.cache:
             report(attn, model, ids, args.steps, args.top)
         if "static" in args.cache:
             report_static(attn, model, ids, args.steps, args.top)
+            if args.host_breakdown:
+                host_breakdown_static(attn, model, ids, args.steps, args.top)
     return 0
 
 

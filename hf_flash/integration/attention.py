@@ -43,7 +43,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..interface import host_reads_allowed
+from ..interface import host_reads_allowed, interpreter_active
 from . import ATTN_IMPLEMENTATION
 
 __all__ = ["ATTN_IMPLEMENTATION", "hf_flash_attention_forward", "hf_flash_mask"]
@@ -102,6 +102,9 @@ def hf_flash_mask(
             "tokens); load the model with attn_implementation='sdpa' or 'eager' for this input"
         )
     compiling = torch.compiler.is_compiling()
+    # a one-token step on a static cache layer (q_offset: its fill-level tensor): the key mask
+    # keeps the cache's full width every step, and is never replaced by None (see below)
+    static_step = q_length == 1 and isinstance(q_offset, Tensor)
     if attention_mask is not None:
         if attention_mask.dim() != 2:
             raise ValueError(
@@ -109,22 +112,21 @@ def hf_flash_mask(
                 f"{tuple(attention_mask.shape)}; custom 4-D masks need attn_implementation='sdpa'"
             )
         mask = attention_mask[:, -kv_length:]
-        if mask.dtype != torch.bool:
-            mask = mask != 0
-        if compiling:
-            return mask  # no host reads while tracing; the attention handles any contiguous mask
-        start, end, all_valid, contiguous = _mask_stats(mask)
+        if compiling:  # no host reads while tracing; the attention handles any contiguous mask
+            return mask if mask.dtype == torch.bool else mask != 0
+        width = kv_length if static_step else mask.shape[1]
+        out, start, end, all_valid, contiguous = _mask_stats(mask, width)
         if not contiguous:
             raise ValueError(
                 "attention_mask has padding inside a sequence (a 0 between two 1s in a row); "
                 "hf_flash supports left and right padding only. Pack such inputs as separate "
                 "sequences (position_ids restarts) instead"
             )
-        if all_valid and mask.shape[1] == kv_length:
+        # None (no padding) would make a compiled static-cache step see a second kind of input
+        # on its last step, when the cache is full: a recompile and a second CUDA graph
+        if all_valid and mask.shape[1] == kv_length and not static_step:
             return None
-        out = _fixed_size_for_decode(mask, q_length, kv_length, q_offset)
-        if out is mask:
-            _remember_key_blocks(mask, start, end)
+        _remember_key_blocks(out, start, end)
         return out
     # No user mask: every key written so far is valid. Only a static cache has more key slots
     # (zero-filled) than that, and its layers report how many tokens they hold.
@@ -136,12 +138,12 @@ def hf_flash_mask(
             slots = torch.arange(kv_length, device=valid.device)
             return (slots < valid).unsqueeze(0).expand(batch_size, kv_length)
         valid = int(valid)
-    if valid >= kv_length:
+    if valid >= kv_length and not static_step:
         return None
     device = kwargs.get("device")
     if device is None:
         device = q_offset.device if isinstance(q_offset, Tensor) else "cpu"
-    mask = torch.ones(batch_size, valid, dtype=torch.bool, device=device)
+    mask = torch.ones(batch_size, min(valid, kv_length), dtype=torch.bool, device=device)
     return _fixed_size_for_decode(mask, q_length, kv_length, q_offset)
 
 
@@ -160,16 +162,28 @@ def _fixed_size_for_decode(mask: Tensor, q_length: int, kv_length: int, q_offset
     return torch.nn.functional.pad(mask, (0, kv_length - mask.shape[1]), value=False)
 
 
-def _mask_stats(mask: Tensor) -> tuple[Tensor, Tensor, bool, bool]:
-    """(start, end, every entry True, every row's True entries contiguous) with one device sync;
-    ``start``/``end`` are :func:`_valid_block`'s device tensors."""
-    start, end = _valid_block(mask)
-    count = mask.sum(dim=1)
-    starts, ends, counts = torch.stack([start, end, count]).tolist()
-    width = mask.shape[1]
-    all_valid = all(c == width for c in counts)
+def _mask_stats(mask: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor, bool, bool]:
+    """``(out, start, end, all_valid, contiguous)`` of a (B, M) padding mask, one device sync:
+    ``out`` the (B, width) bool mask (``width >= M``, padded with False), ``start``/``end``
+    each row's valid block in ``out`` as int32 device tensors (:func:`_valid_block`'s
+    convention), ``all_valid`` every one of the M entries valid, ``contiguous`` every row's
+    valid entries contiguous. One Triton launch (:mod:`hf_flash.kernels.key_mask`) where the
+    kernels run; torch ops on a CPU without Triton's interpreter."""
+    if mask.is_cuda or interpreter_active():
+        from ..kernels.key_mask import key_mask_rows
+
+        out, stats = key_mask_rows(mask, width)
+        start, end = stats[0], stats[1]
+    else:
+        out = mask if mask.dtype == torch.bool else mask != 0
+        out = torch.nn.functional.pad(out, (0, width - mask.shape[1]), value=False)
+        start, end = _valid_block(out)
+        stats = torch.stack([start, end, out.sum(dim=1)])
+        start, end = start.to(torch.int32), end.to(torch.int32)
+    starts, ends, counts = stats.tolist()
+    all_valid = all(c == mask.shape[1] for c in counts)
     contiguous = all(e - s == c for s, e, c in zip(starts, ends, counts))
-    return start, end, all_valid, contiguous
+    return out, start, end, all_valid, contiguous
 
 
 def first_valid(mask: Tensor) -> Tensor:
@@ -224,9 +238,10 @@ def _key_blocks(mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _remember_key_blocks(mask: Tensor, start: Tensor, end: Tensor) -> None:
-    """Record bounds hf_flash_mask has already computed, for the attention layers to reuse."""
+    """Record int32 bounds hf_flash_mask has already computed, for the attention layers to
+    reuse."""
     if _cacheable_mask(mask):
-        _store_key_blocks(mask, (start.to(torch.int32), end.to(torch.int32)))
+        _store_key_blocks(mask, (start, end))
 
 
 def _store_key_blocks(mask: Tensor, blocks) -> None:

@@ -293,6 +293,21 @@ def test_static_decode_mask_has_the_cache_length():
     assert torch.equal(varlen_fixed, varlen_natural)
 
 
+def test_static_decode_mask_is_never_none():
+    """A static layer's one-token step gets a (batch, kv_length) mask even when every slot is
+    valid (the step that fills the cache): None there would give a compiled decode step a second
+    kind of input on its last step, hence a recompile and a second CUDA graph."""
+    full = torch.ones(2, 16, dtype=torch.int64)
+    got = hf_flash_mask(2, 1, 16, q_offset=torch.tensor(15), attention_mask=full)
+    assert got is not None and got.shape == (2, 16) and bool(got.all())
+    no_user = hf_flash_mask(2, 1, 16, q_offset=torch.tensor(15), device="cpu")
+    assert no_user is not None and no_user.shape == (2, 16) and bool(no_user.all())
+    # the same full mask elsewhere still means "no padding"
+    assert hf_flash_mask(2, 1, 16, q_offset=15, attention_mask=full) is None
+    assert hf_flash_mask(2, 4, 16, q_offset=torch.tensor(12), attention_mask=full) is None
+    assert hf_flash_mask(2, 4, 16, q_offset=torch.tensor(12), device="cpu") is None
+
+
 def test_decode_step_mask_with_a_hole_raises():
     """generate() continuing a right-padded prompt appends a 1 after the padding; the decode
     path would attend that padding, so the decode step's mask is still read and refused."""
@@ -341,14 +356,14 @@ def test_decode_key_bounds_follow_in_place_mask_changes():
 
 def test_decode_key_bounds_from_the_mask_function_are_reused_safely():
     """hf_flash_mask reads each row's bounds for its padding check and leaves them for the
-    decode layers of the same pass; its result is a view of the user's mask, so changing that
-    mask in place afterwards must invalidate them."""
+    decode layers of the same pass, keyed on the mask it returns (a bool copy of the user's):
+    changing that mask in place afterwards must invalidate them."""
     q, k, v = _decode_inputs(1)
-    user = _mask(2, 24, [(3, 0), (0, 0)])
+    user = _mask(2, 24, [(3, 0), (0, 0)]).long()  # generate's dtype
     got = hf_flash_mask(2, 1, 24, q_offset=23, attention_mask=user)
-    assert got is not None
+    assert got is not None and got.dtype == torch.bool
     _assert_decode_matches_oracle(q, k, v, got)
-    user[1, :6] = False
+    got[1, :6] = False
     _assert_decode_matches_oracle(q, k, v, got)
 
 
