@@ -247,7 +247,17 @@ def _remember_key_blocks(mask: Tensor, start: Tensor, end: Tensor) -> None:
 def _store_key_blocks(mask: Tensor, blocks) -> None:
     global _key_blocks_cache
     live = [e for e in _key_blocks_cache if e[0]() is not None and e[0]() is not mask]
-    _key_blocks_cache = [(weakref.ref(mask), mask._version, blocks)] + live[: _KEY_BLOCKS_SLOTS - 1]
+    ref = weakref.ref(mask, _forget_key_blocks)
+    _key_blocks_cache = [(ref, mask._version, blocks)] + live[: _KEY_BLOCKS_SLOTS - 1]
+
+
+def _forget_key_blocks(dead: weakref.ref) -> None:
+    """A cached mask died: free its bounds with it. Small device tensors kept alive past their
+    forward pass shift the caching allocator's small-block pattern from one generate() call to
+    the next; a fresh StaticCache (generate makes one per call) then gets its fill-level tensors
+    at new addresses, and the compiled decode step re-records its CUDA graph on every call."""
+    global _key_blocks_cache
+    _key_blocks_cache = [e for e in _key_blocks_cache if e[0] is not dead]
 
 
 # --------------------------------------------------------------------------------------------
@@ -479,8 +489,15 @@ def _boundaries_from_position_ids(position_ids, batch: int, seqlen: int):
     if ref is not None and ref() is position_ids and last_key == key:
         return value
     value = _find_boundaries(position_ids, batch, seqlen)
-    _last_boundaries = (weakref.ref(position_ids), key, value)
+    _last_boundaries = (weakref.ref(position_ids, _forget_boundaries), key, value)
     return value
+
+
+def _forget_boundaries(dead: weakref.ref) -> None:
+    """The cached position_ids died: free its boundaries with it (see _forget_key_blocks)."""
+    global _last_boundaries
+    if _last_boundaries[0] is dead:
+        _last_boundaries = (None, None, None)
 
 
 def _find_boundaries(position_ids, batch: int, seqlen: int):

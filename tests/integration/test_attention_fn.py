@@ -394,3 +394,37 @@ def test_oracle_sanity():
     padded = _oracle(q, k, v, mask, causal=True)[:, 3:]
     alone = _oracle(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], None, causal=True)
     assert math.isclose(float((padded - alone).abs().max()), 0.0, abs_tol=1e-12)
+
+
+def test_cached_key_bounds_die_with_their_mask():
+    """The decode path's per-mask bounds are freed when the mask is (not at the next store):
+    device tensors outliving their forward pass shift the allocator's pattern between generate
+    calls (see attention._forget_key_blocks)."""
+    import gc
+    import weakref
+
+    from hf_flash.integration import attention
+
+    q, k, v = _decode_inputs(3)
+    mask = _mask(2, 24, [(5, 0), (0, 0)])
+    _assert_decode_matches_oracle(q, k, v, mask)
+    entry = next((e for e in attention._key_blocks_cache if e[0]() is mask), None)
+    assert entry is not None, "the bounds were not cached: the test checks nothing"
+    blocks = weakref.ref(entry[2][0])
+    del entry, mask
+    gc.collect()
+    assert all(e[0]() is not None for e in attention._key_blocks_cache)
+    assert blocks() is None
+
+
+def test_cached_packed_boundaries_die_with_their_position_ids():
+    import gc
+
+    from hf_flash.integration import attention
+
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]], device=DEVICE)
+    found = attention._boundaries_from_position_ids(pos, 1, 8)
+    assert found is not None and attention._last_boundaries[0]() is pos
+    del pos, found
+    gc.collect()
+    assert attention._last_boundaries == (None, None, None)
