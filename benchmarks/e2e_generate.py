@@ -23,7 +23,9 @@ call's guard checks walk past the other rows' entries and the recompile limit is
 ms/step = (time of a run with N new tokens - time of a run with 1 new token) / (N - 1): the
 prefill and generate's set-up cancel out. Each run is timed with ``torch.cuda.synchronize`` and
 ``time.perf_counter`` after one warm-up run (compilation, autotuning, graph capture); the best
-of ``--repeats`` is kept. ``tokens_match_sdpa`` is the fraction of generated tokens equal to
+of ``--repeats`` (3) is kept. The eager rows (DynamicCache; the static cache with
+``--no-compile``) are bound by host time, which drifts on a shared machine: their providers'
+runs alternate within a point (A B A B ...) instead of running one after the other. ``tokens_match_sdpa`` is the fraction of generated tokens equal to
 sdpa's on the same cache type (bf16 greedy runs may diverge after a near tie; the tests hold the
 numerical bar).
 """
@@ -91,38 +93,86 @@ def _generate(model, ids, n_new, cache_impl, cache, compile_static):
     return time.perf_counter() - t0, out[:, ids.shape[1] :]
 
 
-def run(model, batch, prompt, attn, cache_impl, n_new, repeats, compile_static):
+def _prompt(model, batch, prompt):
+    g = torch.Generator(device=DEVICE).manual_seed(batch * 100003 + prompt)
+    return torch.randint(0, min(128000, model.config.vocab_size), (batch, prompt), device=DEVICE,
+                         generator=g)  # fmt: skip
+
+
+def _row(batch, prompt, attn, cache_impl, n_new, t_one, t_all, compiled):
+    ms = (t_all - t_one) / (n_new - 1) * 1e3
+    return dict(
+        batch=batch, prompt=prompt, attn=attn, cache=cache_impl, new_tokens=n_new,
+        ms_per_step=ms, tokens_per_s=batch * 1e3 / ms, prefill_plus_setup_ms=t_one * 1e3,
+        compiled=compiled,
+    )  # fmt: skip
+
+
+def _error_row(batch, prompt, attn, cache_impl, e):
+    return dict(batch=batch, prompt=prompt, attn=attn, cache=cache_impl,
+                error=f"{type(e).__name__}: {str(e)[:300]}")  # fmt: skip
+
+
+def run_compiled(model, batch, prompt, attn, n_new, repeats):
+    """A static-cache row with generate's compiled decode step: one provider at a time, each
+    from a clean compiler state."""
     from transformers import StaticCache
 
     model.set_attn_implementation(attn)
-    g = torch.Generator(device=DEVICE).manual_seed(batch * 100003 + prompt)
-    ids = torch.randint(0, min(128000, model.config.vocab_size), (batch, prompt), device=DEVICE,
-                        generator=g)
+    ids = _prompt(model, batch, prompt)
+    cache = StaticCache(config=model.config, max_cache_len=prompt + n_new + 8)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        _generate(model, ids, 4, "static", cache, True)  # warm-up / compile
+        gen = lambda n: _generate(model, ids, n, "static", cache, True)  # noqa: E731
+        t_one = min(gen(1)[0] for _ in range(repeats))
+        runs = [gen(n_new) for _ in range(repeats)]
+    del cache
+    row = _row(batch, prompt, attn, "static", n_new, t_one, min(t for t, _ in runs), True)
+    return row, runs[0][1]
+
+
+def run_interleaved(model, batch, prompt, attns, cache_impl, n_new, repeats):
+    """Rows of the eager (host-bound) runs: every provider is warmed up, then their timed runs
+    alternate (A B A B ...), so a drift in the machine's speed during the point falls on all of
+    them alike; each keeps its best time."""
+    from transformers import StaticCache
+
+    ids = _prompt(model, batch, prompt)
     cache = None
     if cache_impl == "static":
         cache = StaticCache(config=model.config, max_cache_len=prompt + n_new + 8)
-        if compile_static:
-            torch._dynamo.reset()
+    gen = lambda n: _generate(model, ids, n, cache_impl, cache, False)  # noqa: E731
+    rows, tokens, ones, alls = {}, {}, {}, {}
     with torch.no_grad():
-        _generate(model, ids, 4, cache_impl, cache, compile_static)  # warm-up / compile
-        gen = lambda n: _generate(model, ids, n, cache_impl, cache, compile_static)  # noqa: E731
-        t_one = min(gen(1)[0] for _ in range(repeats))
-        runs = [gen(n_new) for _ in range(repeats)]
-    t_all = min(t for t, _ in runs)
-    ms = (t_all - t_one) / (n_new - 1) * 1e3
-    row = dict(
-        batch=batch, prompt=prompt, attn=attn, cache=cache_impl, new_tokens=n_new,
-        ms_per_step=ms, tokens_per_s=batch * 1e3 / ms, prefill_plus_setup_ms=t_one * 1e3,
-        compiled=cache_impl == "static" and compile_static,
-    )  # fmt: skip
+        for attn in attns:
+            try:
+                model.set_attn_implementation(attn)
+                gen(4)  # warm-up: Triton compilation, cuBLAS handles
+                ones[attn], alls[attn] = [], []
+            except Exception as e:  # recorded, the other providers go on
+                rows[attn] = _error_row(batch, prompt, attn, cache_impl, e)
+        for _ in range(repeats):
+            for attn in list(ones):
+                try:
+                    model.set_attn_implementation(attn)
+                    ones[attn].append(gen(1)[0])
+                    t, tokens[attn] = gen(n_new)
+                    alls[attn].append(t)
+                except Exception as e:
+                    rows[attn] = _error_row(batch, prompt, attn, cache_impl, e)
+                    del ones[attn]
+    for attn in ones:
+        rows[attn] = _row(batch, prompt, attn, cache_impl, n_new, min(ones[attn]),
+                          min(alls[attn]), False)  # fmt: skip
     del cache
-    return row, runs[0][1]
+    return [rows[a] for a in attns], tokens
 
 
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-compile", action="store_true", help="static cache without compile")
     parser.add_argument("--attn", default="hf_flash,sdpa")
     parser.add_argument("--caches", default="static,dynamic")
@@ -134,26 +184,32 @@ def main() -> None:
     hf_flash.register()
     model = build_model()
     rows = []
+    attns = args.attn.split(",")
     for batch, prompt in points(args.quick):
         for cache_impl in args.caches.split(","):
             tokens = {}
-            for attn in args.attn.split(","):
-                try:
-                    row, toks = run(model, batch, prompt, attn, cache_impl, args.new_tokens,
-                                    args.repeats, not args.no_compile)  # fmt: skip
-                    tokens[attn] = toks
-                except Exception as e:  # recorded, the grid goes on
-                    row = dict(batch=batch, prompt=prompt, attn=attn, cache=cache_impl,
-                               error=f"{type(e).__name__}: {str(e)[:300]}")  # fmt: skip
-                rows.append(row)
+            if cache_impl == "static" and not args.no_compile:
+                for attn in attns:
+                    try:
+                        row, tokens[attn] = run_compiled(model, batch, prompt, attn,
+                                                         args.new_tokens, args.repeats)  # fmt: skip
+                    except Exception as e:  # recorded, the grid goes on
+                        row = _error_row(batch, prompt, attn, cache_impl, e)
+                    rows.append(row)
+                    gc.collect()
+                    torch.cuda.empty_cache()
+            else:
+                point_rows, tokens = run_interleaved(model, batch, prompt, attns, cache_impl,
+                                                     args.new_tokens, args.repeats)  # fmt: skip
+                rows.extend(point_rows)
                 gc.collect()
                 torch.cuda.empty_cache()
             if "sdpa" in tokens:
-                for r in rows[-len(tokens):]:
+                for r in rows[-len(attns):]:
                     if r.get("attn") in tokens and "error" not in r:
                         same = (tokens[r["attn"]] == tokens["sdpa"]).float().mean().item()
                         r["tokens_match_sdpa"] = same
-            print_table(rows[-len(args.attn.split(",")):],
+            print_table(rows[-len(attns):],
                         ["batch", "prompt", "attn", "cache", "ms_per_step", "tokens_per_s",
                          "tokens_match_sdpa", "error"])  # fmt: skip
             sys.stdout.flush()

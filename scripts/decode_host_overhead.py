@@ -63,6 +63,7 @@ import hf_flash  # noqa: E402
 from hf_flash.kernels import decode as _decode_mod  # noqa: E402
 from hf_flash.kernels import flash_common as _common_mod  # noqa: E402
 from hf_flash.kernels import flash_fwd as _fwd_mod  # noqa: E402
+from hf_flash.kernels import key_mask as _key_mask_mod  # noqa: E402
 from hf_flash.kernels import rotary as _rotary_mod  # noqa: E402
 
 # (module, name) of every kernel a generate() call can launch
@@ -72,7 +73,25 @@ _KERNELS = [
     (_rotary_mod, "_rotary_kernel"),
     (_fwd_mod, "_flash_fwd_kernel"),
     (_common_mod, "_dropout_mask_kernel"),
+    (_key_mask_mod, "_key_mask_kernel"),
 ]
+
+
+def _key_mask_results(mask, out, stats, *_ints, **_meta):
+    """The padding-mask kernel's outputs, written with torch ops: the mask function reads them
+    (is every row contiguous?), so a stub that leaves them unset would make it refuse the mask.
+    These few CPU ops count as host time, slightly overstating the kernel's launch."""
+    width_in = mask.shape[1]
+    out.zero_()
+    out[:, :width_in] = mask != 0
+    pos = torch.arange(out.shape[1])
+    first = torch.where(out, pos, out.shape[1]).amin(dim=1)
+    last = torch.maximum(torch.where(out, pos + 1, 0).amax(dim=1), first)
+    stats.copy_(torch.stack([first, last, out.sum(dim=1)]))
+
+
+# kernels whose outputs the host reads back: their stubs write them (see _key_mask_results)
+_RESULTS = {"_key_mask_kernel": _key_mask_results}
 
 
 class _StubKernel:
@@ -87,6 +106,7 @@ class _StubKernel:
         self.args = 0
         self._binder = _make_binder(kernel) if binder else None
         self._key_cache: dict = {}
+        self._results = _RESULTS.get(name)
         if binder:
             from triton import knobs
             from triton.runtime.jit import compute_cache_key
@@ -106,6 +126,8 @@ class _StubKernel:
             bound, specialization, options = self._binder(*args, **kwargs)
             self._cache_key(self._key_cache, specialization, options)
             tuple(bound.values())
+        if self._results is not None:
+            self._results(*args)
 
 
 def _make_binder(kernel):

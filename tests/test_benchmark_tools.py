@@ -24,3 +24,45 @@ def test_partial_run_replaces_rows_in_place_and_stamps_them():
     assert merged["meta"]["runs"] == "first run; T2: partial (2 rows)"
     assert merged["env"] == {"date": "T2"}
     assert old["rows"][2]["tok_per_s"] == 20  # the inputs are not modified
+
+
+def test_e2e_generate_interleaves_providers_and_records_errors(monkeypatch):
+    """benchmarks/e2e_generate.py's eager rows on a tiny Llama on the CPU: every provider gets
+    a row from alternating runs; a provider that fails gets an error row and the others go on."""
+    import sys
+    from pathlib import Path
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks import e2e_generate
+
+    import hf_flash
+
+    hf_flash.register()
+    monkeypatch.setattr(e2e_generate, "DEVICE", "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    config = LlamaConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                         pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    order = []
+    real = e2e_generate._generate
+
+    def spy(model, ids, n, *a):
+        order.append((model.config._attn_implementation, n))
+        return real(model, ids, n, *a)
+
+    monkeypatch.setattr(e2e_generate, "_generate", spy)
+    rows, tokens = e2e_generate.run_interleaved(model, 1, 8, ["hf_flash", "sdpa"], "dynamic", 4, 2)
+    assert [r["attn"] for r in rows] == ["hf_flash", "sdpa"]
+    assert all(r["ms_per_step"] > 0 and "error" not in r for r in rows)
+    assert set(tokens) == {"hf_flash", "sdpa"} and tokens["sdpa"].shape == (1, 4)
+    timed = [a for a, n in order[2:] if n == 4]  # after one warm-up each
+    assert timed == ["hf_flash", "sdpa", "hf_flash", "sdpa"]
+
+    rows, tokens = e2e_generate.run_interleaved(model, 1, 8, ["no_such_attn", "sdpa"], "dynamic",
+                                                4, 1)  # fmt: skip
+    assert "error" in rows[0] and rows[1]["ms_per_step"] > 0 and set(tokens) == {"sdpa"}
