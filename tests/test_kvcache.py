@@ -580,19 +580,7 @@ def test_gpu_matches_reference(opts, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
-def test_gpu_cuda_graph_capture(pdl):
-    """Captured and replayed twice; with programmatic dependent launch (the combine launch
-    overlapping the split kernel, on Hopper) and without."""
-    from hf_flash.kernels import configs
-
-    if pdl and not configs._hopper_or_newer("cuda", torch.cuda.current_device()):
-        pytest.skip("programmatic dependent launch needs compute capability 9.0")
-    with configs.programmatic_launch(pdl):
-        _graph_capture_check()
-
-
-def _graph_capture_check():
+def test_gpu_cuda_graph_capture():
     torch.manual_seed(22)
     dtype = torch.bfloat16
     kc = torch.randn(2, 4096, 8, 128, device="cuda", dtype=dtype)
@@ -628,26 +616,6 @@ def _graph_capture_check():
     ref2, _, _ = kvcache_attention_ref(q, k1, v1, k, v, cache_seqlens=lens, causal=True)
     lp2, _, _ = kvcache_attention_ref(q, k1, v1, k, v, cache_seqlens=lens, causal=True, upcast=False)
     assert_close_to_ref("graph out, second replay", out, ref2, lp2, FWD_FACTOR, dtype)
-
-
-def test_plan_launches_the_combine_programmatically_on_hopper_only(monkeypatch):
-    """The split kernel lets the combine launch early and the combine waits for its partials
-    exactly when the combine is launched with programmatic dependent launch (Hopper, switched
-    on, not the interpreter); a kernel without splits has no dependent to release."""
-    from hf_flash.kernels import configs
-
-    monkeypatch.setattr(configs, "interpreting", lambda: False)
-    monkeypatch.setattr(decode, "_PLANS", {})
-    flags = (False,) * 4 + (False, 0, False, False, False, False, True, False, False)
-    for hopper, enabled in ((True, True), (True, False), (False, True)):
-        monkeypatch.setattr(configs, "_hopper_or_newer", lambda kind, index: hopper)
-        with configs.programmatic_launch(enabled):
-            plan = decode._Plan(128, torch.bfloat16, torch.device("cpu"), 4, flags)
-        pdl = hopper and enabled
-        combine = plan.combine_for(16).kwargs
-        assert combine["launch_pdl"] is pdl and combine["WAIT_PRIMARY"] is pdl
-        for (split, _), meta in plan.meta.items():
-            assert meta.kwargs["LAUNCH_DEPENDENTS"] is (split and pdl)
 
 
 def test_hopper_plan_uses_three_stages_only_for_one_wave(monkeypatch):

@@ -33,37 +33,6 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-# Programmatic dependent launch (Hopper and later): a kernel launched with it may start while
-# the kernel before it in the stream is still running, once every program of that kernel has
-# signalled (``gdc_launch_dependents``) or exited; it waits (``gdc_wait``) before reading that
-# kernel's results. Used for decode's combine launch, whose launch latency then overlaps the
-# split kernel's tail. HF_FLASH_PDL=0 turns it off; :func:`programmatic_launch` switches it for
-# a block (tests compare both).
-_PDL = os.environ.get("HF_FLASH_PDL", "1") not in ("0", "", "false", "False")
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Whether launches on ``device`` use programmatic dependent launch (switched on, compute
-    capability 9.0 or newer, not Triton's interpreter). Cheap: asked on every decode launch."""
-    return _PDL and not interpreting() and _hopper_or_newer(device.type, device.index)
-
-
-@functools.lru_cache(maxsize=None)
-def _hopper_or_newer(kind: str, index) -> bool:
-    return kind == "cuda" and _capability(torch.device(kind, index)) >= (9, 0)
-
-
-@contextlib.contextmanager
-def programmatic_launch(enabled: bool):
-    global _PDL
-    previous = _PDL
-    _PDL = bool(enabled)
-    try:
-        yield
-    finally:
-        _PDL = previous
-
-
 # Host-side integer helpers for launchers. triton.cdiv and triton.next_power_of_2 are constexpr
 # functions in Triton 3.6 (usable inside kernels too); every host call goes through their
 # argument-unwrapping wrapper, ~2 us each, which a decode step paid dozens of times per layer.

@@ -230,10 +230,7 @@ def _decode_kernel(
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SPLIT: tl.constexpr,
     DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-    LAUNCH_DEPENDENTS: tl.constexpr,
 ):  # fmt: skip
-    if LAUNCH_DEPENDENTS:  # the combine kernel may launch now; it waits for this grid's results
-        tl.extra.cuda.gdc_launch_dependents()
     split = tl.program_id(0)
     bk = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -387,15 +384,12 @@ def _combine_kernel(
     stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
     rows, nheads, seqlen_q, num_splits,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr,
-    WAIT_PRIMARY: tl.constexpr,
 ):  # fmt: skip
     """One program per (batch, head, query): out = sum_s 2^(lse_s - lse) * out_s."""
     row = tl.program_id(0).to(tl.int64)  # ((b * nheads) + h) * seqlen_q + qi
     qi = row % seqlen_q
     h = (row // seqlen_q) % nheads
     b = row // (seqlen_q * nheads)
-    if WAIT_PRIMARY:  # launched programmatically: the split kernel's partials are complete after
-        tl.extra.cuda.gdc_wait()
     offs_s = tl.arange(0, BLOCK_S)
     lse_s = tl.load(LsePart + offs_s.to(tl.int64) * rows + row, mask=offs_s < num_splits,
                     other=float("-inf"))  # fmt: skip
@@ -515,9 +509,6 @@ class _Plan:
 
     __slots__ = ("block_n", "m_tiles", "meta", "combine", "combine_meta")
 
-    # The combine launch is programmatic where supported (configs.pdl_supported): its launch
-    # overlaps the split kernel, which lets it start at once; the combine waits for the partials.
-
     def __init__(self, head_dim, dtype, device, rows, flags):
         (has_new, paged, has_batch_idx, has_leftpad, has_rotary, rotary_dim, interleaved,
          q_per_row, per_token, mask_left, mask_right, has_softcap, has_alibi) = flags  # fmt: skip
@@ -535,7 +526,6 @@ class _Plan:
             MASK_LEFT=mask_left, MASK_RIGHT=mask_right, HAS_SOFTCAP=has_softcap,
             HAS_ALIBI=has_alibi,
         )  # fmt: skip
-        pdl = configs.pdl_supported(device)
         # by (split, grid of at most one wave): constexprs and options of the main kernel
         self.meta = {}
         for one_wave in (False, True):
@@ -543,13 +533,11 @@ class _Plan:
             for split in (False, True):
                 self.meta[split, one_wave] = _DECODE.meta(
                     **common, SPLIT=split, DOT_FP32=dot_fp32, PRECISION="ieee" if dot_fp32 else "tf32",
-                    NUM_STAGES=stages, LAUNCH_DEPENDENTS=split and pdl,
-                    num_warps=cfg["num_warps"], num_stages=stages,
+                    NUM_STAGES=stages, num_warps=cfg["num_warps"], num_stages=stages,
                 )  # fmt: skip
         self.combine = dict(
-            HEAD_DIM=head_dim, BLOCK_D=block_d, CHUNK_S=8, WAIT_PRIMARY=pdl,
-            num_warps=4 if head_dim > 64 else 2, launch_pdl=pdl,
-        )  # fmt: skip
+            HEAD_DIM=head_dim, BLOCK_D=block_d, CHUNK_S=8, num_warps=4 if head_dim > 64 else 2
+        )
         self.combine_meta = {}  # by BLOCK_S
 
     def combine_for(self, num_splits: int):
@@ -572,8 +560,7 @@ _PLANS_MAX = 256
 def _plan(head_dim, dtype, device, rows, flags) -> _Plan:
     if configs._OVERRIDE is not None:  # a sweep is forcing launch parameters: no caching
         return _Plan(head_dim, dtype, device, rows, flags)
-    key = (head_dim, dtype, device, rows, flags, configs.interpreting(),
-           configs.pdl_supported(device))  # fmt: skip
+    key = (head_dim, dtype, device, rows, flags, configs.interpreting())
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= _PLANS_MAX:
