@@ -147,9 +147,8 @@ def host_breakdown_static(name: str, model, ids, steps: int, top: int) -> None:
             print(f"\n=== {name} static host breakdown: {per_step * 1e3:.3f} ms/step "
                   f"(generate of {steps} minus generate of 1)")
             for label, ts in kept.items():
-                decode = ts[1:] if label != "compiled forward call" else ts  # drop the prefill
-                if label.startswith("stop"):
-                    decode = ts[:-1] if len(ts) > 1 else ts
+                # the compiled call serves decode steps only; the others also ran for the prefill
+                decode = ts if label == "compiled forward call" else ts[1:]
                 if decode:
                     med = sorted(decode)[len(decode) // 2]
                     print(f"  {label:45s} median {med * 1e6:8.1f} us  mean "

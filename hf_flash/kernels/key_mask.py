@@ -41,7 +41,7 @@ def _key_mask_kernel(
     count = 0
     for start in range(0, width_out, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        valid = tl.load(mask_row + offs * stride_mj, mask=offs < width_in, other=0) != 0
+        valid = tl.load(mask_row + offs.to(tl.int64) * stride_mj, mask=offs < width_in, other=0) != 0
         tl.store(out_row + offs, valid, mask=offs < width_out)
         first = tl.minimum(first, tl.min(tl.where(valid, offs, width_out), 0))
         last = tl.maximum(last, tl.max(tl.where(valid, offs + 1, 0), 0))
