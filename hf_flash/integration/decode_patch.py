@@ -176,9 +176,9 @@ def _fused_decode(module, layer, static, hidden_states, position_embeddings, att
     head_dim = module.head_dim
     dtype = layer.keys.dtype
     # (B, S, H, D) straight from the projections: the kernel's layout, no transposes
-    q = module.q_proj(hidden_states).view(batch, seqlen, -1, head_dim).to(dtype)
-    k = module.k_proj(hidden_states).view(batch, seqlen, -1, head_dim).to(dtype)
-    v = module.v_proj(hidden_states).view(batch, seqlen, -1, head_dim).to(dtype)
+    q = _as(module.q_proj(hidden_states).view(batch, seqlen, -1, head_dim), dtype)
+    k = _as(module.k_proj(hidden_states).view(batch, seqlen, -1, head_dim), dtype)
+    v = _as(module.v_proj(hidden_states).view(batch, seqlen, -1, head_dim), dtype)
     # transformers' tables repeat each angle for both halves (rotate-half): keep the first half
     cos, sin = position_embeddings
     half = head_dim // 2
@@ -211,6 +211,11 @@ def _fused_decode(module, layer, static, hidden_states, position_embeddings, att
         layer.keys, layer.values = k_cache[:, :, :total], v_cache[:, :, :total]
     out = out.reshape(batch, seqlen, -1)
     return module.o_proj(out), None
+
+
+def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
+    # a no-op .to() still costs an operator dispatch, three per layer and decode step
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 # A DynamicLayer grows by torch.cat: a new tensor every step, with no room to append into. For
