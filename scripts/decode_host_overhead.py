@@ -78,16 +78,15 @@ _KERNELS = [
 
 
 def _key_mask_results(mask, out, stats, *_ints, **_meta):
-    """The padding-mask kernel's outputs, written with torch ops: the mask function reads them
-    (is every row contiguous?), so a stub that leaves them unset would make it refuse the mask.
-    These few CPU ops count as host time, slightly overstating the kernel's launch."""
-    width_in = mask.shape[1]
-    out.zero_()
-    out[:, :width_in] = mask != 0
-    pos = torch.arange(out.shape[1])
-    first = torch.where(out, pos, out.shape[1]).amin(dim=1)
-    last = torch.maximum(torch.where(out, pos + 1, 0).amax(dim=1), first)
-    stats.copy_(torch.stack([first, last, out.sum(dim=1)]))
+    """The padding-mask kernel's outputs, written by the integration's torch version of it: the
+    mask function reads them (is every row contiguous?), so a stub that leaves them unset would
+    make it refuse the mask. These few CPU ops count as host time, slightly overstating the
+    kernel's launch."""
+    from hf_flash.integration.attention import _mask_rows_torch
+
+    o, s = _mask_rows_torch(mask, out.shape[1])
+    out.copy_(o)
+    stats.copy_(s)
 
 
 # kernels whose outputs the host reads back: their stubs write them (see _key_mask_results)

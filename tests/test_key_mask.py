@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
+from hf_flash.integration.attention import _mask_rows_torch
 from hf_flash.kernels.key_mask import key_mask_rows
 
 WHERE = [pytest.param(DEVICE, id="here"),
@@ -58,6 +59,17 @@ def test_key_mask_rows_matches_reference(where, extra):
         assert out.dtype == torch.bool and out.shape == (mask.shape[0], width)
         assert torch.equal(out.cpu(), want_out)
         assert stats.dtype == torch.int32 and torch.equal(stats.cpu(), want_stats), (stats, want_stats)
+
+
+@pytest.mark.parametrize("extra", [0, 1, 1100])
+def test_torch_version_matches_reference(extra):
+    """The integration's fallback where Triton cannot run (a CPU without its interpreter)."""
+    for mask in _masks("cpu"):
+        width = mask.shape[1] + extra
+        out, stats = _mask_rows_torch(mask, width)
+        want_out, want_stats = _reference(mask, width)
+        assert torch.equal(out, want_out) and stats.dtype == torch.int32
+        assert torch.equal(stats, want_stats), (stats, want_stats)
 
 
 def test_key_mask_rows_rejects_bad_input():

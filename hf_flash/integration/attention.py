@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from ..interface import host_reads_allowed, interpreter_active
+from ..kernels.key_mask import key_mask_rows
 from . import ATTN_IMPLEMENTATION
 
 __all__ = ["ATTN_IMPLEMENTATION", "hf_flash_attention_forward", "hf_flash_mask"]
@@ -71,7 +72,8 @@ def hf_flash_mask(
     Returns ``None`` when every key of the layer is valid, else a 2-D bool ``(batch, M)`` key mask
     (``M <= kv_length``; see the module docstring). For one query on a static cache layer
     (``q_offset`` a tensor) ``M`` is always ``kv_length``, the entries past the tokens written so
-    far False. Causality, sliding windows and packed sequences are not encoded here: the kernel
+    far False, and the mask is returned even when every slot is valid: a compiled decode step
+    then sees one kind of input on every step, the one that fills the cache included. Causality, sliding windows and packed sequences are not encoded here: the kernel
     applies them.
 
     Arguments (transformers' mask-interface keywords):
@@ -83,8 +85,9 @@ def hf_flash_mask(
         kwargs: ``use_vmap=True`` means the model combined a custom ``or``/``and`` mask function
             (e.g. bidirectional image tokens), which a flash kernel cannot express: rejected.
 
-    Outside torch.compile the mask is read once on the host (one sync per forward pass and mask
-    type, as transformers' own flash mask does): an all-valid mask becomes None, and padding in
+    Outside torch.compile the mask is read once on the host (one Triton launch,
+    :mod:`hf_flash.kernels.key_mask`, and one sync per forward pass and mask type, as
+    transformers' own flash mask reads it): an all-valid mask becomes None, and padding in
     the middle of a row raises. That read stays on decode steps too: the decode path would
     otherwise attend the padding inside a row (a right-padded prompt continued by generate is
     the usual way to get one), and eager generate() already waits for the device once per step
@@ -169,21 +172,22 @@ def _mask_stats(mask: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor, bool,
     convention), ``all_valid`` every one of the M entries valid, ``contiguous`` every row's
     valid entries contiguous. One Triton launch (:mod:`hf_flash.kernels.key_mask`) where the
     kernels run; torch ops on a CPU without Triton's interpreter."""
-    if mask.is_cuda or interpreter_active():
-        from ..kernels.key_mask import key_mask_rows
-
-        out, stats = key_mask_rows(mask, width)
-        start, end = stats[0], stats[1]
-    else:
-        out = mask if mask.dtype == torch.bool else mask != 0
-        out = torch.nn.functional.pad(out, (0, width - mask.shape[1]), value=False)
-        start, end = _valid_block(out)
-        stats = torch.stack([start, end, out.sum(dim=1)])
-        start, end = start.to(torch.int32), end.to(torch.int32)
+    rows = key_mask_rows if mask.is_cuda or interpreter_active() else _mask_rows_torch
+    out, stats = rows(mask, width)
+    start, end = stats[0], stats[1]
     starts, ends, counts = stats.tolist()
     all_valid = all(c == mask.shape[1] for c in counts)
     contiguous = all(e - s == c for s, e, c in zip(starts, ends, counts))
     return out, start, end, all_valid, contiguous
+
+
+def _mask_rows_torch(mask: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """:func:`hf_flash.kernels.key_mask.key_mask_rows` in torch ops, where Triton cannot run (a
+    CPU without its interpreter): ``(out, stats)`` with the same meaning."""
+    out = mask if mask.dtype == torch.bool else mask != 0
+    out = torch.nn.functional.pad(out, (0, width - mask.shape[1]), value=False)
+    start, end = _valid_block(out)
+    return out, torch.stack([start, end, out.sum(dim=1)]).to(torch.int32)
 
 
 def first_valid(mask: Tensor) -> Tensor:
