@@ -1,0 +1,159 @@
+"""Build every Gluon attention variant for sm_90a on a machine without a GPU.
+
+    python -m hf_flash.kernels.hopper.compile_check [--json PATH]
+
+Gluon kernels do not run in Triton's CPU interpreter, so CI checks them by compiling: the launch
+arguments are built exactly as the launcher builds them (from CPU tensors, which is enough for
+Triton's argument specialisation and for the TMA descriptors' host-side checks), the kernel is
+lowered to PTX for sm_90a, and the ptxas bundled with Triton assembles it with ``-v``. The
+check works with TRITON_INTERPRET set too (it changes only how ``triton.jit`` functions are
+defined; Gluon kernels are always compiled). The report holds registers per thread (the entry register budget; warp-specialised partitions then
+move registers with ``setmaxnreg``), spill bytes, shared memory and whether the PTX has the
+instructions the design relies on (wgmma, TMA copies, setmaxnreg).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import make_backend
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import create_function_from_signature
+
+from . import attention_fwd
+
+SHARED_PER_SM = 227 * 1024
+REGISTERS_PER_SM = 65536
+TARGET = GPUTarget("cuda", 90, 32)
+# the sequence length of the dummy launch only decides integer-argument specialisation
+SEQLEN = 4096
+
+
+def ptxas_path() -> str:
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not path.is_file():
+        raise FileNotFoundError(f"no ptxas in the Triton installation ({path})")
+    return str(path)
+
+
+def compile_sm90(kernel, args, kwargs):
+    """Compile a Gluon kernel for sm_90a as ``kernel[grid](*args, **kwargs)`` would, without a
+    GPU: the JIT's own binder computes the signature and specialisation for the target."""
+    backend = make_backend(TARGET)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound_args, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, options)
+    src = GluonASTSource(kernel, signature, constexprs, attrs)
+    return triton.compile(src, target=TARGET, options=options.__dict__)
+
+
+def _ptxas_report(ptx: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
+        return subprocess.run(
+            [ptxas_path(), "-arch=sm_90a", "-v", str(path), "-o", str(Path(tmp) / "k.cubin")],
+            capture_output=True, text=True, check=True,
+        ).stderr  # fmt: skip
+
+
+def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat16) -> dict:
+    """Compile one variant and return its resource report."""
+    batch, nheads, nheads_k = 2, 8, 2
+    q = torch.empty(batch, SEQLEN, nheads, head_dim, dtype=dtype)
+    k = torch.empty(batch, SEQLEN, nheads_k, head_dim, dtype=dtype)
+    v = torch.empty_like(k)
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, nheads, SEQLEN, dtype=torch.float32)
+    _, args, kwargs = attention_fwd.launch_args(
+        q, k, v, out, lse, softmax_scale=head_dim**-0.5, causal=causal, variant=variant
+    )
+    compiled = compile_sm90(attention_fwd._attn_fwd_kernel, args, kwargs)
+    ptx = compiled.asm["ptx"]
+    report = _ptxas_report(ptx)
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    spill_stores = int(re.search(r"(\d+) bytes spill stores", report).group(1))
+    spill_loads = int(re.search(r"(\d+) bytes spill loads", report).group(1))
+    stack = int(re.search(r"(\d+) bytes stack frame", report).group(1))
+    shared = int(compiled.metadata.shared)
+    setmaxnreg = sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
+    var = attention_fwd.VARIANTS[variant]
+    return {
+        "variant": variant, "head_dim": head_dim, "causal": causal, "dtype": str(dtype).replace("torch.", ""),
+        "rows_per_program": var.rows, "block_n": var.block_n, "stages": var.stages,
+        "warps": int(compiled.metadata.num_warps), "registers": registers,
+        "spill_store_bytes": spill_stores, "spill_load_bytes": spill_loads, "stack_bytes": stack,
+        "shared_bytes": shared, "programs_per_sm_by_shared": SHARED_PER_SM // max(shared, 1),
+        "setmaxnreg": setmaxnreg,
+        "wgmma": ptx.count("wgmma.mma_async"), "tma_loads": ptx.count("cp.async.bulk.tensor"),
+    }  # fmt: skip
+
+
+def _check_spec(spec):
+    variant, head_dim, causal, dtype_name = spec
+    return check_variant(variant, head_dim, causal, getattr(torch, dtype_name))
+
+
+def check_many(specs, processes: int = 2) -> list[dict]:
+    """Compile (variant, head_dim, causal, dtype name) specs in fresh processes.
+
+    Fresh (spawned) processes with TRITON_INTERPRET=0, because Gluon's own helper functions
+    (``gl.sum``, ``gl.cdiv``...) are ``triton.jit`` functions: a process that imported Gluon with
+    the interpreter on (as the CPU test suite does) cannot compile Gluon kernels."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
+            return list(pool.map(_check_spec, specs))
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def all_specs(variants=None, head_dims=attention_fwd.HEAD_DIMS, dtypes=("bfloat16", "float16")):
+    return [
+        (name, d, causal, dt)
+        for name in variants or attention_fwd.VARIANTS
+        for d in head_dims
+        for causal in (False, True)
+        for dt in dtypes
+    ]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", default=None, help="also write the reports to this file")
+    ap.add_argument("--variants", nargs="*", default=None)
+    ap.add_argument("--fp16", action="store_true", help="also build float16 (bfloat16 only by default)")
+    ap.add_argument("--processes", type=int, default=2)
+    args = ap.parse_args(argv)
+    dtypes = ("bfloat16", "float16") if args.fp16 else ("bfloat16",)
+    rows = check_many(all_specs(args.variants, dtypes=dtypes), processes=args.processes)
+    for r in rows:
+        print(
+            f"{r['variant']:16s} d{r['head_dim']:<4d} {'causal' if r['causal'] else 'full':6s} {r['dtype']:9s} "
+            f"regs {r['registers']:3d} spill {r['spill_store_bytes']:4d}/{r['spill_load_bytes']:<4d} "
+            f"stack {r['stack_bytes']:4d} smem {r['shared_bytes']:6d} setmaxnreg {r['setmaxnreg']} "
+            f"wgmma {r['wgmma']} tma {r['tma_loads']}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
