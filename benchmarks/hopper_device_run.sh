@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One device call for the Gluon Hopper forward: environment, a per-variant smoke check (each in
+# its own process under a time limit, so a variant that hangs cannot take the run with it), the
+# GPU tests, then the benchmark of the variants that passed the smoke check.
+#
+#   bash benchmarks/hopper_device_run.sh OUT_DIR [TEST_TIMEOUT_S] [BENCH_TIMEOUT_S]
+#
+# Writes OUT_DIR/{env.txt,smoke.log,tests.log,tests_outcomes.log,bench.json,bench.log}.
+set -u
+out=${1:?usage: hopper_device_run.sh OUT_DIR [TEST_TIMEOUT_S] [BENCH_TIMEOUT_S]}
+test_timeout=${2:-240}
+bench_timeout=${3:-300}
+mkdir -p "$out"
+export PYTHONPATH=.
+export PYTHONUNBUFFERED=1
+
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "cudnn", torch.backends.cudnn.version())'
+} >"$out/env.txt" 2>&1
+cat "$out/env.txt"
+
+variants=$(python3 -c 'from hf_flash.kernels.hopper.attention_fwd import VARIANTS; print(" ".join(VARIANTS))')
+ok=()
+for v in $variants; do
+  if timeout 90 python3 - "$v" >>"$out/smoke.log" 2>&1 <<'EOF'
+import sys, torch
+from hf_flash.kernels.hopper import attention_fwd as hk
+from hf_flash.reference import attention_ref, max_abs_err
+v = sys.argv[1]
+worst = 0.0
+for d in (64, 128):
+    for causal in (False, True):
+        q = torch.randn(2, 1025, 8, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, 1100, 2, d, device="cuda", dtype=torch.bfloat16)
+        vv = torch.randn_like(k)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((2, 8, 1025), float("nan"), device="cuda")
+        hk.hopper_attention_forward(q, k, vv, out, lse, softmax_scale=d**-0.5, causal=causal, variant=v)
+        torch.cuda.synchronize()
+        ref = attention_ref(q, k, vv, causal=causal)
+        lp = attention_ref(q, k, vv, causal=causal, upcast=False)
+        err, budget = max_abs_err(out, ref), max_abs_err(lp, ref)
+        print(f"{v} d{d} causal={causal}: err {err:.2e} (bf16 reference {budget:.2e})", flush=True)
+        worst = max(worst, err / (2 * budget + 8e-3))
+sys.exit(0 if worst <= 1.0 else 1)
+EOF
+  then ok+=("$v"); echo "smoke ok: $v"; else echo "smoke FAILED: $v (rc $?)"; fi
+done
+echo "variants passing the smoke check: ${ok[*]:-none}"
+
+HF_FLASH_TEST_LOG="$out/tests_outcomes.log" timeout "$test_timeout" \
+  python3 -m pytest tests/hopper -q -m gpu -p no:cacheprovider >"$out/tests.log" 2>&1
+echo "tests rc $?"; tail -n 5 "$out/tests.log"
+
+if [ ${#ok[@]} -gt 0 ]; then
+  timeout "$bench_timeout" python3 benchmarks/hopper_attention.py "$out/bench.json" --variants "${ok[@]}" \
+    2>&1 | tee "$out/bench.log" | tail -n 40
+fi
