@@ -367,7 +367,8 @@ def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
         return False
     if k.shape[0] != batch or k.shape[2] == 0 or nheads % k.shape[2]:
         return False
-    if seqlen_q >= 2**31 or k.shape[1] >= 2**31:
+    # the grid's query-tile axis is limited to 65535 programs (128 rows each)
+    if triton.cdiv(seqlen_q, 128) > 65535 or k.shape[1] >= 2**31:
         return False
     return all(_tma_compatible(t) for t in (q, k, v))
 
