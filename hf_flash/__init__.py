@@ -31,7 +31,7 @@ _EXPORTS = {
     "flash_attn_with_kvcache": "kvcache",
     "apply_rotary_emb": "rotary",
     "apply_rotary_pos_emb": "rotary",
-    "extend_context": "rope",
+    "extend_context": "rope_scaling",
     "gradient_checkpointing_kwargs": "checkpointing",
     "attention_checkpoint_context": "checkpointing",
     "attention_checkpoint_policy": "checkpointing",

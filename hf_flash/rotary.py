@@ -3,7 +3,7 @@
 Two public entry points, both differentiable (the backward pass is the same kernel with the
 rotation conjugated) and traceable by ``torch.compile`` (``torch.library`` custom ops with fake
 implementations; in plain eager mode the kernel is launched without the op's dispatch, see
-:func:`hf_flash.interface.direct_call`):
+:func:`hf_flash._runtime.direct_call`):
 
 * :func:`apply_rotary_emb`: flash-attn 2.x ``flash_attn.layers.rotary.apply_rotary_emb``
   semantics. A ``(seqlen_ro, rotary_dim / 2)`` cos/sin table, rows picked by position.
@@ -30,171 +30,135 @@ from typing import List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .interface import direct_call, eager_call, host_reads_allowed, interpreter_active
+from ._checks import DTYPES, check_kernel_device, unit_last_stride
+from ._runtime import direct_call, eager_call, host_reads_allowed
 from .kernels import rotary as _kernel
 
 __all__ = ["apply_rotary_emb", "apply_rotary_pos_emb", "rotary_table"]
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INT_DTYPES = (torch.int32, torch.int64)
 
 
 # --------------------------------------------------------------------------------------------
-# Custom ops. Tensors reach them in the kernel layout (batch, seqlen, nheads, headdim).
+# Custom ops. Tensors reach them in the kernel layout (batch, seqlen, nheads, headdim). The
+# scalar options are keyword-only, named once in _OPTIONS (both schemas), and passed on as
+# **options down to the kernel launcher, whose keyword parameters have the same names.
 # --------------------------------------------------------------------------------------------
 
-
-def _launch(xs, outs, cos, sin, rotary_dim, cos_half_offset, position_ids, seqlen_offsets,
-            offset, interleaved, conjugate):  # fmt: skip
-    _kernel.rotary_forward(
-        xs, outs, cos, sin,
-        rotary_dim=rotary_dim, cos_half_offset=cos_half_offset, position_ids=position_ids,
-        seqlen_offsets=seqlen_offsets, offset=offset, interleaved=interleaved, conjugate=conjugate,
-    )  # fmt: skip
+_OPTIONS = "int rotary_dim, int cos_half_offset, int offset, bool interleaved, bool conjugate"
+_TABLES = "Tensor cos, Tensor sin, Tensor? position_ids, Tensor? seqlen_offsets"
 
 
-def _launch_new(xs: List[Tensor], *args) -> List[Tensor]:
-    """Rotated copies of ``xs`` (the kernel launched directly, no op dispatch)."""
+def _rotated(xs: List[Tensor], cos, sin, position_ids, seqlen_offsets, **options) -> List[Tensor]:
+    """Rotated copies of ``xs`` (the body of ``hf_flash::rotary``)."""
     outs = [torch.empty_like(x) for x in xs]
-    _launch(xs, outs, *args)
+    _kernel.rotary_forward(xs, outs, cos, sin, position_ids=position_ids,
+                           seqlen_offsets=seqlen_offsets, **options)  # fmt: skip
     return outs
 
 
-@torch.library.custom_op("hf_flash::rotary", mutates_args=())
-def _rotary_op(
-    xs: List[Tensor],
-    cos: Tensor,
-    sin: Tensor,
-    rotary_dim: int,
-    cos_half_offset: int,
-    position_ids: Optional[Tensor],
-    seqlen_offsets: Optional[Tensor],
-    offset: int,
-    interleaved: bool,
-    conjugate: bool,
-) -> List[Tensor]:
-    return _launch_new(xs, cos, sin, rotary_dim, cos_half_offset, position_ids, seqlen_offsets,
-                       offset, interleaved, conjugate)  # fmt: skip
+def _rotate_in_place(xs: List[Tensor], cos, sin, position_ids, seqlen_offsets, **options) -> None:
+    _kernel.rotary_forward(xs, xs, cos, sin, position_ids=position_ids,
+                           seqlen_offsets=seqlen_offsets, **options)  # fmt: skip
 
 
-@_rotary_op.register_fake
-def _(xs, cos, sin, rotary_dim, cos_half_offset, position_ids, seqlen_offsets, offset,
-      interleaved, conjugate):  # fmt: skip
-    return [torch.empty_like(x) for x in xs]
-
-
-@torch.library.custom_op("hf_flash::rotary_", mutates_args=("xs",))
-def _rotary_(
-    xs: List[Tensor],
-    cos: Tensor,
-    sin: Tensor,
-    rotary_dim: int,
-    cos_half_offset: int,
-    position_ids: Optional[Tensor],
-    seqlen_offsets: Optional[Tensor],
-    offset: int,
-    interleaved: bool,
-    conjugate: bool,
-) -> None:
-    _launch(xs, xs, cos, sin, rotary_dim, cos_half_offset, position_ids, seqlen_offsets,
-            offset, interleaved, conjugate)  # fmt: skip
-
-
-@_rotary_.register_fake
-def _(xs, cos, sin, rotary_dim, cos_half_offset, position_ids, seqlen_offsets, offset,
-      interleaved, conjugate):  # fmt: skip
-    return None
-
-
-_ARG_NAMES = (
-    "xs", "cos", "sin", "rotary_dim", "cos_half_offset", "position_ids", "seqlen_offsets",
-    "offset", "interleaved", "conjugate",
+_rotary_op = torch.library.custom_op(
+    "hf_flash::rotary", _rotated, mutates_args=(),
+    schema=f"(Tensor[] xs, {_TABLES}, *, {_OPTIONS}) -> Tensor[]",
+)  # fmt: skip
+_rotary_inplace_op = torch.library.custom_op(
+    "hf_flash::rotary_", _rotate_in_place, mutates_args=("xs",),
+    schema=f"(Tensor(a!)[] xs, {_TABLES}, *, {_OPTIONS}) -> ()",
 )  # fmt: skip
 
 
-def _setup_context(ctx, inputs, output):
-    args = dict(zip(_ARG_NAMES, inputs))
-    ctx.save_for_backward(args["cos"], args["sin"], args["position_ids"], args["seqlen_offsets"])
-    ctx.params = {n: args[n] for n in ("rotary_dim", "cos_half_offset", "offset", "interleaved",
-                                       "conjugate")}  # fmt: skip
-    ctx.n = len(args["xs"])
+@_rotary_op.register_fake
+def _(xs, *tables, **options):
+    return [torch.empty_like(x) for x in xs]
+
+
+@_rotary_inplace_op.register_fake
+def _(xs, *tables, **options):
+    return None
+
+
+def _setup_context(ctx, inputs, keyword_only_inputs, output):
+    xs, cos, sin, position_ids, seqlen_offsets = inputs
+    ctx.save_for_backward(cos, sin, position_ids, seqlen_offsets)
+    ctx.options = dict(keyword_only_inputs)
+    ctx.n = len(xs)
 
 
 def _backward(ctx, grads):
     # The Jacobian of a per-pair rotation is the rotation itself, so d/dx = R^T g: the same
     # kernel with the rotation conjugated (transposed, for cos/sin halves that differ).
-    cos, sin, position_ids, seqlen_offsets = ctx.saved_tensors
-    p = ctx.params
+    tables = ctx.saved_tensors
+    options = dict(ctx.options, conjugate=not ctx.options["conjugate"])
     live = [i for i, g in enumerate(grads) if g is not None]
     dxs = [None] * ctx.n
     if live:
-        gs = [grads[i] if grads[i].stride(-1) == 1 else grads[i].contiguous() for i in live]
-        args = (cos, sin, p["rotary_dim"], p["cos_half_offset"], position_ids, seqlen_offsets,
-                p["offset"], p["interleaved"], not p["conjugate"])  # fmt: skip
+        gs = [unit_last_stride(grads[i]) for i in live]
         if eager_call(*gs):
             # eager backward: launch directly, skipping a second trip through the dispatcher
-            outs = _launch_new(gs, *args)
+            outs = _rotated(gs, *tables, **options)
         else:  # traced (AOTAutograd): the custom op keeps the graph opaque to the tracer
-            outs = _rotary_op(gs, *args)
+            outs = _rotary_op(gs, *tables, **options)
         for i, d in zip(live, outs):
             dxs[i] = d
-    return dxs, None, None, None, None, None, None, None, None, None
+    return dxs, None, None, None, None
 
 
-torch.library.register_autograd("hf_flash::rotary", _backward, setup_context=_setup_context)
+_rotary_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _RotaryEager(torch.autograd.Function):
     """``hf_flash::rotary``'s forward and backward for plain eager autograd
-    (:func:`hf_flash.interface.direct_call`): the same launches without the op's dispatch."""
+    (:func:`hf_flash._runtime.direct_call`): the same launches without the op's dispatch."""
 
     @staticmethod
     def forward(ctx, n, *flat):
         ctx.set_materialize_grads(False)
-        xs, args = list(flat[:n]), flat[n:]
-        outs = _launch_new(xs, *args)
-        _setup_context(ctx, (xs, *args), outs)
+        xs, tables, options = list(flat[:n]), flat[n:-1], flat[-1]
+        outs = _rotated(xs, *tables, **options)
+        _setup_context(ctx, (xs, *tables), options, outs)
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
         dxs = _backward(ctx, list(grads))[0]
-        return (None, *dxs) + (None,) * len(_ARG_NAMES[1:])
+        return (None, *dxs, None, None, None, None, None)
 
 
-def _rotary(xs: List[Tensor], *args) -> List[Tensor]:
-    """Out-of-place rotation (the arguments of ``hf_flash::rotary``): the custom op for tracers
-    and dispatch modes, the kernel directly in plain eager mode."""
+def _rotary(xs: List[Tensor], cos, sin, position_ids, seqlen_offsets, **options) -> List[Tensor]:
+    """Out-of-place rotation (``hf_flash::rotary``'s arguments): the custom op for tracers and
+    dispatch modes, the kernel directly in plain eager mode."""
+    tables = (cos, sin, position_ids, seqlen_offsets)
     if not direct_call(*xs):
-        return _rotary_op(xs, *args)
+        return _rotary_op(xs, *tables, **options)
     if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
-        return list(_RotaryEager.apply(len(xs), *xs, *args))
-    return _launch_new(xs, *args)
+        return list(_RotaryEager.apply(len(xs), *xs, *tables, options))
+    return _rotated(xs, *tables, **options)
 
 
 class _RotaryInplace(torch.autograd.Function):
     """In-place rotation that autograd can differentiate (the input is marked dirty)."""
 
     @staticmethod
-    def forward(ctx, x, cos, sin, rotary_dim, position_ids, seqlen_offsets, offset, interleaved,
-                varlen):  # fmt: skip
+    def forward(ctx, x, cos, sin, position_ids, seqlen_offsets, varlen, options):
         xk = x.unsqueeze(0) if varlen else x
-        _rotary_([xk], cos, sin, rotary_dim, 0, position_ids, seqlen_offsets, offset,
-                 interleaved, False)  # fmt: skip
+        _rotary_inplace_op([xk], cos, sin, position_ids, seqlen_offsets, **options)
         ctx.mark_dirty(x)
         ctx.save_for_backward(cos, sin, position_ids, seqlen_offsets)
-        ctx.params = (rotary_dim, offset, interleaved, varlen)
+        ctx.varlen, ctx.options = varlen, options
         return x
 
     @staticmethod
     def backward(ctx, g):
-        cos, sin, position_ids, seqlen_offsets = ctx.saved_tensors
-        rotary_dim, offset, interleaved, varlen = ctx.params
-        g = g if g.stride(-1) == 1 else g.contiguous()
-        gk = g.unsqueeze(0) if varlen else g
-        (dx,) = _rotary([gk], cos, sin, rotary_dim, 0, position_ids, seqlen_offsets, offset,
-                        interleaved, True)  # fmt: skip
-        return (dx[0] if varlen else dx), None, None, None, None, None, None, None, None
+        g = unit_last_stride(g)
+        gk = g.unsqueeze(0) if ctx.varlen else g
+        options = dict(ctx.options, conjugate=True)
+        (dx,) = _rotary([gk], *ctx.saved_tensors, **options)
+        return (dx[0] if ctx.varlen else dx), None, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -205,18 +169,12 @@ class _RotaryInplace(torch.autograd.Function):
 def _check_float(name: str, t) -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _DTYPES:
+    if t.dtype not in DTYPES:
         raise TypeError(f"{name}.dtype is {t.dtype}; supported: float16, bfloat16, float32")
 
 
 def _check_device(x: Tensor, *others: Tuple[str, Optional[Tensor]]) -> None:
-    if x.device.type == "cpu" and not interpreter_active():
-        raise ValueError(
-            "hf_flash rotary kernels run on CUDA tensors; got CPU tensors. To run on the CPU "
-            "(slowly, for tests), set TRITON_INTERPRET=1 before importing hf_flash."
-        )
-    if x.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"unsupported device {x.device}; hf_flash supports CUDA GPUs")
+    check_kernel_device(x.device, "hf_flash rotary kernels")
     for name, t in others:
         if t is not None and t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but the rotated tensor is on {x.device}")
@@ -320,13 +278,13 @@ def apply_rotary_emb(
     rotary_dim = 2 * cos.shape[1]
     pos, offs, offset = _positions(x, seqlen_offsets, cu_seqlens, position_ids)
     cos3, sin3 = cos.unsqueeze(0), sin.unsqueeze(0)
+    options = dict(rotary_dim=rotary_dim, cos_half_offset=0, offset=offset,
+                   interleaved=bool(interleaved), conjugate=False)  # fmt: skip
     if inplace:
-        return _RotaryInplace.apply(
-            x, cos3, sin3, rotary_dim, pos, offs, offset, bool(interleaved), varlen
-        )
-    xk = x if x.stride(-1) == 1 else x.contiguous()
+        return _RotaryInplace.apply(x, cos3, sin3, pos, offs, varlen, options)
+    xk = unit_last_stride(x)
     xk = xk.unsqueeze(0) if varlen else xk
-    (out,) = _rotary([xk], cos3, sin3, rotary_dim, 0, pos, offs, offset, bool(interleaved), False)
+    (out,) = _rotary([xk], cos3, sin3, pos, offs, **options)
     return out[0] if varlen else out
 
 
@@ -465,12 +423,14 @@ def apply_rotary_pos_emb(
     kb = k.transpose(1, 2) if ud == 1 else k
     if not torch.compiler.is_compiling():
         _check_hf_shapes(qb, kb, cos)
-    qb = qb if qb.stride(-1) == 1 else qb.contiguous()
-    kb = kb if kb.stride(-1) == 1 else kb.contiguous()
+    qb, kb = unit_last_stride(qb), unit_last_stride(kb)
     rotary_dim = cos.shape[-1]
     cos, sin = cos.contiguous(), sin.contiguous()
-    args = (cos, sin, rotary_dim, rotary_dim // 2, None, None, 0, False, False)
-    qo, ko = _rotary([qb, kb], *args)  # launched directly in plain eager mode, grads or not
+    # launched directly in plain eager mode, grads or not
+    qo, ko = _rotary(
+        [qb, kb], cos, sin, None, None, rotary_dim=rotary_dim, cos_half_offset=rotary_dim // 2,
+        offset=0, interleaved=False, conjugate=False,
+    )  # fmt: skip
     if ud == 1:
         qo, ko = qo.transpose(1, 2), ko.transpose(1, 2)
     return qo, ko
@@ -500,7 +460,7 @@ def rotary_table(
 ) -> Tuple[Tensor, Tensor]:
     """float32 (seqlen, rotary_dim / 2) cos/sin tables for :func:`apply_rotary_emb`.
 
-    ``inv_freq`` is what :mod:`hf_flash.rope` (or a transformers rotary module) gives;
+    ``inv_freq`` is what :mod:`hf_flash.rope_scaling` (or a transformers rotary module) gives;
     ``attention_scaling`` multiplies both tables, as transformers does for YaRN.
     """
     if not math.isfinite(attention_scaling):

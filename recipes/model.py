@@ -98,10 +98,10 @@ def extend_rope(config, cfg, log=print) -> None:
             f"above the model's original context of {orig} tokens; raise seq_len or set rope_method: none"
         )
     try:
-        from hf_flash import rope as hf_rope
+        from hf_flash import rope_scaling as hf_rope
     except ImportError as e:
         raise ConfigError(
-            f"rope_method={cfg.rope_method!r} needs hf_flash.rope.extend_context, which this "
+            f"rope_method={cfg.rope_method!r} needs hf_flash.rope_scaling.extend_context, which this "
             f"installation lacks ({e})"
         ) from e
     hf_rope.extend_context(config, cfg.seq_len, method=cfg.rope_method, factor=cfg.rope_factor)

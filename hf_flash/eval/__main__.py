@@ -54,7 +54,7 @@ def load(args):
     dtype = getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=args.attn, dtype=dtype)
     if args.extend is not None:
-        from hf_flash.rope import extend_context
+        from hf_flash.rope_scaling import extend_context
 
         extend_context(model, args.extend, method=args.method)
     if args.adapter:

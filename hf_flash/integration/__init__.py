@@ -24,11 +24,18 @@ def register(*, fused_rope: bool = True, fused_decode: bool = True, unpad: bool 
 
     Registers hf_flash's attention function and mask function, points transformers' flash
     loader at hf_flash's flash-attn-compatible functions for the name "hf_flash", and arranges
-    that every model built with (or switched to) "hf_flash" gets the family patches switched on
-    here: ``fused_rope`` (hf_flash.integration.rope_patch: Llama, Mistral, Qwen2, Qwen3) and
-    ``fused_decode`` (hf_flash.integration.decode_patch: StaticCache decode for Llama, Mistral)
-    and ``unpad`` (hf_flash.integration.unpad_patch: padded batches without a KV cache run the
-    decoder stack on their valid tokens only; Llama, Mistral, Qwen2, Qwen3, Phi3, Gemma2).
+    that every model built with (or switched to) "hf_flash" gets the instance patches switched
+    on here, for the families :mod:`hf_flash.integration.families` lists them for:
+
+    * ``fused_rope`` (:mod:`hf_flash.integration.rope_patch`; Llama, Mistral, Qwen2, Qwen3):
+      the attention forward rotates q and k with one fused kernel launch;
+    * ``fused_decode`` (:mod:`hf_flash.integration.decode_patch`; Llama, Mistral): a decode
+      step on a StaticCache or a DynamicCache appends the new keys/values, rotates them and
+      attends in one launch (inference only);
+    * ``unpad`` (:mod:`hf_flash.integration.unpad_patch`; Llama, Mistral, Qwen2, Qwen3, Phi3,
+      Gemma2): padded batches without a KV cache run the decoder stack on their valid tokens
+      only.
+
     Calling it again only updates the switches, for models built or switched afterwards.
 
     Raises:

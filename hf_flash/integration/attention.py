@@ -37,231 +37,20 @@ queries), which is also what eager attention computes for padded query rows.
 
 from __future__ import annotations
 
-import weakref
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from ..interface import host_reads_allowed, interpreter_active
-from ..kernels.key_mask import key_mask_rows
+from .._checks import as_int
+from ..decode import MAX_DECODE_QUERIES, attend_kv
+from ..interface import flash_attn_func, flash_attn_varlen_func, varlen_attention
 from . import ATTN_IMPLEMENTATION
+from .common import cast_to_kernel_dtype, flash_window
+from .continuous_batching import paged_cache_attention
+from .masks import hf_flash_mask, key_blocks, packed_boundaries
 
 __all__ = ["ATTN_IMPLEMENTATION", "hf_flash_attention_forward", "hf_flash_mask"]
-
-_HALF = (torch.float16, torch.bfloat16)
-
-
-# --------------------------------------------------------------------------------------------
-# Mask function (once per forward pass and mask type)
-# --------------------------------------------------------------------------------------------
-
-
-def hf_flash_mask(
-    batch_size: int,
-    q_length: int,
-    kv_length: int,
-    q_offset=0,
-    kv_offset: int = 0,
-    mask_function=None,
-    attention_mask: Optional[Tensor] = None,
-    **kwargs,
-) -> Optional[Tensor]:
-    """FlashAttention-style mask for transformers' ``AttentionMaskInterface``.
-
-    Returns ``None`` when every key of the layer is valid, else a 2-D bool ``(batch, M)`` key mask
-    (``M <= kv_length``; see the module docstring). For one query on a static cache layer
-    (``q_offset`` a tensor) ``M`` is always ``kv_length``, the entries past the tokens written so
-    far False, and the mask is returned even when every slot is valid: a compiled decode step
-    then sees one kind of input on every step, the one that fills the cache included. Causality, sliding windows and packed sequences are not encoded here: the kernel
-    applies them.
-
-    Arguments (transformers' mask-interface keywords):
-        batch_size, q_length, kv_length: int. Sizes of this layer's attention.
-        q_offset: int or 0-d tensor. Tokens the cache held before this forward pass (a tensor for
-            StaticCache layers).
-        kv_offset: int. Absolute position of key index 0 (sliding-window caches).
-        attention_mask: (batch, >= kv_length) bool, or None. The user's padding mask.
-        kwargs: ``use_vmap=True`` means the model combined a custom ``or``/``and`` mask function
-            (e.g. bidirectional image tokens), which a flash kernel cannot express: rejected.
-
-    Outside torch.compile the mask is read once on the host (one Triton launch,
-    :mod:`hf_flash.kernels.key_mask`, and one sync per forward pass and mask type, as
-    transformers' own flash mask reads it): an all-valid mask becomes None, and padding in
-    the middle of a row raises. That read stays on decode steps too: the decode path would
-    otherwise attend the padding inside a row (a right-padded prompt continued by generate is
-    the usual way to get one), and eager generate() already waits for the device once per step
-    (its stopping check), so the read only waits for the few mask ops queued since. The row
-    bounds it computes are kept for the attention layers of the same forward pass
-    (:func:`_key_blocks`). While compiling nothing is read back: the mask is passed on as is,
-    and it must then be left/right padding (what tokenizers and generate produce); with no user
-    mask, a static cache layer's valid slots (its fill level, a device tensor) become a
-    ``kv_length`` mask built on the device.
-    """
-    if kwargs.get("use_vmap", False):
-        raise ValueError(
-            "attn_implementation='hf_flash' cannot apply this model's custom mask function "
-            "(an or_mask_function/and_mask_function, e.g. bidirectional attention over image "
-            "tokens); load the model with attn_implementation='sdpa' or 'eager' for this input"
-        )
-    compiling = torch.compiler.is_compiling()
-    # a one-token step on a static cache layer (q_offset: its fill-level tensor): the key mask
-    # keeps the cache's full width every step, and is never replaced by None (see below)
-    static_step = q_length == 1 and isinstance(q_offset, Tensor)
-    if attention_mask is not None:
-        if attention_mask.dim() != 2:
-            raise ValueError(
-                f"hf_flash needs a 2-D (batch, kv_len) padding mask, got shape "
-                f"{tuple(attention_mask.shape)}; custom 4-D masks need attn_implementation='sdpa'"
-            )
-        mask = attention_mask[:, -kv_length:]
-        if compiling:  # no host reads while tracing; the attention handles any contiguous mask
-            return mask if mask.dtype == torch.bool else mask != 0
-        width = kv_length if static_step else mask.shape[1]
-        out, start, end, all_valid, contiguous = _mask_stats(mask, width)
-        if not contiguous:
-            raise ValueError(
-                "attention_mask has padding inside a sequence (a 0 between two 1s in a row); "
-                "hf_flash supports left and right padding only. Pack such inputs as separate "
-                "sequences (position_ids restarts) instead"
-            )
-        # None (no padding) would make a compiled static-cache step see a second kind of input
-        # on its last step, when the cache is full: a recompile and a second CUDA graph
-        if all_valid and mask.shape[1] == kv_length and not static_step:
-            return None
-        _remember_key_blocks(out, start, end)
-        return out
-    # No user mask: every key written so far is valid. Only a static cache has more key slots
-    # (zero-filled) than that, and its layers report how many tokens they hold.
-    valid = q_offset + q_length - kv_offset
-    if isinstance(valid, Tensor):
-        if compiling:
-            # no host read while tracing: the first ``valid`` of the kv_length slots, built on
-            # the device at the cache's fixed size (one input shape for every decode step)
-            slots = torch.arange(kv_length, device=valid.device)
-            return (slots < valid).unsqueeze(0).expand(batch_size, kv_length)
-        valid = int(valid)
-    if valid >= kv_length and not static_step:
-        return None
-    device = kwargs.get("device")
-    if device is None:
-        device = q_offset.device if isinstance(q_offset, Tensor) else "cpu"
-    mask = torch.ones(batch_size, min(valid, kv_length), dtype=torch.bool, device=device)
-    return _fixed_size_for_decode(mask, q_length, kv_length, q_offset)
-
-
-def _fixed_size_for_decode(mask: Tensor, q_length: int, kv_length: int, q_offset) -> Tensor:
-    """A one-token step on a static cache layer (``q_offset`` is its fill-level tensor) gets its
-    key mask padded with False up to the cache's ``kv_length`` slots.
-
-    generate() builds this mask outside the compiled decode step and feeds it in; at its natural
-    length (past + 1) it grows every step, so Inductor would see a new input shape and record a
-    new CUDA graph per token. Padded, the shape is fixed. The meaning is unchanged: a single
-    query sits at the end of its row's valid block (module docstring), and the appended False
-    entries lie beyond it. Several queries keep the natural length, which places them.
-    """
-    if q_length != 1 or not isinstance(q_offset, Tensor) or mask.shape[1] >= kv_length:
-        return mask
-    return torch.nn.functional.pad(mask, (0, kv_length - mask.shape[1]), value=False)
-
-
-def _mask_stats(mask: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor, bool, bool]:
-    """``(out, start, end, all_valid, contiguous)`` of a (B, M) padding mask, one device sync:
-    ``out`` the (B, width) bool mask (``width >= M``, padded with False), ``start``/``end``
-    each row's valid block in ``out`` as int32 device tensors (:func:`_valid_block`'s
-    convention), ``all_valid`` every one of the M entries valid, ``contiguous`` every row's
-    valid entries contiguous. One Triton launch (:mod:`hf_flash.kernels.key_mask`) where the
-    kernels run; torch ops on a CPU without Triton's interpreter."""
-    rows = key_mask_rows if mask.is_cuda or interpreter_active() else _mask_rows_torch
-    out, stats = rows(mask, width)
-    start, end = stats[0], stats[1]
-    starts, ends, counts = stats.tolist()
-    all_valid = all(c == mask.shape[1] for c in counts)
-    contiguous = all(e - s == c for s, e, c in zip(starts, ends, counts))
-    return out, start, end, all_valid, contiguous
-
-
-def _mask_rows_torch(mask: Tensor, width: int) -> tuple[Tensor, Tensor]:
-    """:func:`hf_flash.kernels.key_mask.key_mask_rows` in torch ops, where Triton cannot run (a
-    CPU without its interpreter): ``(out, stats)`` with the same meaning."""
-    out = mask if mask.dtype == torch.bool else mask != 0
-    out = torch.nn.functional.pad(out, (0, width - mask.shape[1]), value=False)
-    start, end = _valid_block(out)
-    return out, torch.stack([start, end, out.sum(dim=1)]).to(torch.int32)
-
-
-def first_valid(mask: Tensor) -> Tensor:
-    """Per row of a (B, M) bool key mask, the index of the first True entry (M if none), int64."""
-    # int64 throughout: Inductor (torch 2.11) mis-types an int32 where/amin reduction whose
-    # scalar branch it promotes to int64, and fails to compile the static-cache decode step
-    pos = torch.arange(mask.shape[1], device=mask.device, dtype=torch.int64)
-    return torch.where(mask, pos, mask.shape[1]).amin(dim=1)
-
-
-def _valid_block(mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Per row, the first valid index and one past the last: ``[s, e)``; ``s = e = M`` if none."""
-    start = first_valid(mask)
-    pos = torch.arange(mask.shape[1], device=mask.device, dtype=torch.int64)
-    end = torch.where(mask, pos + 1, 0).amax(dim=1)
-    return start, torch.maximum(end, start)
-
-
-# int32 (key_start, key_end) of the last few key masks seen by the decode path, as
-# (weakref to the mask, its version counter, bounds). Every layer of a forward pass gets the
-# same mask tensor (the one hf_flash_mask returned), so the bounds are computed once per pass
-# and mask type instead of once per layer; a model with sliding and full layers alternates
-# between two masks, hence a few entries. A new tensor, or the same one modified in place (its
-# version changes), misses.
-_KEY_BLOCKS_SLOTS = 4
-_key_blocks_cache: list = []
-
-
-def _cacheable_mask(mask) -> bool:
-    # inference tensors have no version counter to detect in-place changes; while tracing or
-    # capturing a CUDA graph, tensors made there hold no value outside it
-    return (
-        type(mask) is Tensor
-        and host_reads_allowed()  # first: dynamo cannot trace is_inference()
-        and not mask.is_inference()
-    )
-
-
-def _key_blocks(mask: Tensor) -> tuple[Tensor, Tensor]:
-    """int32 ``(key_start, key_end)`` of each row's valid block, cached per mask tensor."""
-    cacheable = _cacheable_mask(mask)
-    if cacheable:
-        version = mask._version
-        for ref, ver, blocks in _key_blocks_cache:
-            if ref() is mask and ver == version:
-                return blocks
-    start, end = _valid_block(mask)
-    blocks = (start.to(torch.int32), end.to(torch.int32))
-    if cacheable:
-        _store_key_blocks(mask, blocks)
-    return blocks
-
-
-def _remember_key_blocks(mask: Tensor, start: Tensor, end: Tensor) -> None:
-    """Record int32 bounds hf_flash_mask has already computed, for the attention layers to
-    reuse."""
-    if _cacheable_mask(mask):
-        _store_key_blocks(mask, (start, end))
-
-
-def _store_key_blocks(mask: Tensor, blocks) -> None:
-    global _key_blocks_cache
-    live = [e for e in _key_blocks_cache if e[0]() is not None and e[0]() is not mask]
-    ref = weakref.ref(mask, _forget_key_blocks)
-    _key_blocks_cache = [(ref, mask._version, blocks)] + live[: _KEY_BLOCKS_SLOTS - 1]
-
-
-def _forget_key_blocks(dead: weakref.ref) -> None:
-    """A cached mask died: free its bounds with it. Small device tensors kept alive past their
-    forward pass shift the caching allocator's small-block pattern from one generate() call to
-    the next; a fresh StaticCache (generate makes one per call) then gets its fill-level tensors
-    at new addresses, and the compiled decode step re-records its CUDA graph on every call."""
-    global _key_blocks_cache
-    _key_blocks_cache = [e for e in _key_blocks_cache if e[0] is not dead]
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,7 +118,7 @@ def hf_flash_attention_forward(
         dropout_p=float(dropout or 0.0),
         softmax_scale=scaling,
         causal=causal,
-        window_size=_window(sliding_window),
+        window_size=flash_window(sliding_window),
         softcap=float(softcap or 0.0),
     )
     cache = kwargs.pop("cache", None)
@@ -339,8 +128,6 @@ def hf_flash_attention_forward(
                 f"continuous batching with hf_flash needs one head dim for query and value, got "
                 f"{query.shape[-1]} and {value.shape[-1]}"
             )
-        from .continuous_batching import paged_cache_attention
-
         return paged_cache_attention(module, query, key, value, cache, opts, kwargs), None
 
     batch, _, seqlen_q, head_dim = query.shape
@@ -351,7 +138,7 @@ def hf_flash_attention_forward(
     v_head_dim = v.shape[-1]
     if v_head_dim < head_dim:  # MLA-style smaller value heads: pad, crop the output below
         v = torch.nn.functional.pad(v, (0, head_dim - v_head_dim))
-    q, k, v = _cast_to_kernel_dtype(module, q, k, v)
+    q, k, v = cast_to_kernel_dtype(module, q, k, v)
 
     if _decode_shaped(seqlen_q, seqlen_k, attention_mask, opts, kwargs):
         out = _decode_attention(q, k, v, attention_mask, opts)
@@ -365,24 +152,16 @@ def hf_flash_attention_forward(
     else:
         packed = None
         if seqlen_q == seqlen_k and seqlen_q > 1:
-            packed = _boundaries_from_position_ids(kwargs.get("position_ids"), batch, seqlen_q)
+            packed = packed_boundaries(kwargs.get("position_ids"), batch, seqlen_q)
         if packed is not None:
             cu, max_len = packed
             out = _packed_attention(q, k, v, cu, cu, max_len, max_len, opts)
         else:
-            from hf_flash.interface import flash_attn_func
-
             out = flash_attn_func(q, k, v, **opts)
 
     if v_head_dim < head_dim:
         out = out[..., :v_head_dim]
     return out, None
-
-
-# Few queries over a longer history (a decode step): the split-KV decode kernel reads each K/V
-# tile once per GQA group and spreads long contexts over the GPU; the prefill kernel would give
-# each (row, query head) one program. More queries than this is a prefill chunk.
-DECODE_MAX_QUERIES = 16
 
 
 def _decode_shaped(seqlen_q: int, seqlen_k: int, mask, opts, kwargs) -> bool:
@@ -392,57 +171,22 @@ def _decode_shaped(seqlen_q: int, seqlen_k: int, mask, opts, kwargs) -> bool:
         # one query per row sits at the end of its row's valid block (module docstring); several
         # queries of a right-padded chunk do not, and go through the varlen path
         return seqlen_q == 1
-    return seqlen_q <= DECODE_MAX_QUERIES
+    return seqlen_q <= MAX_DECODE_QUERIES
 
 
 def _decode_attention(q, k, v, mask, opts) -> Tensor:
-    """Decode step on :func:`hf_flash.kvcache.attend_kv`: row b attends its valid keys
+    """Decode step on :func:`hf_flash.decode.attend_kv`: row b attends its valid keys
     ``[s_b, e_b)`` (from the mask, on the device: no host sync; computed once per mask tensor,
     not once per layer) or all of them without a mask."""
-    from hf_flash.kvcache import attend_kv
-
     key_start = key_end = None
     if mask is not None:
         if mask.dtype != torch.bool:
             mask = mask != 0
-        key_start, key_end = _key_blocks(mask)
+        key_start, key_end = key_blocks(mask)
     return attend_kv(
         q, k, v, key_start=key_start, key_end=key_end, softmax_scale=opts["softmax_scale"],
         causal=opts["causal"], window_size=opts["window_size"], softcap=opts["softcap"],
     )  # fmt: skip
-
-
-def _window(sliding_window) -> tuple[int, int]:
-    if sliding_window is None or sliding_window is False:
-        return (-1, -1)
-    w = int(sliding_window)
-    if w <= 0:
-        raise ValueError(f"sliding_window={sliding_window} must be a positive int or None")
-    # transformers' window counts the query itself: i - w < j <= i (flash-attn's inclusive left).
-    return (w - 1, w - 1)
-
-
-def _cast_to_kernel_dtype(module, q, k, v):
-    """PEFT (fp32 layer norms) and autocast hand over fp32 q/k/v; run them in the half dtype the
-    model computes in, as transformers' flash path does. A genuinely fp32 model stays fp32."""
-    if q.dtype != torch.float32:
-        return q, k.to(q.dtype), v.to(q.dtype)
-    target = None
-    device_type = q.device.type
-    if torch.is_autocast_enabled(device_type):
-        target = torch.get_autocast_dtype(device_type)
-    else:
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_is_quantized"):
-            target = getattr(config, "dtype", None)
-        else:
-            for sub in module.modules():
-                if isinstance(sub, torch.nn.Linear):
-                    target = sub.weight.dtype
-                    break
-    if target in _HALF:
-        return q.to(target), k.to(target), v.to(target)
-    return q, k.float(), v.float()
 
 
 def _has_varlen_kwargs(kwargs) -> bool:
@@ -452,76 +196,21 @@ def _has_varlen_kwargs(kwargs) -> bool:
 
 def _packed_attention(q, k, v, cu_q, cu_k, max_q, max_k, opts):
     """Sequences already concatenated along the sequence axis (padding-free training)."""
-    from hf_flash.interface import flash_attn_varlen_func
-
     batch, seqlen_q = q.shape[:2]
     device = q.device
     cu_q = cu_q.to(device=device, dtype=torch.int32)
     cu_k = cu_k.to(device=device, dtype=torch.int32)
     out = flash_attn_varlen_func(
         q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
-        cu_q, cu_k, _as_int(max_q), _as_int(max_k), **opts,
+        cu_q, cu_k, as_int(max_q), as_int(max_k), **opts,
     )  # fmt: skip
     return out.view(batch, seqlen_q, *out.shape[1:])
-
-
-def _as_int(x) -> int:
-    return int(x.item()) if isinstance(x, Tensor) else int(x)
-
-
-# The boundaries found in the last position_ids tensor seen. Every layer of a forward pass (and
-# its gradient-checkpointing recomputation) gets the same tensor object, so the host read below
-# happens once per forward pass instead of once per layer.
-_last_boundaries: tuple = (None, None, None)  # (weakref to position_ids, key, boundaries)
-
-
-def _boundaries_from_position_ids(position_ids, batch: int, seqlen: int):
-    """(cu_seqlens, max_seqlen) if position_ids restart inside a row (packed sequences), else
-    None. A new sequence starts wherever the position does not follow its predecessor, the rule
-    transformers' own masks use. Reads the boundaries on the host: one sync per position_ids
-    tensor (cached while that tensor is alive and unmodified)."""
-    if position_ids is None or position_ids.dim() != 2 or position_ids.shape[-1] != seqlen:
-        return None
-    if position_ids.shape[0] not in (1, batch):
-        return None
-    if torch.compiler.is_compiling() or position_ids.is_inference():
-        # inference-mode tensors have no version counter to key a cache on
-        return _find_boundaries(position_ids, batch, seqlen)
-    global _last_boundaries
-    key = (position_ids._version, batch, seqlen)
-    ref, last_key, value = _last_boundaries
-    if ref is not None and ref() is position_ids and last_key == key:
-        return value
-    value = _find_boundaries(position_ids, batch, seqlen)
-    _last_boundaries = (weakref.ref(position_ids, _forget_boundaries), key, value)
-    return value
-
-
-def _forget_boundaries(dead: weakref.ref) -> None:
-    """The cached position_ids died: free its boundaries with it (see _forget_key_blocks)."""
-    global _last_boundaries
-    if _last_boundaries[0] is dead:
-        _last_boundaries = (None, None, None)
-
-
-def _find_boundaries(position_ids, batch: int, seqlen: int):
-    pos = position_ids.expand(batch, seqlen)
-    starts = torch.ones_like(pos, dtype=torch.bool)
-    starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
-    idx = starts.reshape(-1).nonzero().flatten().cpu()  # the one host read
-    if idx.numel() == batch:
-        return None  # one sequence per row: the dense kernel is the fast path
-    cu = torch.cat([idx, idx.new_tensor([batch * seqlen])]).to(torch.int32)
-    max_len = int((cu[1:] - cu[:-1]).max())
-    return cu.to(position_ids.device), max_len
 
 
 def _padded_attention(q, k, v, mask: Tensor, causal: bool, opts) -> Tensor:
     """Attention over the padded (B, S, H, D) tensors through the varlen kernel, cutting each row
     into the five segments of the module docstring. Device-only arithmetic: no host sync, so the
     StaticCache decode step can be captured in a CUDA graph."""
-    from hf_flash.interface import varlen_attention
-
     batch, seqlen_q = q.shape[:2]
     seqlen_k = k.shape[1]
     if mask.dim() != 2 or mask.shape[0] != batch:
@@ -553,7 +242,7 @@ def _padded_attention(q, k, v, mask: Tensor, causal: bool, opts) -> Tensor:
 def _segment_boundaries(mask: Tensor, seqlen_q: int, seqlen_k: int, keep_all_queries: bool):
     """cu_seqlens_q/k (int32, 5 * B + 1) of the segments A..E per row (module docstring)."""
     batch, m = mask.shape
-    start, end = _valid_block(mask)
+    start, end = key_blocks(mask)  # computed once per mask tensor, not per layer
     if keep_all_queries:
         q_start = torch.zeros_like(start)
         q_end = torch.full_like(start, seqlen_q)

@@ -16,7 +16,7 @@ batch layout in keywords. Two forms of step reach it:
   Sliding-window layers get only the last ``sliding_window - 1`` cached keys plus the new ones
   (their own ``cu_seq_lens_k``); the kernel applies the window in those coordinates.
 * block table (decode fast path: every request brings one token, all layers full attention):
-  the cache is left alone and the kernel appends: :func:`hf_flash.kvcache.append_attend_paged`
+  the cache is left alone and the kernel appends: :func:`hf_flash.decode.append_attend_paged`
   writes each request's new K/V into its pages (``block_table`` row) and attends, in one launch.
   Its page size (``ContinuousBatchingConfig.page_size``; ``block_size`` in transformers < 5.20)
   must be a multiple of 16.
@@ -55,7 +55,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .attention import _cast_to_kernel_dtype
+from .._checks import PAGE_MULTIPLE, as_int
+from ..decode import append_attend_paged
+from ..interface import varlen_attention
+from .common import cast_to_kernel_dtype
 
 __all__ = ["paged_cache_attention", "cache_api"]
 
@@ -172,16 +175,14 @@ def paged_cache_attention(
     cu_k = cu_k.to(torch.int32)
 
     q, k, v = (t.transpose(1, 2)[0] for t in (query, key, value))  # (tokens, heads, D)
-    q, k, v = _cast_to_kernel_dtype(module, q, k, v)
+    q, k, v = cast_to_kernel_dtype(module, q, k, v)
     if block_table is not None:
         out = _decode_fast_path(q, k, v, pages, block_table, cu_k, opts)
     else:
-        from hf_flash.interface import varlen_attention
-
         # The manager built cu_seqlens itself; padded steps end before the last token, so the
         # API's host-side check (cu[-1] == tokens, one sync) does not apply: shapes only.
         out = varlen_attention(
-            q, k, v, cu_q.to(torch.int32), cu_k, _as_int(max_q), _as_int(max_k),
+            q, k, v, cu_q.to(torch.int32), cu_k, as_int(max_q), as_int(max_k),
             softmax_scale=opts["softmax_scale"], causal=opts["causal"],
             window_size=opts["window_size"], softcap=opts["softcap"], check_cu_seqlens=False,
         )  # fmt: skip
@@ -190,8 +191,6 @@ def paged_cache_attention(
 
 def _decode_fast_path(q, k, v, pages, block_table, cu_k, opts) -> Tensor:
     """One new token per request, appended and attended by the paged kernel."""
-    from hf_flash.kvcache import PAGE_MULTIPLE, append_attend_paged
-
     k_cache, v_cache = pages
     if k_cache is None or v_cache is None:
         raise ValueError(
@@ -296,6 +295,3 @@ def _check_block_table_shape(block_table, query: Tensor, group_idx: Optional[int
             f"block_table is on {block_table.device} but the query is on {query.device}"
         )
 
-
-def _as_int(x) -> int:
-    return int(x.item()) if isinstance(x, Tensor) else int(x)

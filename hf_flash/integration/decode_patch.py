@@ -21,79 +21,71 @@ When the fused path applies:
 * the layer's cache is a plain ``StaticLayer`` or ``DynamicLayer`` that already holds the prompt;
   sliding-window, offloaded and quantized caches take transformers' path, which runs the
   generic hf_flash attention function;
-* at most ``MAX_FUSED_QUERIES`` new tokens (decode, speculative steps); prefill takes the
-  generic path;
+* at most :data:`hf_flash.decode.MAX_DECODE_QUERIES` new tokens (decode, speculative steps);
+  prefill takes the generic path;
 * inference (``module.training`` is False), no ``output_attentions``, and the attention mask is
-  None or the 2-D key mask of :func:`hf_flash.integration.attention.hf_flash_mask` (left
-  padding: each row's first valid key becomes ``cache_leftpad``).
+  None or the 2-D key mask of :func:`hf_flash.integration.masks.hf_flash_mask` (left
+  padding: each row's first valid key becomes the decode op's ``key_start``).
 
 RoPE angles are the model's own (``position_embeddings`` from its rotary module, any scaling
 type, ``attention_scaling`` included), handed to the kernel as per-token tables, so
 left-padded rows use their own positions. Everything else (projections, LoRA adapters, o_proj)
 is the module's code path.
 
-Patching is per instance: the module gets an instance-level ``forward`` that takes the fused
-path or calls the forward it replaced (transformers' class forward, or the fused-RoPE forward
-of :mod:`hf_flash.integration.rope_patch`). :func:`revert_model` restores it. When accelerate
-hooked the module, the patch goes to ``module._old_forward``, which its wrapper calls.
+Patching is per instance (:mod:`hf_flash.integration.patching`): the module gets an
+instance-level ``forward`` that takes the fused path or calls the forward it replaced
+(transformers' class forward, or the fused-RoPE forward of
+:mod:`hf_flash.integration.rope_patch`). :func:`revert_model` restores it.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .attention import _key_blocks
-from .instance_patch import unwrap_forwards, wrap_forward
+from .._checks import DTYPES
+from ..decode import MAX_DECODE_QUERIES, decode_attention, full_lengths
+from .common import flash_window
+from .families import patch_target
+from .masks import key_blocks
+from .patching import is_wrapped, unwrap_forwards, wrap_forward
 
-__all__ = ["patch_model", "revert_model", "is_patched", "MAX_FUSED_QUERIES", "FAMILIES"]
+__all__ = ["patch_model", "revert_model", "is_patched"]
 
-MAX_FUSED_QUERIES = 16
-_ORIGINAL = "_hf_flash_decode_original"  # on a patched module: (attribute name, what it held)
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-# model_type -> (modeling module, attention class)
-FAMILIES: Dict[str, Tuple[str, str]] = {
-    "llama": ("transformers.models.llama.modeling_llama", "LlamaAttention"),
-    "mistral": ("transformers.models.mistral.modeling_mistral", "MistralAttention"),
-}
+_RECORD = "_hf_flash_decode_original"  # on a patched module: (attribute name, what it held)
 
 
 def patch_model(model) -> bool:
-    """Enable the fused StaticCache/DynamicCache decode path in this model's Llama/Mistral
-    attention modules.
+    """Enable the fused StaticCache/DynamicCache decode path in this model's attention modules.
 
-    Returns True when ``config.model_type`` is llama or mistral and its attention modules are
+    Returns True when the model's family has the ``fused_decode`` patch
+    (:mod:`hf_flash.integration.families`: llama, mistral) and its attention modules are
     patched (or already were); False, changing nothing, for other families. Idempotent. The
     fused path only runs while ``config._attn_implementation == "hf_flash"``.
     """
-    from .registration import check_transformers_version
-
-    family = getattr(getattr(model, "config", None), "model_type", None)
-    if family not in FAMILIES:
+    target = patch_target(model, "fused_decode")
+    if target is None:
         return False
-    check_transformers_version()
-    module_name, cls_name = FAMILIES[family]
-    cls = getattr(importlib.import_module(module_name), cls_name)
+    modeling, family = target
+    cls = getattr(modeling, family.attention)
     found = False
     for module in model.modules():
         if type(module) is not cls:
             continue
         found = True
-        wrap_forward(module, _ORIGINAL, _make_forward)
+        wrap_forward(module, _RECORD, _make_forward)
     return found
 
 
-def revert_model(model) -> None:
-    """Undo :func:`patch_model` on every module of ``model`` (no-op where not patched)."""
-    unwrap_forwards(model, _ORIGINAL)
+def revert_model(model) -> int:
+    """Undo :func:`patch_model` on every module of ``model``; returns how many were reverted."""
+    return unwrap_forwards(model, _RECORD)
 
 
 def is_patched(module) -> bool:
-    return _ORIGINAL in module.__dict__
+    return is_wrapped(module, _RECORD)
 
 
 def _make_forward(fallback):
@@ -107,7 +99,6 @@ def _make_forward(fallback):
         layer, static = found
         return _fused_decode(self, layer, static, hidden_states, position_embeddings, attention_mask)
 
-    forward.__hf_flash_fused_decode__ = True
     return forward
 
 
@@ -151,9 +142,9 @@ def _fusable_layer(module, hidden_states, position_embeddings, attention_mask, c
             return None
     else:
         return None
-    if hidden_states.dim() != 3 or not 1 <= hidden_states.shape[1] <= MAX_FUSED_QUERIES:
+    if hidden_states.dim() != 3 or not 1 <= hidden_states.shape[1] <= MAX_DECODE_QUERIES:
         return None
-    if layer.keys.dtype not in _DTYPES or layer.keys.stride(-1) != 1:
+    if layer.keys.dtype not in DTYPES or layer.keys.stride(-1) != 1:
         return None
     if layer.keys.shape[0] != hidden_states.shape[0]:
         return None
@@ -170,8 +161,6 @@ def _fusable_layer(module, hidden_states, position_embeddings, attention_mask, c
 
 
 def _fused_decode(module, layer, static, hidden_states, position_embeddings, attention_mask):
-    from hf_flash import kvcache
-
     batch, seqlen, _ = hidden_states.shape
     head_dim = module.head_dim
     dtype = layer.keys.dtype
@@ -191,18 +180,17 @@ def _fused_decode(module, layer, static, hidden_states, position_embeddings, att
     else:  # DynamicLayer: the host knows the length
         past = layer.keys.shape[2]
         k_cache, v_cache = _dynamic_buffers(layer, past + seqlen)
-        lens = kvcache._full_lengths(batch, past, q.device, True)
-    leftpad: Optional[Tensor] = None
+        lens = full_lengths(batch, past, q.device, True)
+    key_start: Optional[Tensor] = None
     if attention_mask is not None:
         # every layer of a step gets the mask function's tensor: in eager mode its bounds are
-        # computed once per step (_key_blocks' cache), while tracing inline
-        leftpad = _key_blocks(attention_mask.to(q.device).bool())[0]
-    window = getattr(module.config, "sliding_window", None)
-    # transformers' window w: key j visible to query i iff i - w < j <= i
-    left = int(window) - 1 if window else -1
-    out, _ = kvcache._run_attn_with_kvcache(
-        q, k_cache, v_cache, k, v, cos, sin, lens, None, leftpad, None, None,
-        float(module.scaling), True, left, 0, 0.0, False, 0, True,
+        # computed once per step (masks.KEY_BLOCKS), while tracing inline
+        key_start = key_blocks(attention_mask.to(q.device).bool())[0]
+    out, _ = decode_attention(
+        q, k_cache, v_cache, k_new=k, v_new=v, key_end=lens, key_start=key_start,
+        rotary_cos=cos, rotary_sin=sin, softmax_scale=module.scaling, causal=True,
+        window_size=flash_window(getattr(module.config, "sliding_window", None)),
+        cache_heads_first=True,
     )  # fmt: skip
     if k_cache is layer.keys:
         layer.cumulative_length.add_(seqlen)

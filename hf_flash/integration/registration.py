@@ -32,14 +32,18 @@ What :func:`register` does, each step idempotent:
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import logging
 import threading
 
 import torch
 
-from .attention import ATTN_IMPLEMENTATION, hf_flash_attention_forward, hf_flash_mask
+from .._checks import PAGE_MULTIPLE
+from .._runtime import interpreter_active
+from . import decode_patch, rope_patch, unpad_patch
+from .attention import ATTN_IMPLEMENTATION, hf_flash_attention_forward
+from .families import PATCHES
+from .masks import hf_flash_mask
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +53,11 @@ PAGED_NAME = "paged|" + ATTN_IMPLEMENTATION
 MIN_TRANSFORMERS = "5.17"
 MAX_TRANSFORMERS_EXCLUSIVE = "6"
 
-# switch name -> module providing patch_model(model) / revert_model(model)
-FAMILY_PATCH_MODULES = {
-    "fused_rope": "hf_flash.integration.rope_patch",
-    "fused_decode": "hf_flash.integration.decode_patch",
-    "unpad": "hf_flash.integration.unpad_patch",
-}
+# switch name -> module providing patch_model(model) / revert_model(model), in the order they
+# are applied (fused RoPE first: the fused-decode patch wraps the forward it finds)
+PATCH_MODULES = dict(zip(PATCHES, (rope_patch, decode_patch, unpad_patch)))
 
-_switches = {"fused_rope": True, "fused_decode": True, "unpad": True}
+_switches = {name: True for name in PATCHES}
 _lock = threading.RLock()  # re-entered when register() itself triggers the import hook
 _registered = False
 _PATCHED_ATTR = "_hf_flash_patches"  # on a model: names of the family patches applied to it
@@ -84,7 +85,7 @@ def ensure_registered() -> None:
         from transformers.masking_utils import AttentionMaskInterface
 
         _check_flash_loader_shape(fa_utils)
-        from hf_flash.rope import register_rope_types
+        from hf_flash.rope_scaling import register_rope_types
 
         register_rope_types()  # configs saved by extend_context(method="ntk") load too
         modeling_utils.AttentionInterface.register(ATTN_IMPLEMENTATION, hf_flash_attention_forward)
@@ -204,9 +205,6 @@ def paged_decode_supported(config, cb_config) -> bool:
     full attention (transformers keeps sliding-window layers in ring buffers, which a page table
     cannot describe), a page size that is a multiple of 16 (hf_flash's paged kernel), and a
     device the kernels run on."""
-    from hf_flash.interface import interpreter_active
-    from hf_flash.kvcache import PAGE_MULTIPLE
-
     if not (torch.cuda.is_available() or interpreter_active()):
         return False
     layer_types = getattr(config, "layer_types", None)
@@ -308,18 +306,6 @@ def reject_unsupported(model) -> None:
             )
 
 
-def _family_module(switch: str):
-    """The patch module for a switch, or None when it is not installed (that ImportError
-    only; an error raised while importing an existing module propagates)."""
-    name = FAMILY_PATCH_MODULES[switch]
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as err:
-        if err.name == name:
-            return None
-        raise
-
-
 def apply_family_patches(model) -> None:
     """Apply the enabled family patches (in switch order: fused RoPE, then fused decode, which
     wraps the forward it finds). Each ``patch_model`` is idempotent and a no-op for families it
@@ -328,10 +314,7 @@ def apply_family_patches(model) -> None:
     for switch, enabled in _switches.items():
         if not enabled or switch in applied:
             continue
-        module = _family_module(switch)
-        if module is None:
-            continue
-        module.patch_model(model)
+        PATCH_MODULES[switch].patch_model(model)
         applied.add(switch)
     object.__setattr__(model, _PATCHED_ATTR, frozenset(applied))
 
@@ -341,11 +324,8 @@ def revert_family_patches(model) -> None:
     base model records its own patches at its ``post_init``); patches applied by hand stay."""
     records = [m for m in model.modules() if getattr(m, _PATCHED_ATTR, None)]
     applied = set().union(*(getattr(m, _PATCHED_ATTR) for m in records))
-    for switch in reversed(list(FAMILY_PATCH_MODULES)):
-        if switch not in applied:
-            continue
-        module = _family_module(switch)
-        if module is not None:
-            module.revert_model(model)
+    for switch in reversed(PATCHES):
+        if switch in applied:
+            PATCH_MODULES[switch].revert_model(model)
     for m in records:
         object.__setattr__(m, _PATCHED_ATTR, frozenset())

@@ -10,8 +10,9 @@ module of the patched model gets an instance-level ``forward``: the class's own 
 :func:`hf_flash.rotary.apply_rotary_pos_emb`. Everything else in the forward (projections, KV
 cache, the attention function chosen by ``config._attn_implementation``) is transformers' code.
 Other instances, and models loaded later, are untouched; :func:`revert_model` deletes the
-instance attribute, and the fused path also checks a per-module record at each call, so a revert
-takes effect even when another per-instance wrapper (the fused-decode patch) was stacked on top.
+instance attribute (:mod:`hf_flash.integration.patching`), and the fused path also checks its
+per-module record at each call, so a revert takes effect even when another per-instance wrapper
+(the fused-decode patch) was stacked on top.
 
 cos/sin come from the model's rotary module unchanged, so every RoPE scaling method and its
 ``attention_scaling`` (YaRN's mscale, multiplied into cos and sin) is kept.
@@ -23,40 +24,19 @@ patch goes to ``module._old_forward``, which the wrapper calls.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import types
 import warnings
-from typing import Callable, Dict, Tuple
+from typing import Callable
 
-__all__ = [
-    "patch_model",
-    "revert_model",
-    "patch_llama",
-    "patch_mistral",
-    "patch_qwen2",
-    "patch_qwen3",
-    "FAMILY_PATCHES",
-    "is_patched",
-]
+from .families import patch_target
+from .patching import is_wrapped, unwrap_forwards, wrap_forward
 
-_ORIGINAL = "_hf_flash_rope_original"  # on a patched module: (attribute name, what it held)
+__all__ = ["patch_model", "revert_model", "is_patched"]
+
+_RECORD = "_hf_flash_rope_original"  # on a patched module: (attribute name, what it held)
 _ROTARY_NAME = "apply_rotary_pos_emb"
 _HF_SIGNATURE = ["q", "k", "cos", "sin", "unsqueeze_dim"]
-
-# model_type -> (modeling module, attention class)
-_FAMILIES: Dict[str, Tuple[str, str]] = {
-    "llama": ("transformers.models.llama.modeling_llama", "LlamaAttention"),
-    "mistral": ("transformers.models.mistral.modeling_mistral", "MistralAttention"),
-    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2Attention"),
-    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3Attention"),
-}
-
-
-def _version_gate() -> None:
-    from .registration import check_transformers_version
-
-    check_transformers_version()
 
 
 def _patched_forward(cls, modeling) -> Callable:
@@ -90,10 +70,9 @@ def _patched_forward(cls, modeling) -> Callable:
     # effect even when a later wrapper (e.g. the fused-decode patch) still holds this function.
     @functools.wraps(fn)
     def forward(self, *args, **kwargs):
-        impl = patched if _ORIGINAL in self.__dict__ else fn
+        impl = patched if _RECORD in self.__dict__ else fn
         return impl(self, *args, **kwargs)
 
-    forward.__hf_flash_fused_rope__ = True
     return forward
 
 
@@ -101,121 +80,53 @@ class _Unsupported(Exception):
     pass
 
 
-def _patch_family(model, family: str, rope: bool) -> bool:
-    if not rope:
+def patch_model(model, rope: bool = True) -> bool:
+    """Use hf_flash's fused rotary kernel in this model instance's attention modules.
+
+    Works with any ``attn_implementation`` (eager, sdpa, hf_flash, ...), and with PEFT-wrapped
+    models. Returns True when the model's family has the ``fused_rope`` patch
+    (:mod:`hf_flash.integration.families`: llama, mistral, qwen2, qwen3) and its attention
+    modules are patched (or already were); False, changing nothing, for other families or
+    ``rope=False``.
+
+    Raises:
+        ImportError: unsupported transformers version (see hf_flash.integration.registration).
+    """
+    target = patch_target(model, "fused_rope") if rope else None
+    if target is None:
         return False
-    _version_gate()
-    module_name, cls_name = _FAMILIES[family]
-    modeling = importlib.import_module(module_name)
-    cls = getattr(modeling, cls_name)
+    modeling, family = target
+    cls = getattr(modeling, family.attention)
     try:
         forward = _patched_forward(cls, modeling)
     except _Unsupported as err:
-        warnings.warn(f"hf_flash fused RoPE not applied: {err}", stacklevel=3)
+        warnings.warn(f"hf_flash fused RoPE not applied: {err}", stacklevel=2)
         return False
     found, blocked = False, []
     for name, module in model.named_modules():
         if type(module) is not cls:
             continue
         found = True
-        if _ORIGINAL in module.__dict__:
+        if is_wrapped(module, _RECORD):
             continue  # already patched (post_init runs once per nested PreTrainedModel)
-        attr = "_old_forward" if "_old_forward" in module.__dict__ else "forward"
-        previous = module.__dict__.get(attr)
-        if attr == "forward" and previous is not None:
+        if not wrap_forward(module, _RECORD, lambda current: forward, over_class_forward=True):
             # another per-instance patch (e.g. fused decode) would be silently dropped
             blocked.append(name)
-            continue
-        object.__setattr__(module, _ORIGINAL, (attr, previous))
-        object.__setattr__(module, attr, types.MethodType(forward, module))
     if blocked:
         warnings.warn(
             f"hf_flash fused RoPE not applied to {len(blocked)} module(s) (first: {blocked[0]}) "
             "that already have an instance-level forward from another patch; apply the fused "
             "RoPE patch first (hf_flash.integration.register does)",
-            stacklevel=3,
+            stacklevel=2,
         )
     return found and not blocked
 
 
-def patch_llama(model, rope: bool = True) -> bool:
-    """Fused RoPE in every ``LlamaAttention`` of ``model``. Returns True if any was found."""
-    return _patch_family(model, "llama", rope)
-
-
-def patch_mistral(model, rope: bool = True) -> bool:
-    """Fused RoPE in every ``MistralAttention`` of ``model``."""
-    return _patch_family(model, "mistral", rope)
-
-
-def patch_qwen2(model, rope: bool = True) -> bool:
-    """Fused RoPE in every ``Qwen2Attention`` of ``model``."""
-    return _patch_family(model, "qwen2", rope)
-
-
-def patch_qwen3(model, rope: bool = True) -> bool:
-    """Fused RoPE in every ``Qwen3Attention`` of ``model``."""
-    return _patch_family(model, "qwen3", rope)
-
-
-FAMILY_PATCHES: Dict[str, Callable] = {
-    "llama": patch_llama,
-    "mistral": patch_mistral,
-    "qwen2": patch_qwen2,
-    "qwen3": patch_qwen3,
-}
-
-
-def patch_model(model, rope: bool = True) -> bool:
-    """Use hf_flash's fused rotary kernel in this model instance's attention modules.
-
-    Works with any ``attn_implementation`` (eager, sdpa, hf_flash, ...), and with PEFT-wrapped
-    models. Returns True when the model's family is supported and its attention modules are
-    patched (or already were), False, changing nothing, for other families (dispatch on
-    ``config.model_type``: llama, mistral, qwen2, qwen3) or ``rope=False``.
-
-    Raises:
-        ImportError: unsupported transformers version (see hf_flash.integration.registration).
-    """
-    config = getattr(model, "config", None)
-    family = getattr(config, "model_type", None)
-    patch = FAMILY_PATCHES.get(family)
-    if patch is None:
-        return False
-    return patch(model, rope=rope)
-
-
 def revert_model(model) -> int:
     """Undo :func:`patch_model` on every module of ``model``; returns how many were reverted."""
-    count = 0
-    for module in model.modules():
-        saved = module.__dict__.get(_ORIGINAL)
-        if saved is None:
-            continue
-        attr, previous = saved
-        holder = _holder_of_patch(module)
-        if holder == attr:
-            if previous is None:  # the class's forward was in use (None survives deepcopy)
-                module.__dict__.pop(attr, None)
-            else:
-                object.__setattr__(module, attr, previous)
-        elif holder is not None:
-            # a wrapper installed after the patch (accelerate moves forward to _old_forward):
-            # keep the wrapper, point it at the class's forward
-            object.__setattr__(module, holder, types.MethodType(type(module).forward, module))
-        del module.__dict__[_ORIGINAL]
-        count += 1
-    return count
-
-
-def _holder_of_patch(module):
-    for attr in ("forward", "_old_forward"):
-        fn = getattr(module.__dict__.get(attr), "__func__", None)
-        if getattr(fn, "__hf_flash_fused_rope__", False):
-            return attr
-    return None
+    return unwrap_forwards(model, _RECORD)
 
 
 def is_patched(module) -> bool:
     """True if this attention module runs hf_flash's fused RoPE."""
-    return _ORIGINAL in getattr(module, "__dict__", {})
+    return is_wrapped(module, _RECORD)

@@ -31,72 +31,60 @@ When it applies (anything else runs the model's forward untouched):
   and not while torch.compile traces (the mask is read on the host: one sync per forward pass,
   which replaces the packed-sequence detection's own read).
 
-The patch goes on the base model classes of the families hf_flash tests (:data:`FAMILIES`), per
-instance (:mod:`hf_flash.integration.instance_patch`); :func:`revert_model` removes it.
+The patch goes on the base model classes of the families whose row in
+:mod:`hf_flash.integration.families` lists ``unpad``, per instance
+(:mod:`hf_flash.integration.patching`); :func:`revert_model` removes it.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import Dict, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .instance_patch import unwrap_forwards, wrap_forward
+from .families import patch_target
+from .masks import mask_rows
+from .patching import is_wrapped, unwrap_forwards, wrap_forward
 
-__all__ = ["patch_model", "revert_model", "is_patched", "FAMILIES", "unpad_inputs"]
+__all__ = ["patch_model", "revert_model", "is_patched", "unpad_inputs"]
 
-_ORIGINAL = "_hf_flash_unpad_original"  # on a patched module: (attribute name, what it held)
+_RECORD = "_hf_flash_unpad_original"  # on a patched module: (attribute name, what it held)
 _VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
-
-# model_type -> base model class name (in transformers.models.<type>.modeling_<type>)
-FAMILIES: Dict[str, str] = {
-    "llama": "LlamaModel",
-    "mistral": "MistralModel",
-    "qwen2": "Qwen2Model",
-    "qwen3": "Qwen3Model",
-    "phi3": "Phi3Model",
-    "gemma2": "Gemma2Model",
-}
 
 
 def patch_model(model) -> bool:
     """Run padded, cache-free forward passes of this model's base model padding-free.
 
-    Returns True when a base model of a supported family (:data:`FAMILIES`) was found and is
-    patched (or already was); False, changing nothing, otherwise.
+    Returns True when the model's family has the ``unpad`` patch
+    (:mod:`hf_flash.integration.families`) and its base model is patched (or already was);
+    False, changing nothing, otherwise.
     """
-    import importlib
-
-    from .registration import check_transformers_version
-
-    family = getattr(getattr(model, "config", None), "model_type", None)
-    cls_name = FAMILIES.get(family)
-    if cls_name is None:
+    target = patch_target(model, "unpad")
+    if target is None:
         return False
-    check_transformers_version()
-    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-    cls = getattr(modeling, cls_name)
+    modeling, family = target
+    cls = getattr(modeling, family.base_model)
     found = False
     for module in model.modules():
         if type(module) is not cls:
             continue
         found = True
         # idempotent: post_init runs once per nested PreTrainedModel
-        wrap_forward(module, _ORIGINAL, lambda inner, f=cls.forward: _make_forward(f, inner))
+        wrap_forward(module, _RECORD, lambda inner, f=cls.forward: _make_forward(f, inner))
     return found
 
 
 def revert_model(model) -> int:
     """Undo :func:`patch_model` on every module of ``model``; returns how many were reverted."""
-    return unwrap_forwards(model, _ORIGINAL)
+    return unwrap_forwards(model, _RECORD)
 
 
 def is_patched(module) -> bool:
     """True if this base model unpads padded batches."""
-    return _ORIGINAL in getattr(module, "__dict__", {})
+    return is_wrapped(module, _RECORD)
 
 
 def _make_forward(class_forward, inner):
@@ -104,7 +92,7 @@ def _make_forward(class_forward, inner):
 
     @functools.wraps(class_forward)
     def forward(self, *args, **kwargs):
-        if _ORIGINAL not in self.__dict__:  # reverted while a wrapper still held this function
+        if _RECORD not in self.__dict__:  # reverted while a wrapper still held this function
             return inner(*args, **kwargs)
         # Decode steps and traced calls take the model's forward untouched, before any binding:
         # dynamo cannot trace Signature.bind after generate() mutated a dict it proxies, and a
@@ -192,22 +180,24 @@ def _plan(module, call: dict, extra: dict):
 def unpad_inputs(mask: Tensor):
     """For a 2-D padding mask, ``(flat index of the valid tokens, cu_seqlens int32, max length)``
     with every row one sequence, or None when there is nothing to unpad (no padding, a row whose
-    valid tokens are not contiguous, or no valid token at all). Reads the mask on the host once.
-    """
-    host = mask.detach().to("cpu", copy=False)
-    host = host if host.dtype == torch.bool else host != 0
-    lengths = host.sum(dim=1)
-    if bool(host.all()) or int(lengths.sum()) == 0:
+    valid tokens are not contiguous, or no valid token at all). Reads each row's valid block
+    once (:func:`hf_flash.integration.masks.mask_rows`: one launch and one sync)."""
+    rows = mask_rows(mask.detach(), mask.shape[1])
+    lengths = rows.host_count
+    if rows.all_valid or sum(lengths) == 0 or not rows.contiguous:
         return None
-    pos = torch.arange(host.shape[1])
-    first = torch.where(host, pos, host.shape[1]).amin(dim=1)
-    last = torch.where(host, pos + 1, 0).amax(dim=1)
-    if bool(((last - first).clamp(min=0) != lengths).any()):
-        return None
-    index = host.reshape(-1).nonzero().squeeze(1).to(mask.device, non_blocking=True)
-    cu = torch.zeros(host.shape[0] + 1, dtype=torch.int32)
-    cu[1:] = lengths.cumsum(0)
-    return index, cu.to(mask.device, non_blocking=True), int(lengths.max())
+    seqlen = mask.shape[1]
+    index = torch.cat([
+        torch.arange(b * seqlen + s, b * seqlen + e, dtype=torch.int64)
+        for b, (s, e) in enumerate(zip(rows.host_start, rows.host_end))
+    ])  # fmt: skip
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+    return (
+        index.to(mask.device, non_blocking=True),
+        cu.to(mask.device, non_blocking=True),
+        max(lengths),
+    )
 
 
 def _repad(t, index: Tensor, batch: int, seqlen: int, total: int):

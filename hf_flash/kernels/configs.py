@@ -24,6 +24,9 @@ _OVERRIDE: Optional[dict] = None
 
 
 def interpreting() -> bool:
+    """True when Triton's CPU interpreter is on (``TRITON_INTERPRET`` set and not 0). The one
+    interpreter check of hf_flash (``hf_flash._runtime.interpreter_active`` is this function):
+    kernels defined while it is on are interpreted, and the launchers then take CPU tensors."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 

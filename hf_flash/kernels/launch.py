@@ -47,6 +47,8 @@ from typing import Optional
 import torch
 import triton
 
+from . import configs
+
 # Triton releases whose JITFunction.run / CompiledKernel.run / CudaLauncher this follows.
 _VERIFIED_TRITON = ("3.6.",)
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
@@ -59,7 +61,7 @@ _META_KEYS: dict = {}
 def _supported() -> bool:
     if os.environ.get("HF_FLASH_FAST_LAUNCH", "1") in ("0", "", "false", "False"):
         return False
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if configs.interpreting():
         return False
     return triton.__version__.startswith(_VERIFIED_TRITON)
 

@@ -251,7 +251,7 @@ def _validate_ntk_static(self, rope_parameters, ignore_keys=None):
 def register_rope_types() -> None:
     """Teach transformers the "ntk_static" rope_type (idempotent).
 
-    Needed before loading a model whose saved config uses it; importing :mod:`hf_flash.rope` (or
+    Needed before loading a model whose saved config uses it; importing :mod:`hf_flash.rope_scaling` (or
     calling :func:`extend_context`) does it.
     """
     from transformers import modeling_rope_utils as mru

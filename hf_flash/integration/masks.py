@@ -1,0 +1,316 @@
+"""Padding masks and packed sequences: the mask function, each row's valid key range, and
+the one cache that keeps what is derived from a mask or a position_ids tensor.
+
+Every attention layer of a forward pass gets the same mask tensor (what :func:`hf_flash_mask`
+returned) and the same ``position_ids`` tensor, so what hf_flash derives from them (each row's
+valid key block ``[start, end)``, packed-sequence boundaries) is computed once per forward pass
+and kept in a :class:`TensorKeyedCache`, not once per layer.
+
+The valid key block of a row has one definition, :func:`valid_block` (first valid index, one
+past the last; ``start = end = M`` for a row with none), computed three ways that agree:
+:func:`mask_rows` (one Triton launch, :mod:`hf_flash.kernels.key_mask`, or torch ops where
+Triton cannot run), :func:`valid_block` on the device (while tracing), and the host lists that
+:func:`mask_rows` reads back. The mask function, the attention function (decode and padded
+paths), the fused decode patch and the unpadding patch all take it from here.
+
+Plain PyTorch; never imports transformers.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from .._runtime import host_reads_allowed, interpreter_active
+from ..kernels.key_mask import key_mask_rows
+
+__all__ = [
+    "hf_flash_mask", "mask_rows", "MaskRows", "valid_block", "first_valid", "key_blocks",
+    "packed_boundaries", "TensorKeyedCache", "KEY_BLOCKS", "BOUNDARIES",
+]  # fmt: skip
+
+
+class TensorKeyedCache:
+    """Values derived from a tensor, found again while that tensor lives and is unmodified.
+
+    An entry matches the same tensor object at the same version counter (an in-place change
+    misses) and the same ``extra`` key. Entries hold a weak reference and are dropped when their
+    tensor dies: small device tensors kept alive past their forward pass shift the caching
+    allocator's small-block pattern from one generate() call to the next, so a fresh StaticCache
+    (generate makes one per call) gets its fill-level tensors at new addresses and the compiled
+    decode step re-records its CUDA graph on every call. Only plain tensors are cached, and
+    only outside tracing and CUDA-graph capture (:meth:`usable`): tensors made there hold no
+    value outside the graph. ``slots`` bounds the entries (a model with sliding and full layers
+    alternates between two masks, hence a few).
+    """
+
+    def __init__(self, slots: int):
+        self._slots = slots
+        self._entries: list = []  # (weakref, version, extra, value), newest first
+
+    @staticmethod
+    def usable(t) -> bool:
+        # host_reads_allowed first: dynamo cannot trace is_inference(); inference tensors have
+        # no version counter to detect in-place changes
+        return type(t) is Tensor and host_reads_allowed() and not t.is_inference()
+
+    def get(self, t: Tensor, extra=None):
+        """The value stored for ``t`` (and ``extra``), or None. Call only when :meth:`usable`."""
+        version = t._version
+        for ref, ver, key, value in self._entries:
+            if ref() is t and ver == version and key == extra:
+                return value
+        return None
+
+    def put(self, t: Tensor, value, extra=None) -> None:
+        """Store ``value`` for ``t``, replacing what ``t`` had. Call only when :meth:`usable`."""
+        live = [e for e in self._entries if e[0]() is not None and e[0]() is not t]
+        ref = weakref.ref(t, self._forget)
+        self._entries = [(ref, t._version, extra, value)] + live[: self._slots - 1]
+
+    def holds(self, t: Tensor) -> bool:
+        return any(e[0]() is t for e in self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _forget(self, dead: weakref.ref) -> None:
+        self._entries = [e for e in self._entries if e[0] is not dead]
+
+
+# int32 (key_start, key_end) of the last few key masks
+KEY_BLOCKS = TensorKeyedCache(slots=4)
+# (cu_seqlens, max_seqlen) or None of the last position_ids tensor, keyed by (batch, seqlen)
+BOUNDARIES = TensorKeyedCache(slots=1)
+
+
+# --------------------------------------------------------------------------------------------
+# Mask function (once per forward pass and mask type)
+# --------------------------------------------------------------------------------------------
+
+
+def hf_flash_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset=0,
+    kv_offset: int = 0,
+    mask_function=None,
+    attention_mask: Optional[Tensor] = None,
+    **kwargs,
+) -> Optional[Tensor]:
+    """FlashAttention-style mask for transformers' ``AttentionMaskInterface``.
+
+    Returns ``None`` when every key of the layer is valid, else a 2-D bool ``(batch, M)`` key mask
+    (``M <= kv_length``; see the module docstring). For one query on a static cache layer
+    (``q_offset`` a tensor) ``M`` is always ``kv_length``, the entries past the tokens written so
+    far False, and the mask is returned even when every slot is valid: a compiled decode step
+    then sees one kind of input on every step, the one that fills the cache included.
+    Causality, sliding windows and packed sequences are not encoded here: the kernel applies
+    them. How the attention function reads the mask: :mod:`hf_flash.integration.attention`.
+
+    Arguments (transformers' mask-interface keywords):
+        batch_size, q_length, kv_length: int. Sizes of this layer's attention.
+        q_offset: int or 0-d tensor. Tokens the cache held before this forward pass (a tensor for
+            StaticCache layers).
+        kv_offset: int. Absolute position of key index 0 (sliding-window caches).
+        attention_mask: (batch, >= kv_length) bool, or None. The user's padding mask.
+        kwargs: ``use_vmap=True`` means the model combined a custom ``or``/``and`` mask function
+            (e.g. bidirectional image tokens), which a flash kernel cannot express: rejected.
+
+    Outside torch.compile the mask is read once on the host (one Triton launch,
+    :mod:`hf_flash.kernels.key_mask`, and one sync per forward pass and mask type, as
+    transformers' own flash mask reads it): an all-valid mask becomes None, and padding in
+    the middle of a row raises. That read stays on decode steps too: the decode path would
+    otherwise attend the padding inside a row (a right-padded prompt continued by generate is
+    the usual way to get one), and eager generate() already waits for the device once per step
+    (its stopping check), so the read only waits for the few mask ops queued since. The row
+    bounds it computes are kept for the attention layers of the same forward pass
+    (:func:`key_blocks`). While compiling nothing is read back: the mask is passed on as is,
+    and it must then be left/right padding (what tokenizers and generate produce); with no user
+    mask, a static cache layer's valid slots (its fill level, a device tensor) become a
+    ``kv_length`` mask built on the device.
+    """
+    if kwargs.get("use_vmap", False):
+        raise ValueError(
+            "attn_implementation='hf_flash' cannot apply this model's custom mask function "
+            "(an or_mask_function/and_mask_function, e.g. bidirectional attention over image "
+            "tokens); load the model with attn_implementation='sdpa' or 'eager' for this input"
+        )
+    compiling = torch.compiler.is_compiling()
+    # a one-token step on a static cache layer (q_offset: its fill-level tensor): the key mask
+    # keeps the cache's full width every step, and is never replaced by None (see below)
+    static_step = q_length == 1 and isinstance(q_offset, Tensor)
+    if attention_mask is not None:
+        if attention_mask.dim() != 2:
+            raise ValueError(
+                f"hf_flash needs a 2-D (batch, kv_len) padding mask, got shape "
+                f"{tuple(attention_mask.shape)}; custom 4-D masks need attn_implementation='sdpa'"
+            )
+        mask = attention_mask[:, -kv_length:]
+        if compiling:  # no host reads while tracing; the attention handles any contiguous mask
+            return mask if mask.dtype == torch.bool else mask != 0
+        width = kv_length if static_step else mask.shape[1]
+        rows = mask_rows(mask, width)
+        if not rows.contiguous:
+            raise ValueError(
+                "attention_mask has padding inside a sequence (a 0 between two 1s in a row); "
+                "hf_flash supports left and right padding only. Pack such inputs as separate "
+                "sequences (position_ids restarts) instead"
+            )
+        # None (no padding) would make a compiled static-cache step see a second kind of input
+        # on its last step, when the cache is full: a recompile and a second CUDA graph
+        if rows.all_valid and mask.shape[1] == kv_length and not static_step:
+            return None
+        if KEY_BLOCKS.usable(rows.mask):  # for the attention layers of this forward pass
+            KEY_BLOCKS.put(rows.mask, (rows.start, rows.end))
+        return rows.mask
+    # No user mask: every key written so far is valid. Only a static cache has more key slots
+    # (zero-filled) than that, and its layers report how many tokens they hold.
+    valid = q_offset + q_length - kv_offset
+    if isinstance(valid, Tensor):
+        if compiling:
+            # no host read while tracing: the first ``valid`` of the kv_length slots, built on
+            # the device at the cache's fixed size (one input shape for every decode step)
+            slots = torch.arange(kv_length, device=valid.device)
+            return (slots < valid).unsqueeze(0).expand(batch_size, kv_length)
+        valid = int(valid)
+    if valid >= kv_length and not static_step:
+        return None
+    device = kwargs.get("device")
+    if device is None:
+        device = q_offset.device if isinstance(q_offset, Tensor) else "cpu"
+    mask = torch.ones(batch_size, min(valid, kv_length), dtype=torch.bool, device=device)
+    return _fixed_size_for_decode(mask, q_length, kv_length, q_offset)
+
+
+def _fixed_size_for_decode(mask: Tensor, q_length: int, kv_length: int, q_offset) -> Tensor:
+    """A one-token step on a static cache layer (``q_offset`` is its fill-level tensor) gets its
+    key mask padded with False up to the cache's ``kv_length`` slots.
+
+    generate() builds this mask outside the compiled decode step and feeds it in; at its natural
+    length (past + 1) it grows every step, so Inductor would see a new input shape and record a
+    new CUDA graph per token. Padded, the shape is fixed. The meaning is unchanged: a single
+    query sits at the end of its row's valid block (module docstring), and the appended False
+    entries lie beyond it. Several queries keep the natural length, which places them.
+    """
+    if q_length != 1 or not isinstance(q_offset, Tensor) or mask.shape[1] >= kv_length:
+        return mask
+    return torch.nn.functional.pad(mask, (0, kv_length - mask.shape[1]), value=False)
+
+
+class MaskRows(NamedTuple):
+    """What :func:`mask_rows` reads off a (B, M) padding mask."""
+
+    mask: Tensor  # (B, width) bool, padded with False past M
+    start: Tensor  # (B,) int32 on the mask's device: first valid index (width if none)
+    end: Tensor  # (B,) int32: one past the last valid index (start if none)
+    host_start: list  # the same on the host
+    host_end: list
+    host_count: list  # valid entries per row
+    width: int  # M, the entries of the mask given
+
+    @property
+    def all_valid(self) -> bool:
+        return all(c == self.width for c in self.host_count)
+
+    @property
+    def contiguous(self) -> bool:
+        """Every row's valid entries form one block (left or right padding)."""
+        return all(e - s == c for s, e, c in zip(self.host_start, self.host_end, self.host_count))
+
+
+def mask_rows(mask: Tensor, width: int) -> MaskRows:
+    """Each row's valid block of a (B, M) padding mask (bool, int or float; any strides), with
+    one device sync: the (B, width) bool mask (``width >= M``), each row's ``[start, end)``
+    (:func:`valid_block`'s convention) on the device and on the host, and its count. One
+    Triton launch (:mod:`hf_flash.kernels.key_mask`) where the kernels run; torch ops on a CPU
+    without Triton's interpreter."""
+    rows = key_mask_rows if mask.is_cuda or interpreter_active() else mask_rows_torch
+    out, stats = rows(mask, width)
+    starts, ends, counts = stats.tolist()
+    return MaskRows(out, stats[0], stats[1], starts, ends, counts, mask.shape[1])
+
+
+def mask_rows_torch(mask: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """:func:`hf_flash.kernels.key_mask.key_mask_rows` in torch ops, where Triton cannot run (a
+    CPU without its interpreter): ``(out, stats)`` with the same meaning."""
+    out = mask if mask.dtype == torch.bool else mask != 0
+    out = torch.nn.functional.pad(out, (0, width - mask.shape[1]), value=False)
+    start, end = valid_block(out)
+    return out, torch.stack([start, end, out.sum(dim=1)]).to(torch.int32)
+
+
+def first_valid(mask: Tensor) -> Tensor:
+    """Per row of a (B, M) bool key mask, the index of the first True entry (M if none), int64."""
+    # int64 throughout: Inductor (torch 2.11) mis-types an int32 where/amin reduction whose
+    # scalar branch it promotes to int64, and fails to compile the static-cache decode step
+    pos = torch.arange(mask.shape[1], device=mask.device, dtype=torch.int64)
+    return torch.where(mask, pos, mask.shape[1]).amin(dim=1)
+
+
+def valid_block(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Per row of a (B, M) bool key mask, the first valid index and one past the last, int64:
+    ``[s, e)``; ``s = e = M`` if the row has none. Device ops only (no sync)."""
+    start = first_valid(mask)
+    pos = torch.arange(mask.shape[1], device=mask.device, dtype=torch.int64)
+    end = torch.where(mask, pos + 1, 0).amax(dim=1)
+    return start, torch.maximum(end, start)
+
+
+def key_blocks(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """int32 ``(key_start, key_end)`` of each row's valid block of a (B, M) bool key mask,
+    computed once per mask tensor (:data:`KEY_BLOCKS`; the mask function stores what it already
+    read), and inline while tracing or capturing."""
+    cacheable = KEY_BLOCKS.usable(mask)
+    if cacheable:
+        blocks = KEY_BLOCKS.get(mask)
+        if blocks is not None:
+            return blocks
+    start, end = valid_block(mask)
+    blocks = (start.to(torch.int32), end.to(torch.int32))
+    if cacheable:
+        KEY_BLOCKS.put(mask, blocks)
+    return blocks
+
+
+# --------------------------------------------------------------------------------------------
+# Packed sequences (position_ids restarting inside a row)
+# --------------------------------------------------------------------------------------------
+
+
+def packed_boundaries(position_ids: Optional[Tensor], batch: int, seqlen: int):
+    """``(cu_seqlens, max_seqlen)`` if position_ids restart inside a row (packed sequences),
+    else None. A new sequence starts wherever the position does not follow its predecessor, the
+    rule transformers' own masks use. Reads the boundaries on the host: one sync per
+    position_ids tensor (kept in :data:`BOUNDARIES` while that tensor lives unmodified, so every
+    layer of a forward pass and its checkpointed recomputation share the read)."""
+    if position_ids is None or position_ids.dim() != 2 or position_ids.shape[-1] != seqlen:
+        return None
+    if position_ids.shape[0] not in (1, batch):
+        return None
+    if not BOUNDARIES.usable(position_ids):
+        return _find_boundaries(position_ids, batch, seqlen)
+    key = (batch, seqlen)
+    found = BOUNDARIES.get(position_ids, key)
+    if found is None:
+        found = (_find_boundaries(position_ids, batch, seqlen),)  # a tuple: None is a result
+        BOUNDARIES.put(position_ids, found, key)
+    return found[0]
+
+
+def _find_boundaries(position_ids, batch: int, seqlen: int):
+    pos = position_ids.expand(batch, seqlen)
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+    idx = starts.reshape(-1).nonzero().flatten().cpu()  # the one host read
+    if idx.numel() == batch:
+        return None  # one sequence per row: the dense kernel is the fast path
+    cu = torch.cat([idx, idx.new_tensor([batch * seqlen])]).to(torch.int32)
+    max_len = int((cu[1:] - cu[:-1]).max())
+    return cu.to(position_ids.device), max_len
+
+
