@@ -15,7 +15,7 @@ SHARED_LIMIT = 227 * 1024
 
 # Every variant, causal (the branch with the most code), bfloat16; the default variants also
 # non-causal and float16. Compiled once, in two fresh processes (see check_many).
-SPECS = [(name, d, True, "bfloat16") for name in hk.VARIANTS for d in hk.HEAD_DIMS] + [
+SPECS = [(name, d, True, "bfloat16") for name, var in hk.VARIANTS.items() for d in var.head_dims] + [
     (hk.DEFAULT[d], d, causal, dt)
     for d in hk.HEAD_DIMS
     for causal, dt in ((False, "bfloat16"), (True, "float16"))
@@ -41,7 +41,9 @@ def test_variant_builds_for_sm90a(reports, spec):
     assert r["wgmma"] == per_pass * var.consumers * (2 if var.overlap else 1), r
     assert r["tma_loads"] > 0, r
     # registers move from the producer warp to the consumers
-    assert hk.PRODUCER_REGS in r["setmaxnreg"] and max(r["setmaxnreg"]) >= 232, r
+    assert hk.PRODUCER_REGS in r["setmaxnreg"], r
+    if var.consumers > 1:
+        assert var.consumer_regs in r["setmaxnreg"], r
 
 
 # ---- supports(): the dispatch rule, checked on CPU tensors with the device test stubbed ----

@@ -14,8 +14,14 @@ One program computes the output of ``CONSUMERS * BLOCK_M`` query rows of one (ba
 Variants (compile-time):
 
 * ``CONSUMERS``: 1 = the default partition is the only consumer (``CONSUMER_WARPS`` = 4 or 8
-  warps; 8 warps are two warpgroups executing the same code on 128 rows); 2 = two 4-warp consumer
-  partitions (the default and a worker), each with its own 64-row Q tile, sharing the K/V ring.
+  warps; 8 warps are two warpgroups executing the same code on 128 rows); 2 or 3 = that many
+  4-warp consumer partitions (the default and workers), each with its own 64-row Q tile, sharing
+  the K/V ring.
+* ``PINGPONG``: the consumer partitions take turns (an mbarrier per consumer) to issue their
+  wgmmas, so the tensor cores run one consumer's GEMMs while another does its softmax (FA3's
+  inter-warpgroup schedule). Without it they interleave only as the warp schedulers happen to.
+* ``FMA_SCALE``: keep the running max in the raw score domain and compute
+  ``exp2(s * scale - m * scale)`` (one FMA per score) instead of scaling the scores first.
 * ``OVERLAP``: issue S_{j+1} = Q K_{j+1}^T and O += P_j V_j back to back and compute the softmax of
   S_{j+1} while the P V product runs (FA3's intra-warpgroup pipelining). Without it each wgmma is
   waited for before the next step.
@@ -58,16 +64,19 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 @dataclass(frozen=True)
 class Variant:
-    """One compiled form of the kernel. ``rows`` query rows per program."""
+    """One compiled form of the kernel; ``rows`` query rows per program."""
 
     name: str
     block_m: int  # rows per consumer partition
     block_n: int  # keys per K/V tile
     stages: int  # K/V ring depth
-    consumers: int  # consumer partitions (1 or 2)
+    consumers: int  # consumer partitions (1, 2 or 3)
     consumer_warps: int  # warps per consumer partition (4 or 8)
     overlap: bool  # softmax of tile j+1 under the P V wgmma of tile j
-    consumer_regs: int = 0  # register budget of a worker consumer partition (consumers == 2)
+    pingpong: bool = False  # consumers take turns issuing their wgmmas
+    fma_scale: bool = False  # scale folded into exp2's argument (one FMA per score)
+    consumer_regs: int = 0  # register budget of each worker consumer partition (consumers > 1)
+    head_dims: tuple = (64, 128)
 
     @property
     def rows(self) -> int:
@@ -84,9 +93,17 @@ VARIANTS = {
                 consumer_regs=232),
         Variant("ws2x4-overlap", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4, overlap=True,
                 consumer_regs=232),
+        Variant("ws2x4-overlap-fma", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
+                overlap=True, fma_scale=True, consumer_regs=232),
+        Variant("ws2x4-pp", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4, overlap=True,
+                pingpong=True, fma_scale=True, consumer_regs=232),
+        Variant("ws3x4-pp", block_m=64, block_n=128, stages=2, consumers=3, consumer_warps=4, overlap=True,
+                pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,)),
+        Variant("ws3x4-overlap-fma", block_m=64, block_n=128, stages=2, consumers=3, consumer_warps=4,
+                overlap=True, fma_scale=True, consumer_regs=160, head_dims=(64,)),
     )
-}
-DEFAULT = {64: "ws1x8-overlap", 128: "ws1x8-overlap"}
+}  # fmt: skip
+DEFAULT = {64: "ws2x4-overlap", 128: "ws2x4-overlap"}
 HEAD_DIMS = (64, 128)
 PRODUCER_REGS = 24
 
@@ -131,10 +148,16 @@ def _producer(
 
 @gluon.jit
 def _softmax_step(s, m_i, l_i, rows, j, n_unmasked, seqlen_k, qk_scale,
-                  s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
-    """Scale (to base 2), mask if this tile needs it, and update the running max and sum.
-    Returns (p, alpha, m_new, l_new)."""
-    s = s * qk_scale
+                  s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                  FMA_SCALE: gl.constexpr):  # fmt: skip
+    """Mask if this tile needs it and update the running max and sum; returns (p, alpha, m, l).
+
+    ``qk_scale`` is softmax_scale * log2(e). With FMA_SCALE the running max stays in the raw
+    score domain and ``s * scale - m * scale`` is one fused multiply-add per score (the scale is
+    positive, so the max commutes with it); otherwise the scores are scaled first. ``m`` is in the
+    domain of the scores it came from; :func:`_log2_max` converts it."""
+    if not FMA_SCALE:
+        s = s * qk_scale
     if j >= n_unmasked:
         cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         vis = gl.expand_dims(cols, 0) < seqlen_k
@@ -144,19 +167,43 @@ def _softmax_step(s, m_i, l_i, rows, j, n_unmasked, seqlen_k, qk_scale,
     m_new = gl.maximum(m_i, gl.max(s, 1))
     # rows that have seen no key yet keep m = -inf; subtract 0 instead to avoid inf - inf
     m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s - gl.expand_dims(m_sub, 1))
-    alpha = gl.exp2(m_i - m_sub)
+    if FMA_SCALE:
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_sub * qk_scale, 1))
+        alpha = gl.exp2((m_i - m_sub) * qk_scale)
+    else:
+        p = gl.exp2(s - gl.expand_dims(m_sub, 1))
+        alpha = gl.exp2(m_i - m_sub)
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
 
 
 @gluon.jit
+def _turn_wait(turn, k, INDEX: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: wait until it is this consumer's turn to issue its wgmmas (the k-th time).
+    The consumers take turns in order 0, 1, ..., so one's softmax runs under another's GEMMs.
+    A fresh barrier counts as having completed the phase before 0: consumer 0's first wait
+    passes at once, every other one waits for the previous consumer's first hand-over."""
+    if PINGPONG:
+        if INDEX == 0:
+            mbarrier.wait(turn.index(0), (k & 1) ^ 1)
+        else:
+            mbarrier.wait(turn.index(INDEX), k & 1)
+
+
+@gluon.jit
+def _turn_pass(turn, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index((INDEX + 1) % CONSUMERS))
+
+
+@gluon.jit
 def _consumer(
-    q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+    q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
     o_desc, Lse, stride_lb, stride_lh, stride_lm,
     b, h, m0, n_tiles, n_unmasked, seqlen_q, seqlen_k, qk_scale,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr,
+    CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = o_desc.dtype
     s_layout: gl.constexpr = _mma_layout(BLOCK_N, NUM_WARPS)
@@ -178,25 +225,29 @@ def _consumer(
     if OVERLAP:
         if n_tiles > 0:
             mbarrier.wait(k_ready.index(0), 0)
+            _turn_wait(turn, 0, INDEX, PINGPONG)
             s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s,))
             mbarrier.arrive(k_empty.index(0))
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, rows, 0, n_unmasked, seqlen_k, qk_scale,
-                                               s_layout, BLOCK_N, CAUSAL)  # fmt: skip
+                                               s_layout, BLOCK_N, CAUSAL, FMA_SCALE)  # fmt: skip
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, n_tiles):
                 slot = j % STAGES
                 prev = (j - 1) % STAGES
                 mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+                _turn_wait(turn, j, INDEX, PINGPONG)
                 s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
                                       is_async=True)  # fmt: skip
-                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
                 acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
                 # S_j is done once at most one group (the P V product) is still running
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot))
                 p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, rows, j, n_unmasked, seqlen_k, qk_scale,
-                                                   s_layout, BLOCK_N, CAUSAL)  # fmt: skip
+                                                   s_layout, BLOCK_N, CAUSAL, FMA_SCALE)  # fmt: skip
                 # p_op is a register operand of the running wgmma: keep it alive until the wait
                 acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
                 mbarrier.arrive(v_empty.index(prev))
@@ -204,7 +255,9 @@ def _consumer(
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
             last = (n_tiles - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+            _turn_wait(turn, n_tiles, INDEX, PINGPONG)
             acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+            _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
             acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
             mbarrier.arrive(v_empty.index(last))
     else:
@@ -212,15 +265,19 @@ def _consumer(
             slot = j % STAGES
             phase = (j // STAGES) & 1
             mbarrier.wait(k_ready.index(slot), phase)
+            _turn_wait(turn, 2 * j, INDEX, PINGPONG)
             s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s,))
             mbarrier.arrive(k_empty.index(slot))
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, rows, j, n_unmasked, seqlen_k, qk_scale,
-                                               s_layout, BLOCK_N, CAUSAL)  # fmt: skip
+                                               s_layout, BLOCK_N, CAUSAL, FMA_SCALE)  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             mbarrier.wait(v_ready.index(slot), phase)
+            _turn_wait(turn, 2 * j + 1, INDEX, PINGPONG)
             acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
+            _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
             acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
             mbarrier.arrive(v_empty.index(slot))
 
@@ -228,7 +285,11 @@ def _consumer(
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)
-    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * LN2)
+    if FMA_SCALE:
+        m_log2 = m_i * qk_scale
+    else:
+        m_log2 = m_i
+    lse = gl.where(empty, float("inf"), (m_log2 + gl.log2(l_safe)) * LN2)
 
     # the Q tile is dead once the last S wgmma has completed: stage the output there for TMA
     q_tile.store(out.to(dtype))
@@ -249,6 +310,7 @@ def _attn_fwd_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+    PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
 ):  # fmt: skip
     ROWS: gl.constexpr = BLOCK_M * CONSUMERS
     bh = gl.program_id(0)
@@ -281,6 +343,7 @@ def _attn_fwd_kernel(
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
@@ -288,36 +351,66 @@ def _attn_fwd_kernel(
         # each consumer partition arrives once per slot use
         mbarrier.init(k_empty.index(i), count=CONSUMERS)
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    for i in gl.static_range(CONSUMERS):
+        mbarrier.init(turn.index(i), count=1)
 
     if CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
                              o_desc, Lse, stride_lb, stride_lh, stride_lm,
                              b, h, m0, n_tiles, n_unmasked, seqlen_q, seqlen_k, qk_scale,
-                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS)),
+                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
+                             CONSUMERS, PINGPONG, FMA_SCALE)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                              v_empty, b, h, kv_h, m0, n_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS)),
             ],
             [1],
             [PRODUCER_REGS],
         )  # fmt: skip
-    else:
+    elif CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
                              o_desc, Lse, stride_lb, stride_lh, stride_lm,
                              b, h, m0, n_tiles, n_unmasked, seqlen_q, seqlen_k, qk_scale,
-                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
+                             CONSUMERS, PINGPONG, FMA_SCALE)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
                              o_desc, Lse, stride_lb, stride_lh, stride_lm,
                              b, h, m0, n_tiles, n_unmasked, seqlen_q, seqlen_k, qk_scale,
-                             1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS)),
+                             1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
+                             CONSUMERS, PINGPONG, FMA_SCALE)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                              v_empty, b, h, kv_h, m0, n_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.static_assert(CONSUMERS == 3, "1, 2 or 3 consumer partitions")
+        gl.warp_specialize(
+            [
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                             o_desc, Lse, stride_lb, stride_lh, stride_lm,
+                             b, h, m0, n_tiles, n_unmasked, seqlen_q, seqlen_k, qk_scale,
+                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
+                             CONSUMERS, PINGPONG, FMA_SCALE)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                             o_desc, Lse, stride_lb, stride_lh, stride_lm,
+                             b, h, m0, n_tiles, n_unmasked, seqlen_q, seqlen_k, qk_scale,
+                             1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
+                             CONSUMERS, PINGPONG, FMA_SCALE)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                             o_desc, Lse, stride_lb, stride_lh, stride_lm,
+                             b, h, m0, n_tiles, n_unmasked, seqlen_q, seqlen_k, qk_scale,
+                             2, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
+                             CONSUMERS, PINGPONG, FMA_SCALE)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                             v_empty, b, h, kv_h, m0, n_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS)),
+            ],
+            [CONSUMER_WARPS, CONSUMER_WARPS, 1],
+            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
         )  # fmt: skip
 
 
@@ -342,14 +435,16 @@ def _on_hopper(t: torch.Tensor) -> bool:
 
 
 def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None, dropout=0.0,
-             varlen=False) -> bool:  # fmt: skip
+             varlen=False, softmax_scale=None) -> bool:  # fmt: skip
     """True when :func:`hopper_attention_forward` covers this call; everything else keeps the
     Triton kernels. Covered: dense (not varlen) q (B, Sq, H, D) and k/v (B, Sk, Hk, D) on an
     sm_90 GPU, float16 or bfloat16 (all three the same), D in (64, 128), H a multiple of Hk,
     causal or not, no sliding window (``window`` (-1, -1), or (-1, 0) with ``causal``), no
-    softcap, ALiBi or dropout, and strides a TMA descriptor accepts (innermost 1, the others and
-    the base 16-byte aligned)."""
+    softcap, ALiBi or dropout, a positive softmax scale (None: the default 1/sqrt(D)), and strides
+    a TMA descriptor accepts (innermost 1, the others and the base 16-byte aligned)."""
     if varlen or alibi is not None or dropout > 0.0 or softcap > 0.0:
+        return False
+    if softmax_scale is not None and not softmax_scale > 0:
         return False
     left, right = window
     if left >= 0 or not (right < 0 or (causal and right == 0)):
@@ -392,6 +487,10 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant):
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     var = VARIANTS[variant]
+    if head_dim not in var.head_dims:
+        raise ValueError(f"variant {variant} is built for head dims {var.head_dims}, not {head_dim}")
+    if not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
     grid = (batch * nheads, triton.cdiv(seqlen_q, var.rows))
     args = (
         _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
@@ -402,7 +501,8 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant):
     kwargs = dict(
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=var.consumer_warps, CONSUMER_REGS=var.consumer_regs,
-        PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), OVERLAP=var.overlap,
+        PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), OVERLAP=var.overlap, PINGPONG=var.pingpong,
+        FMA_SCALE=var.fma_scale,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs

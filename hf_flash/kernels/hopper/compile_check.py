@@ -130,6 +130,7 @@ def all_specs(variants=None, head_dims=attention_fwd.HEAD_DIMS, dtypes=("bfloat1
         (name, d, causal, dt)
         for name in variants or attention_fwd.VARIANTS
         for d in head_dims
+        if d in attention_fwd.VARIANTS[name].head_dims
         for causal in (False, True)
         for dt in dtypes
     ]
