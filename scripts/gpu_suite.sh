@@ -11,10 +11,10 @@
 #                  benchmarks/<step>.py --out OUTDIR    -> OUTDIR/<step>-<gpu>.json
 #                  (steps whose script does not exist yet are skipped)
 #   sweep          benchmarks/attention.py --sweep-configs (only when named in STEPS)
-#   profile_decode scripts/profile_decode.py (only when named in STEPS): where a DynamicCache
-#                  decode step spends host and device time, hf_flash beside sdpa
-#   profile_train  scripts/profile_train_step.py (only when named in STEPS): host vs device
-#                  time of a LoRA training step, hf_flash beside sdpa
+#   profile_decode benchmarks/diagnostics/profile_decode.py (only when named in STEPS): where a
+#                  DynamicCache decode step spends host and device time, hf_flash beside sdpa
+#   profile_train  benchmarks/diagnostics/profile_train_step.py (only when named in STEPS): host
+#                  vs device time of a LoRA training step, hf_flash beside sdpa
 #   study          python -m recipes.long_context_study (only when named in STEPS; --quick
 #                  unless STUDY_FULL=1)                  -> OUTDIR/study.tar (plots, table)
 #   report         benchmarks/report.py                 -> OUTDIR/BENCHMARKS.md
@@ -166,11 +166,11 @@ if has_step sweep; then
 fi
 
 if has_step profile_decode; then
-    run_step profile_decode $PY scripts/profile_decode.py ${PROFILE_DECODE_ARGS:-}
+    run_step profile_decode $PY benchmarks/diagnostics/profile_decode.py ${PROFILE_DECODE_ARGS:-}
 fi
 
 if has_step profile_train; then
-    run_step profile_train $PY scripts/profile_train_step.py ${PROFILE_TRAIN_ARGS:-}
+    run_step profile_train $PY benchmarks/diagnostics/profile_train_step.py ${PROFILE_TRAIN_ARGS:-}
 fi
 
 if has_step study; then

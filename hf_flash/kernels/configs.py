@@ -127,18 +127,19 @@ def fwd_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
     if dtype == torch.float32:
         cfg = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
     elif major >= 9:  # Hopper (H100 / H200), measured on H100 SXM
-        # scripts/probe_attention.py, bf16 d=128 causal, B*S = 16K: (128, 128, 8 warps, 3
-        # stages) 426 / 486 TFLOP/s at S = 4K / 16K; (128, 64, 8, 3) 414 / 473; (64, 64, 4, 3)
-        # 435 / 453; (128, 64, 4, 3) 195 / 232 (too few warps for a 128-row tile).
+        # benchmarks/diagnostics/probe_attention.py, bf16 d=128 causal, B*S = 16K: (128, 128,
+        # 8 warps, 3 stages) 426 / 486 TFLOP/s at S = 4K / 16K; (128, 64, 8, 3) 414 / 473;
+        # (64, 64, 4, 3) 435 / 453; (128, 64, 4, 3) 195 / 232 (too few warps for a 128-row tile).
         # d <= 64: benchmarks/attention.py --sweep-configs --head-dims 64 (results/
         # attention_configs-*.json): (128, 64, 8, 3) 0.737 / 2.636 ms at S = 4K / 16K against
         # 0.910 / 3.084 for the d=128 tile (128, 128, 8, 3), the best of 8 candidates at both.
         # packed_maxnreg 128: ptxas gives the packed (varlen) build of this tile 143 registers
         # per thread (the dense one 124), one 8-warp program per SM instead of two, and the
         # packed forward ran 1.3x slower than the dense one at S = 32K (13.7 vs 10.5 ms,
-        # scripts/probe_layouts.py). Capped it takes 109, no spills (scripts/kernel_registers.py),
-        # and runs as fast as the dense one (10.5-10.8 ms). The dense build, already at two
-        # programs per SM, is left as the tile sweep measured it.
+        # benchmarks/diagnostics/probe_layouts.py). Capped it takes 109, no spills
+        # (benchmarks/diagnostics/kernel_registers.py), and runs as fast as the dense one
+        # (10.5-10.8 ms). The dense build, already at two programs per SM, is left as the tile
+        # sweep measured it.
         if d <= 64:
             cfg = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3,
                    "packed_maxnreg": 128}  # fmt: skip

@@ -1,6 +1,6 @@
 """Does the attention forward's speed depend on how it is called? (diagnostic, H100)
 
-    PYTHONPATH=. python scripts/probe_layouts.py [--seqlen 32768] [--d 64]
+    PYTHONPATH=. python benchmarks/diagnostics/probe_layouts.py [--seqlen 32768] [--d 64]
 
 One causal sequence (Hq=32, Hkv=8, bf16), forward only, timed with the benchmarks' harness:
 dense ``flash_attn_func`` versus ``flash_attn_varlen_func`` with one sequence, inputs laid out
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.harness import bench_ms  # noqa: E402
 from hf_flash import flash_attn_func, flash_attn_varlen_func  # noqa: E402

@@ -1,6 +1,6 @@
 """Where the fused rotary backward spends its time (diagnostic; prints a short report).
 
-    PYTHONPATH=. python scripts/profile_rotary.py
+    PYTHONPATH=. python benchmarks/diagnostics/profile_rotary.py
 
 For T in 4K, 16K, 32K tokens (bf16, 32/8 heads, head_dim 128, Llama layout): the device
 kernels one backward launches and their time (torch.profiler), and the wall time per backward
@@ -10,13 +10,18 @@ and of the kernel launcher (which runs on the autograd engine's device thread).
 
 import cProfile
 import pstats
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.rope import _rotary_inputs
-from hf_flash.rotary import apply_rotary_pos_emb as fused
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.rope import _rotary_inputs  # noqa: E402
+from hf_flash.rotary import apply_rotary_pos_emb as fused  # noqa: E402
 
 
 def _op_profile(bwd):
@@ -51,6 +56,8 @@ def _op_profile(bwd):
 
 
 def main():
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
     for tokens in (4096, 16384, 32768):
         q, k, cos, sin = _rotary_inputs(tokens)
         qg, kg = q.detach().requires_grad_(), k.detach().requires_grad_()

@@ -1,17 +1,20 @@
 """Quick kernel-config probe (H100): TFLOP/s of hf_flash fwd / bwd under candidate configs,
 beside SDPA flash and cuDNN, for bf16 B*S=16K, Hq=32, Hkv=8, causal. Prints one line per run.
 
-    python scripts/probe_attention.py [--seqlens 4096 16384] [--d 128]
+    PYTHONPATH=. python benchmarks/diagnostics/probe_attention.py [--seqlens 4096 16384] [--d 128]
 """
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, ".")
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from benchmarks.harness import bench_ms  # noqa: E402
 from hf_flash import flash_attn_func  # noqa: E402
 from hf_flash.kernels import configs  # noqa: E402

@@ -1,6 +1,6 @@
 """Host (Python) time of one DynamicCache decode step: hf_flash beside sdpa, kernels stubbed.
 
-    PYTHONPATH=. python scripts/decode_host_overhead.py [--steps 64] [--repeats 5] [--batch 1]
+    PYTHONPATH=. python benchmarks/diagnostics/decode_host_overhead.py [--steps 64] [--repeats 5] [--batch 1]
 
 What this measures, and what it does not: the CPU time the Python side of ``model.generate``
 spends per decode step. It is NOT GPU time and says nothing about kernel speed or about the
@@ -12,8 +12,8 @@ arguments, build the compiled-kernel cache key; ``--no-binder`` skips that), so 
 kernel arguments shows; the driver call itself is not timed. On a GPU (Triton 3.6) repeated
 decode, combine and rotary launches skip that work (hf_flash.kernels.launch), so the binder rows
 here overstate their cost there; ``--no-binder`` is the closer picture of it, and
-scripts/launch_host_time.py measures both launch paths on the GPU. hf_flash's validation, dispatch,
-launch planning and small torch ops run as usual. Launches per step and arguments per launch
+benchmarks/diagnostics/launch_host_time.py measures both launch paths on the GPU. hf_flash's
+validation, dispatch, launch planning and small torch ops run as usual. Launches per step and arguments per launch
 are printed. The sdpa rows run transformers' real sdpa path on tiny CPU kernels; torch ops on a
 GPU cost more host time per op (a CUDA launch) than these CPU ones.
 
@@ -57,7 +57,7 @@ import torch
 os.environ["TRITON_INTERPRET"] = "1"
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import hf_flash  # noqa: E402
 from hf_flash.kernels import decode as _decode_mod  # noqa: E402

@@ -1,6 +1,6 @@
 """How often generate() with the static cache compiles and records CUDA graphs, call by call.
 
-    PYTHONPATH=. python scripts/generate_graphs.py [--prompt 4096] [--new 32] [--calls 3] [--log]
+    PYTHONPATH=. python benchmarks/diagnostics/generate_graphs.py [--prompt 4096] [--new 32] [--calls 3] [--log]
 
 The 1.2B Llama of benchmarks/e2e_generate.py, batch 1. For each attention implementation
 (from a clean compiler state) and each way of getting a static cache (``cache_implementation=
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.e2e_generate import build_model  # noqa: E402
 

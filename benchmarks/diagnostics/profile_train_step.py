@@ -1,6 +1,6 @@
 """Where a LoRA training step spends its time: hf_flash beside sdpa (diagnostic).
 
-    PYTHONPATH=. python scripts/profile_train_step.py [--length 4096] [--steps 6]
+    PYTHONPATH=. python benchmarks/diagnostics/profile_train_step.py [--length 4096] [--steps 6]
 
 The model, LoRA and gradient checkpointing of benchmarks/e2e_train.py (1.2B Llama shape), one
 unpadded sequence of ``--length`` tokens. For each attention implementation it prints:
@@ -31,7 +31,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.e2e_train import build, make_batch, set_checkpointing, SHAPE  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Host time per Triton launch on the GPU: Triton's ``kernel[grid](...)`` vs hf_flash's cached
 launch (hf_flash.kernels.launch), for the decode, combine and rotary kernels (diagnostic).
 
-    PYTHONPATH=. python scripts/launch_host_time.py [--calls 200] [--repeats 7]
+    PYTHONPATH=. python benchmarks/diagnostics/launch_host_time.py [--calls 200] [--repeats 7]
 
 For each kernel, the arguments of one real call (decode shapes of the 1.2B Llama: B=1, 32/8
 heads, head dim 64, bf16, a short cache so the GPU keeps up) are recorded, then the launch is
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hf_flash import apply_rotary_emb, flash_attn_with_kvcache  # noqa: E402
 from hf_flash.kernels import decode, launch, rotary  # noqa: E402

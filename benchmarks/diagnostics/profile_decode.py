@@ -1,6 +1,6 @@
 """Where a decode step spends its time on the GPU: hf_flash beside sdpa (diagnostic).
 
-    PYTHONPATH=. python scripts/profile_decode.py [--prompt 4096] [--steps 32]
+    PYTHONPATH=. python benchmarks/diagnostics/profile_decode.py [--prompt 4096] [--steps 32]
 
 The 1.2B Llama of benchmarks/e2e_generate.py (random weights, bf16), batch 1, a ``--prompt``
 token prompt prefilled once, then ``--steps`` greedy decode steps through ``model(...)`` with the
@@ -15,7 +15,8 @@ DynamicCache, as generate() runs them. For each attention implementation it prin
 If host ms/step ~ wall ms/step the step is host-bound; the launch counts and the hotspots say
 where that host time goes. With ``--cache static`` (default: both) it also profiles generate()
 with the static cache (compiled, CUDA graphs: device-bound) and lists the kernels of a decode
-step by device time (a run of ``--steps`` new tokens minus a run of one). scripts/decode_host_overhead.py measures the Python part on a CPU.
+step by device time (a run of ``--steps`` new tokens minus a run of one).
+benchmarks/diagnostics/decode_host_overhead.py measures the Python part on a CPU.
 
 ``--host-breakdown`` (static cache only) times where a compiled generate() step spends its host
 time: generate's own pieces (``prepare_inputs_for_generation``, the compiled forward call until
@@ -40,7 +41,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.e2e_generate import build_model  # noqa: E402
 
@@ -210,7 +211,7 @@ def main(argv=None) -> int:
                         help="static cache: where a compiled step's host time goes")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU (scripts/decode_host_overhead.py measures the host part on a CPU)")
+        parser.error("needs a CUDA GPU (benchmarks/diagnostics/decode_host_overhead.py measures the host part on a CPU)")
     import hf_flash
 
     hf_flash.register()
