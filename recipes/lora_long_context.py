@@ -20,7 +20,9 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -68,10 +70,59 @@ class MetricsLog:
                 fh.write(json.dumps(row) + "\n")
 
 
+@dataclass
+class _Run:
+    """What the set-up hands to the loop and the final save."""
+
+    cfg: RecipeConfig
+    accelerator: Any
+    log: Callable[..., None]
+    out: Path
+    model_path: Path
+    tokenizer: Any
+    batches: PackedBatches
+    wrapper: Any = None  # CausalLMWithLinearCE, prepared by accelerate
+    optimizer: Any = None
+    scheduler: Any = None
+    params: list = field(default_factory=list)  # the trainable parameters, for gradient clipping
+
+    @property
+    def main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+
+@dataclass
+class _Progress:
+    """Where the loop stands: the step, the tokens seen, and the throughput of this run's steps."""
+
+    step: int
+    tokens_seen: int
+    loss: float = float("nan")
+    run_tokens: int = 0
+    run_time: float = 0.0
+    steps_this_run: int = 0
+
+
 def train(cfg: RecipeConfig) -> dict:
     """Run the recipe; returns a summary (final loss, tokens/s, peak memory, paths)."""
+    run = _set_up(cfg)
+    _prepare_model(run)
+    progress = _resume(run)
+    interrupted = _loop(run, progress)
+    if interrupted is not None:
+        return interrupted
+    return _finish(run, progress)
+
+
+def _set_up(cfg: RecipeConfig) -> _Run:
+    """The accelerator, the tokenizer and the packed data (before the model: bad data fails
+    before a large model is loaded)."""
     from accelerate import Accelerator
-    from accelerate.utils import DistributedType, set_seed
+    from accelerate.utils import set_seed
 
     accelerator = Accelerator(
         mixed_precision=None if os.environ.get("ACCELERATE_MIXED_PRECISION") else cfg.mixed_precision,
@@ -79,14 +130,12 @@ def train(cfg: RecipeConfig) -> dict:
     )
     main = accelerator.is_main_process
     log = (lambda *a: print(*a, flush=True)) if main else (lambda *a: None)
-    fsdp = accelerator.distributed_type == DistributedType.FSDP
     device = accelerator.device
     out = Path(cfg.output_dir)
     set_seed(cfg.seed)
     log(f"accelerate: {accelerator.num_processes} process(es), {accelerator.distributed_type.value}, "
         f"backend {accelerator.state.backend}, device {device}, mixed precision {accelerator.mixed_precision}")
 
-    # model ------------------------------------------------------------------------------------
     if cfg.model is None:
         from .data import ByteTokenizer
 
@@ -99,16 +148,23 @@ def train(cfg: RecipeConfig) -> dict:
     else:
         model_path = Path(cfg.model)
     tokenizer = load_tokenizer(cfg.tokenizer or str(model_path))
-
-    # data (first: bad data fails before a large model is loaded) ------------------------------
     rows = build_rows(cfg, tokenizer, log)
     batches = PackedBatches(
         rows, cfg.micro_batch_size, accelerator.process_index, accelerator.num_processes, cfg.seed,
         flash_kwargs="flash" in cfg.attn_implementation,
     )
+    return _Run(cfg, accelerator, log, out, model_path, tokenizer, batches)
 
+
+def _prepare_model(run: _Run) -> None:
+    """The model with LoRA, the memory check, then the optimiser and its schedule, prepared by
+    accelerate (sharded under FSDP)."""
+    from accelerate.utils import DistributedType
+
+    cfg, accelerator, device, log, tokenizer = run.cfg, run.accelerator, run.device, run.log, run.tokenizer
+    fsdp = accelerator.distributed_type == DistributedType.FSDP
     # FSDP loads real weights on the CPU and shards them; random weights are built in place
-    model = load_model(cfg, model_path, log, device=device if cfg.random_init or not fsdp else None)
+    model = load_model(cfg, run.model_path, log, device=device if cfg.random_init or not fsdp else None)
     if getattr(tokenizer, "vocab_size", 0) > model.config.vocab_size:
         raise ConfigError(
             f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {model.config.vocab_size}"
@@ -123,24 +179,26 @@ def train(cfg: RecipeConfig) -> dict:
         f"{checkpointing}")
     check_memory(model, cfg, device, accelerator.num_processes, fsdp, log)
 
-    # optimisation -----------------------------------------------------------------------------
     wrapper = CausalLMWithLinearCE(model, cfg.loss_impl, cfg.loss_chunk_tokens)
     optimizer = torch.optim.AdamW(
         [p for p in wrapper.parameters() if p.requires_grad], lr=cfg.learning_rate,
         betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay,
     )
     # not passed to prepare(): accelerate would step it once per process per optimiser step
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    accelerator.register_for_checkpointing(scheduler)
+    run.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    accelerator.register_for_checkpointing(run.scheduler)
     # one call: FSDP2 must shard the model and remap the optimizer's parameters together
-    wrapper, optimizer = accelerator.prepare(wrapper, optimizer)
-    params = [p for p in wrapper.parameters() if p.requires_grad]
+    run.wrapper, run.optimizer = accelerator.prepare(wrapper, optimizer)
+    run.params = [p for p in run.wrapper.parameters() if p.requires_grad]
     if not fsdp:
         accelerator.register_save_state_pre_hook(trainable_only_hook)
 
-    # resume -----------------------------------------------------------------------------------
+
+def _resume(run: _Run) -> _Progress:
+    """Drop partial checkpoints; with --resume, load the latest complete one and start from its step."""
+    cfg, accelerator, out = run.cfg, run.accelerator, run.out
     start_step, tokens_seen = 0, 0
-    if main:
+    if run.main:
         clean_partial(out)
     accelerator.wait_for_everyone()
     if cfg.resume:
@@ -149,98 +207,122 @@ def train(cfg: RecipeConfig) -> dict:
             raise ConfigError(f"--resume: no complete checkpoint under {out / 'checkpoints'}")
         state = load_checkpoint(accelerator, ckpt, cfg)
         start_step, tokens_seen = state["step"], state["tokens_seen"]
-        log(f"resumed from {ckpt} at step {start_step}")
-    elif main and latest_checkpoint(out) is not None:
-        log(f"note: {out / 'checkpoints'} holds checkpoints; starting fresh (pass --resume to continue)")
-    metrics = MetricsLog(out / "metrics.jsonl", start_step, main)
-    if main:
-        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+        run.log(f"resumed from {ckpt} at step {start_step}")
+    elif run.main and latest_checkpoint(out) is not None:
+        run.log(f"note: {out / 'checkpoints'} holds checkpoints; starting fresh (pass --resume to continue)")
+    return _Progress(start_step, tokens_seen)
 
-    # loop -------------------------------------------------------------------------------------
-    wrapper.train()
-    progress = None
-    if main and cfg.progress:
+
+def _loop(run: _Run, progress: _Progress) -> dict | None:
+    """Optimiser steps up to ``max_steps`` (config.json and metrics.jsonl first): metrics, the
+    progress bar, the profiled step and checkpoints. Returns ``{"interrupted_at": step}`` when
+    ``interrupt_after`` stops it."""
+    cfg, accelerator, device = run.cfg, run.accelerator, run.device
+    start_step = progress.step
+    metrics = MetricsLog(run.out / "metrics.jsonl", start_step, run.main)
+    if run.main:
+        (run.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    run.wrapper.train()
+    bar = None
+    if run.main and cfg.progress:
         from tqdm.auto import tqdm
 
-        progress = tqdm(total=cfg.max_steps, initial=start_step, desc="train", dynamic_ncols=True)
+        bar = tqdm(total=cfg.max_steps, initial=start_step, desc="train", dynamic_ncols=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    ga = cfg.gradient_accumulation_steps
-    step, loss_value, run_tokens, run_time = start_step, float("nan"), 0, 0.0
-    steps_this_run = 0
-    while step < cfg.max_steps:
-        prof = _start_profiler(device) if step + 1 == cfg.profile_step else None
+    step_tokens = cfg.micro_batch_size * cfg.seq_len * cfg.gradient_accumulation_steps * accelerator.num_processes
+    while progress.step < cfg.max_steps:
+        prof = _start_profiler(device) if progress.step + 1 == cfg.profile_step else None
         t0 = time.perf_counter()
-        micro = [batches.get(step * ga + i, device) for i in range(ga)]
-        n_label = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro)
-        loss_sum = torch.zeros((), device=device)
-        for i, batch in enumerate(micro):
-            sync = accelerator.no_sync(wrapper) if i < ga - 1 else _nullcontext()
-            with sync, accelerator.autocast():
-                loss = wrapper(**batch) / max(n_label, 1)
-            accelerator.backward(loss)
-            loss_sum += loss.detach()
-        grad_norm = accelerator.clip_grad_norm_(params, cfg.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        steps_this_run += 1
-        loss_value = float(accelerator.reduce(loss_sum, reduction="mean"))
+        grad_norm, loss_sum = _optimizer_step(run, progress.step)
+        progress.step += 1
+        progress.steps_this_run += 1
+        step = progress.step
+        progress.loss = float(accelerator.reduce(loss_sum, reduction="mean"))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
-        step_tokens = cfg.micro_batch_size * cfg.seq_len * ga * accelerator.num_processes
-        tokens_seen += step_tokens
+        progress.tokens_seen += step_tokens
         if prof is not None:
-            prof.stop()
-            if main:
-                from .profiling import summary
-
-                path = out / f"profile-step{step}.txt"
-                path.write_text(summary(prof, dt) + "\n")
-                log(f"profile of step {step}: {path}")
-        elif steps_this_run > 1 or cfg.max_steps - start_step == 1:  # first step pays warm-up costs
-            run_tokens += step_tokens
-            run_time += dt
+            _save_profile(run, prof, step, dt)
+        elif progress.steps_this_run > 1 or cfg.max_steps - start_step == 1:  # first step pays warm-up costs
+            progress.run_tokens += step_tokens
+            progress.run_time += dt
         mem, peak = _memory_gib(device)
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             metrics.write({
-                "step": step, "loss": loss_value, "lr": scheduler.get_last_lr()[0],
-                "grad_norm": float(grad_norm), "tokens": tokens_seen, "step_time_s": dt,
+                "step": step, "loss": progress.loss, "lr": run.scheduler.get_last_lr()[0],
+                "grad_norm": float(grad_norm), "tokens": progress.tokens_seen, "step_time_s": dt,
                 "tok_per_s": step_tokens / dt, "mem_gib": round(mem, 3), "peak_mem_gib": round(peak, 3),
             })
-        if progress is not None:
-            progress.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{step_tokens / dt:,.0f}", mem=f"{peak:.1f}GiB")
-            progress.update(1)
+        if bar is not None:
+            bar.set_postfix(loss=f"{progress.loss:.4f}", tok_s=f"{step_tokens / dt:,.0f}", mem=f"{peak:.1f}GiB")
+            bar.update(1)
         if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
-            save_checkpoint(accelerator, out, step, {
-                "step": step, "tokens_seen": tokens_seen, "world_size": accelerator.num_processes,
+            save_checkpoint(accelerator, run.out, step, {
+                "step": step, "tokens_seen": progress.tokens_seen, "world_size": accelerator.num_processes,
                 "config": {k: cfg.to_dict()[k] for k in RESUME_KEYS},
             }, cfg.keep_checkpoints)
-        if cfg.interrupt_after is not None and steps_this_run >= cfg.interrupt_after:
-            if progress is not None:
-                progress.close()
-            log(f"interrupt_after={cfg.interrupt_after}: stopping at step {step} without saving")
+        if cfg.interrupt_after is not None and progress.steps_this_run >= cfg.interrupt_after:
+            if bar is not None:
+                bar.close()
+            run.log(f"interrupt_after={cfg.interrupt_after}: stopping at step {step} without saving")
             accelerator.wait_for_everyone()
             return {"interrupted_at": step}
-    if progress is not None:
-        progress.close()
+    if bar is not None:
+        bar.close()
+    return None
 
-    # save -------------------------------------------------------------------------------------
+
+def _optimizer_step(run: _Run, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s micro-batches (gradient accumulation, the loss divided by the step's label
+    count), clipping, optimiser and schedule. Returns the gradient norm and this process's loss."""
+    cfg, accelerator, device = run.cfg, run.accelerator, run.device
+    ga = cfg.gradient_accumulation_steps
+    micro = [run.batches.get(step * ga + i, device) for i in range(ga)]
+    n_label = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro)
+    loss_sum = torch.zeros((), device=device)
+    for i, batch in enumerate(micro):
+        sync = accelerator.no_sync(run.wrapper) if i < ga - 1 else _nullcontext()
+        with sync, accelerator.autocast():
+            loss = run.wrapper(**batch) / max(n_label, 1)
+        accelerator.backward(loss)
+        loss_sum += loss.detach()
+    grad_norm = accelerator.clip_grad_norm_(run.params, cfg.max_grad_norm)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return grad_norm, loss_sum
+
+
+def _save_profile(run: _Run, prof, step: int, seconds: float) -> None:
+    prof.stop()
+    if run.main:
+        from .profiling import summary
+
+        path = run.out / f"profile-step{step}.txt"
+        path.write_text(summary(prof, seconds) + "\n")
+        run.log(f"profile of step {step}: {path}")
+
+
+def _finish(run: _Run, progress: _Progress) -> dict:
+    """The summary (tokens/s over this run's steps after the first), the adapter and merged model
+    when asked for, summary.json."""
+    cfg, accelerator = run.cfg, run.accelerator
     summary = {
-        "final_loss": loss_value, "steps": step,
-        "tok_per_s": run_tokens / run_time if run_time else None,
-        "peak_mem_gib": _memory_gib(device)[1],
+        "final_loss": progress.loss, "steps": progress.step,
+        "tok_per_s": progress.run_tokens / progress.run_time if progress.run_time else None,
+        "peak_mem_gib": _memory_gib(run.device)[1],
         "gradient_checkpointing": cfg.gradient_checkpointing,
         "keep_attention_outputs": cfg.keeps_attention_outputs(),
     }
     accelerator.wait_for_everyone()
     if cfg.save_adapter or cfg.save_merged:
-        summary.update(save_outputs(accelerator, wrapper, cfg, model_path, tokenizer, out, log))
-    if main:
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
-        log(f"done: loss {loss_value:.4f}, {summary['tok_per_s'] or 0:,.0f} tok/s, peak {summary['peak_mem_gib']:.2f} GiB")
+        summary.update(save_outputs(accelerator, run.wrapper, cfg, run.model_path, run.tokenizer, run.out, run.log))
+    if run.main:
+        (run.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        run.log(f"done: loss {progress.loss:.4f}, {summary['tok_per_s'] or 0:,.0f} tok/s, "
+                f"peak {summary['peak_mem_gib']:.2f} GiB")
     accelerator.end_training()
     return summary
 
