@@ -6,7 +6,7 @@ counters; an out-of-memory run cannot poison the next) on a randomly initialised
 gradient checkpointing, the chunked cross-entropy, batch 1, one document per row (so sdpa gets
 its fast no-mask path, as in the peers measured in the issue). Tokens/s excludes the first step.
 
-Shapes: the 1.2B Llama of DESIGN.md (hidden 2048, 16 layers, 32/8 heads, intermediate 8192,
+Shapes: the 1.2B Llama of docs/design.md (hidden 2048, 16 layers, 32/8 heads, intermediate 8192,
 vocab 128256, original context 8192, extended with YaRN), the 8B Llama-3 shape (hidden 4096,
 32 layers, 32/8 heads, intermediate 14336) and, with ``--points`` only, the Mistral-7B v0.3
 shape (the 8B's layers, vocab 32768, 32K positions: no RoPE scaling up to 32K, YaRN beyond).

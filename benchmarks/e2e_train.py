@@ -94,7 +94,7 @@ def build(family: str, smoke: bool):
         config = transformers.MistralConfig(**shape, sliding_window=window)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    # the CPU interpreter is wrong for bf16 dot products (DESIGN.md): smoke runs there in fp32
+    # the CPU interpreter is wrong for bf16 dot products (docs/design.md): smoke runs there in fp32
     dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
     with torch.device(DEVICE):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)

@@ -19,7 +19,7 @@ provider credited the same): read q, k, cos, sin and write q, k, i.e.
 ``torch.autograd.grad`` of retained outputs (the conjugate rotation of dq, dk; same bytes).
 Bar (issue 5): at T = 32K, hf_flash >= 3x transformers and >= 80% of the copy bandwidth.
 
-Part 2, training step of the 1.2B Llama shape of DESIGN.md (hidden 2048, 16 layers, 32/8 heads,
+Part 2, training step of the 1.2B Llama shape of docs/design.md (hidden 2048, 16 layers, 32/8 heads,
 vocab 128256, random init, bf16), LoRA r=16 on q/k/v/o/gate/up/down, gradient checkpointing,
 batch 1 at 32K tokens, ``--attn`` attention (default sdpa): forward + backward + AdamW step,
 tokens/s with and without ``hf_flash.integration.rope_patch.patch_model`` on the same model.
