@@ -82,9 +82,9 @@ def _key_mask_results(mask, out, stats, *_ints, **_meta):
     mask function reads them (is every row contiguous?), so a stub that leaves them unset would
     make it refuse the mask. These few CPU ops count as host time, slightly overstating the
     kernel's launch."""
-    from hf_flash.integration.attention import _mask_rows_torch
+    from hf_flash.integration.masks import mask_rows_torch
 
-    o, s = _mask_rows_torch(mask, out.shape[1])
+    o, s = mask_rows_torch(mask, out.shape[1])
     out.copy_(o)
     stats.copy_(s)
 
