@@ -50,7 +50,7 @@ from ..decode import MAX_DECODE_QUERIES, decode_attention, full_lengths
 from .common import flash_window
 from .families import patch_target
 from .masks import key_blocks
-from .patching import is_wrapped, unwrap_forwards, wrap_forward
+from .patching import is_wrapped, unwrap_forwards, wrap_instances
 
 __all__ = ["patch_model", "revert_model", "is_patched"]
 
@@ -69,13 +69,7 @@ def patch_model(model) -> bool:
     if target is None:
         return False
     modeling, family = target
-    cls = getattr(modeling, family.attention)
-    found = False
-    for module in model.modules():
-        if type(module) is not cls:
-            continue
-        found = True
-        wrap_forward(module, _RECORD, _make_forward)
+    found, _ = wrap_instances(model, getattr(modeling, family.attention), _RECORD, _make_forward)
     return found
 
 

@@ -42,6 +42,22 @@ def wrap_forward(
     return True
 
 
+def wrap_instances(model, cls, record: str, make_forward: Callable, **options) -> tuple:
+    """:func:`wrap_forward` on every module of ``model`` whose type is exactly ``cls``.
+    Returns ``(found, refused)``: whether any such module exists, and the names of those it
+    left alone because ``options`` forbade the patch there (already patched ones are fine)."""
+    found, refused = False, []
+    for name, module in model.named_modules():
+        if type(module) is not cls:
+            continue
+        found = True
+        if record not in module.__dict__ and not wrap_forward(
+            module, record, make_forward, **options
+        ):
+            refused.append(name)
+    return found, refused
+
+
 def unwrap_forwards(model, record: str) -> int:
     """Undo :func:`wrap_forward` for ``record`` on every module of ``model``; returns how many."""
     count = 0

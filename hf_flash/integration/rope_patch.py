@@ -30,7 +30,7 @@ import warnings
 from typing import Callable
 
 from .families import patch_target
-from .patching import is_wrapped, unwrap_forwards, wrap_forward
+from .patching import is_wrapped, unwrap_forwards, wrap_instances
 
 __all__ = ["patch_model", "revert_model", "is_patched"]
 
@@ -102,16 +102,11 @@ def patch_model(model, rope: bool = True) -> bool:
     except _Unsupported as err:
         warnings.warn(f"hf_flash fused RoPE not applied: {err}", stacklevel=2)
         return False
-    found, blocked = False, []
-    for name, module in model.named_modules():
-        if type(module) is not cls:
-            continue
-        found = True
-        if is_wrapped(module, _RECORD):
-            continue  # already patched (post_init runs once per nested PreTrainedModel)
-        if not wrap_forward(module, _RECORD, lambda current: forward, over_class_forward=True):
-            # another per-instance patch (e.g. fused decode) would be silently dropped
-            blocked.append(name)
+    # post_init runs once per nested PreTrainedModel: patched modules are skipped; a module with
+    # another per-instance forward (e.g. fused decode) is refused, that patch would be dropped
+    found, blocked = wrap_instances(
+        model, cls, _RECORD, lambda current: forward, over_class_forward=True
+    )
     if blocked:
         warnings.warn(
             f"hf_flash fused RoPE not applied to {len(blocked)} module(s) (first: {blocked[0]}) "

@@ -47,7 +47,7 @@ from torch import Tensor
 
 from .families import patch_target
 from .masks import mask_rows
-from .patching import is_wrapped, unwrap_forwards, wrap_forward
+from .patching import is_wrapped, unwrap_forwards, wrap_instances
 
 __all__ = ["patch_model", "revert_model", "is_patched", "unpad_inputs"]
 
@@ -67,13 +67,10 @@ def patch_model(model) -> bool:
         return False
     modeling, family = target
     cls = getattr(modeling, family.base_model)
-    found = False
-    for module in model.modules():
-        if type(module) is not cls:
-            continue
-        found = True
-        # idempotent: post_init runs once per nested PreTrainedModel
-        wrap_forward(module, _RECORD, lambda inner, f=cls.forward: _make_forward(f, inner))
+    # idempotent: post_init runs once per nested PreTrainedModel
+    found, _ = wrap_instances(
+        model, cls, _RECORD, lambda inner, f=cls.forward: _make_forward(f, inner)
+    )
     return found
 
 
