@@ -12,7 +12,8 @@ S = 4K, 8K, 16K, 32K (batch 16K // S, at least 1, so every point has 16K-32K tok
   sdpa_flash        the same under sdpa_kernel(FLASH_ATTENTION)
 
 with triton.testing.do_bench (CUDA events, 256 MB L2 flush between calls, warm-up, median of
-the repetitions). TFLOP/s = 4 B Hq S^2 D / time, halved when causal. Each row records the ratio
+the repetitions), ``--rounds`` times per provider with the providers taking turns, and reports
+the median of the rounds (the mean for an even count). TFLOP/s = 4 B Hq S^2 D / time, halved when causal. Each row records the ratio
 to ``sdpa`` and, for the Gluon kernel, its max |difference| to sdpa's output (a spot check that
 the timed kernel computes attention; the tests do the real checking). SDPA and hf_flash's
 kernels take their native layouts: (B, H, S, D) and (B, S, H, D).
@@ -50,7 +51,7 @@ def env_info() -> dict:
     }  # fmt: skip
 
 
-def bench(fn, warmup_ms=25, rep_ms=150) -> dict:
+def bench(fn, warmup_ms=20, rep_ms=100) -> dict:
     import triton.testing
 
     med, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
@@ -96,7 +97,7 @@ def providers(q, k, v, causal, variants):
     return fns
 
 
-def run_point(head_dim, causal, seqlen, variants) -> list[dict]:
+def run_point(head_dim, causal, seqlen, variants, rounds=1) -> list[dict]:
     batch = max(1, TOKENS // seqlen)
     g = torch.Generator(device="cuda").manual_seed(seqlen + head_dim)
     q = torch.randn(batch, seqlen, NHEADS_Q, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -104,7 +105,7 @@ def run_point(head_dim, causal, seqlen, variants) -> list[dict]:
     v = torch.randn(batch, seqlen, NHEADS_KV, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
     fns = providers(q, k, v, causal, variants)
     ref = None
-    rows = []
+    rows = {}
     with torch.no_grad():
         try:
             ref = fns["sdpa"]().float()
@@ -112,7 +113,7 @@ def run_point(head_dim, causal, seqlen, variants) -> list[dict]:
             ref_error = f"{type(e).__name__}: {e}"
         for name, fn in fns.items():
             row = {"provider": name, "head_dim": head_dim, "causal": causal, "seqlen": seqlen, "batch": batch,
-                   "nheads_q": NHEADS_Q, "nheads_kv": NHEADS_KV, "dtype": "bfloat16"}  # fmt: skip
+                   "nheads_q": NHEADS_Q, "nheads_kv": NHEADS_KV, "dtype": "bfloat16", "round_ms": []}  # fmt: skip
             try:
                 res = fn()
                 torch.cuda.synchronize()
@@ -120,18 +121,28 @@ def run_point(head_dim, causal, seqlen, variants) -> list[dict]:
                     row["max_abs_diff_vs_sdpa"] = (
                         (res.float() - ref).abs().max().item() if ref is not None else ref_error
                     )
-                t = bench(fn)
-                row.update(t)
-                row["tflops"] = flops(batch, seqlen, head_dim, causal) / (t["ms"] * 1e-3) / 1e12
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 traceback.print_exc()
-            rows.append(row)
-    base = next((r for r in rows if r["provider"] == "sdpa" and "tflops" in r), None)
-    for r in rows:
-        if base is not None and "tflops" in r:
-            r["vs_sdpa"] = r["tflops"] / base["tflops"]
-    return rows
+            rows[name] = row
+        # providers take turns, in alternating order, so a drift of the GPU's clock over the
+        # point's seconds falls on all of them alike; each round is one do_bench median
+        names = [n for n in fns if "error" not in rows[n]]
+        for r in range(rounds):
+            for name in names if r % 2 == 0 else names[::-1]:
+                t = bench(fns[name])
+                rows[name]["round_ms"].append(t["ms"])
+                if r == 0:
+                    rows[name].update(p20_ms=t["p20_ms"], p80_ms=t["p80_ms"])
+    for name in names:
+        row = rows[name]
+        row["ms"] = float(torch.tensor(row["round_ms"]).median().item()) if rounds % 2 else sum(row["round_ms"]) / rounds
+        row["tflops"] = flops(batch, seqlen, head_dim, causal) / (row["ms"] * 1e-3) / 1e12
+    base = rows.get("sdpa") if "tflops" in rows.get("sdpa", {}) else None
+    for row in rows.values():
+        if base is not None and "tflops" in row:
+            row["vs_sdpa"] = row["tflops"] / base["tflops"]
+    return list(rows.values())
 
 
 def main(argv=None) -> None:
@@ -142,6 +153,7 @@ def main(argv=None) -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--seqlens", nargs="+", type=int, default=[4096, 8192, 16384, 32768])
     ap.add_argument("--head-dims", nargs="+", type=int, default=[128, 64])
+    ap.add_argument("--rounds", type=int, default=3, help="timings per provider and point (median)")
     args = ap.parse_args(argv)
     meta = env_info()
     print(json.dumps(meta), flush=True)
@@ -149,7 +161,7 @@ def main(argv=None) -> None:
     for d in args.head_dims:
         for causal in (True, False):
             for s in args.seqlens:
-                point = run_point(d, causal, s, args.variants)
+                point = run_point(d, causal, s, args.variants, args.rounds)
                 rows += point
                 cells = "  ".join(
                     f"{r['provider']}={r['tflops']:.0f}" if "tflops" in r else f"{r['provider']}=ERR" for r in point
