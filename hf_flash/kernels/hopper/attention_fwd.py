@@ -108,8 +108,8 @@ VARIANTS = {
 DEFAULT = {
     (128, False): "ws2x4-overlap-fma",
     (128, True): "ws2x4-overlap-fma",
-    (64, False): "ws3x4-pp",
-    (64, True): "ws2x4-overlap-fma",
+    (64, False): "ws3x4-pp-s3",
+    (64, True): "ws3x4-pp-s3",
 }
 HEAD_DIMS = (64, 128)
 PRODUCER_REGS = 24
