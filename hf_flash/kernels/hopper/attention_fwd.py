@@ -28,9 +28,15 @@ Variants (compile-time):
 
 Masking: key tiles that are entirely visible run without a mask; only tiles that cross the causal
 diagonal (bottom-right aligned: query row i sees keys ``j <= i + seqlen_k - seqlen_q``) or the
-end of the keys are masked, and tiles past the diagonal are never loaded. Programs are ordered
-longest first for causal attention (the grid's fastest axis is (batch, head), its slowest the
-query tile counted from the end), so the tail of the launch holds the short programs.
+end of the keys are masked, and tiles past the diagonal are never loaded.
+
+Work items are (batch, head, query tile) triples numbered with (batch, head) fastest and the
+query tile counted from the end, so under causal masking the items that see the most keys come
+first and the tail of the launch holds the short ones. A program takes items program_id,
+program_id + num_programs, ...: one item per program (grid = items), or, for the ``persistent``
+variants, one program per SM whose producer loads the next item's Q and K/V while the consumers
+finish the previous item (the ring's slots and phases run on across items; the output is staged
+in its own shared-memory tile, so its store overlaps the next item's loop).
 
 Addressing goes through TMA descriptors over (batch, head, seq, dim) views with the tensors' own
 strides (int64 in the descriptor; tile coordinates are int32 per axis), so non-contiguous views
@@ -78,6 +84,7 @@ class Variant:
     fma_scale: bool = False  # scale folded into exp2's argument (one FMA per score)
     consumer_regs: int = 0  # register budget of each worker consumer partition (consumers > 1)
     head_dims: tuple = (64, 128)
+    persistent: bool = False  # one program per SM looping over work items, not one per item
 
     @property
     def rows(self) -> int:
@@ -103,6 +110,9 @@ VARIANTS = {
                 pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,)),
         Variant("ws3x4-overlap-fma", block_m=64, block_n=128, stages=2, consumers=3, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=160, head_dims=(64,)),
+        # a persistent 3-consumer form spills 64 bytes at 160 registers per consumer (causal)
+        Variant("ws2x4-overlap-fma-persist", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
+                overlap=True, fma_scale=True, consumer_regs=232, persistent=True),
     )
 }  # fmt: skip
 DEFAULT = {
@@ -122,23 +132,51 @@ def _mma_layout(n, num_warps):
 
 
 @gluon.jit
-def _producer(
-    q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-    q_bar, k_ready, v_ready, k_empty, v_empty,
-    b, h, kv_h, m0, n_tiles,
+def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
+               ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
+    """Decode work item ``t``: (batch, head) runs fastest and query tiles are counted from the
+    end, so under causal masking the items that see the most keys come first. Returns
+    (b, h, kv_h, m0, n_tiles, n_unmasked): keys [0, n_tiles * BLOCK_N) are visible to some row of
+    the item, the first n_unmasked tiles to every row and inside the key range."""
+    bh = t % n_bh
+    b = bh // nheads
+    h = bh % nheads
+    m0 = (n_m - 1 - t // n_bh) * ROWS
+    hi = seqlen_k
+    full = seqlen_k // BLOCK_N
+    if CAUSAL:
+        shift = seqlen_k - seqlen_q  # bottom-right alignment
+        hi = gl.minimum(seqlen_k, gl.maximum(m0 + ROWS + shift, 0))
+        full = gl.minimum(full, gl.maximum(m0 + shift + 1, 0) // BLOCK_N)
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+    return b, h, h // group, m0, n_tiles, gl.minimum(full, n_tiles)
+
+
+@gluon.jit
+def _producer_item(
+    t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+    q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr,
 ):  # fmt: skip
+    """Loads of one work item; ``it`` counts the K/V tiles loaded so far (ring slot and phase),
+    ``n_done`` the items started. Returns the new ``it``."""
+    b, h, kv_h, m0, n_tiles, n_unmasked = _work_item(
+        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, BLOCK_M * CONSUMERS, BLOCK_N, CAUSAL
+    )
+    # the Q tiles are free once every consumer has issued its last S = Q K^T of the previous
+    # item; a fresh barrier counts as having completed the phase before 0, so the first wait
+    # (and the first pass through the K/V ring) does not block
+    mbarrier.wait(q_empty, (n_done & 1) ^ 1)
     mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
         tma.async_copy_global_to_shared(
             q_desc, [b, h, m0 + c * BLOCK_M, 0], q_bar, q_smem.index(c).reshape([1, 1, BLOCK_M, HEAD_DIM])
         )
     for j in range(n_tiles):
-        slot = j % STAGES
-        # a fresh barrier counts as having completed the phase before 0, so the first pass
-        # through the ring does not wait
-        phase = ((j // STAGES) & 1) ^ 1
+        slot = it % STAGES
+        phase = ((it // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(slot), phase)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
@@ -150,6 +188,35 @@ def _producer(
         tma.async_copy_global_to_shared(
             v_desc, [b, kv_h, j * BLOCK_N, 0], v_ready.index(slot),
             v_smem.index(slot).reshape([1, 1, BLOCK_N, HEAD_DIM]),
+        )  # fmt: skip
+        it += 1
+    return it
+
+
+@gluon.jit
+def _producer(
+    q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+    q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr,
+):  # fmt: skip
+    if PERSISTENT:
+        it = 0
+        n_done = 0
+        for t in range(gl.program_id(0), n_bh * n_m, gl.num_programs(0)):
+            it = _producer_item(
+                t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
+                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL,
+            )  # fmt: skip
+            n_done += 1
+    else:
+        zero = gl.to_tensor(0)
+        _producer_item(
+            gl.program_id(0), zero, zero, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+            q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
+            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL,
         )  # fmt: skip
 
 
@@ -204,52 +271,60 @@ def _turn_pass(turn, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.
 
 
 @gluon.jit
-def _consumer(
-    q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+def _consumer_item(
+    t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
     o_desc, Lse, stride_lb, stride_lh, stride_lm,
-    b, h, m0, n_tiles, n_unmasked, seqlen_q, seqlen_k, qk_scale,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, qk_scale,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr,
     CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
 ):  # fmt: skip
+    """One work item of one consumer partition. ``it`` (K/V tiles consumed so far), ``tk``
+    (ping-pong turns taken) and ``n_done`` (items done) carry the barrier phases from item to
+    item; returns the new (it, tk)."""
     dtype: gl.constexpr = o_desc.dtype
     s_layout: gl.constexpr = _mma_layout(BLOCK_N, NUM_WARPS)
     o_layout: gl.constexpr = _mma_layout(HEAD_DIM, NUM_WARPS)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    b, h, kv_h, m0, n_tiles, n_unmasked = _work_item(
+        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, BLOCK_M * CONSUMERS, BLOCK_N, CAUSAL
+    )
     row0 = m0 + INDEX * BLOCK_M
     # key positions each query row may see, bottom-right aligned
     rows = row0 + gl.arange(0, BLOCK_M, layout=row_s) + (seqlen_k - seqlen_q)
-    q_tile = q_smem.index(INDEX)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
 
-    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(q_bar, n_done & 1)
     if OVERLAP:
         if n_tiles > 0:
-            mbarrier.wait(k_ready.index(0), 0)
-            _turn_wait(turn, 0, INDEX, PINGPONG)
-            s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            slot = it % STAGES
+            mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
+            _turn_wait(turn, tk, INDEX, PINGPONG)
+            s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
+            tk += 1
             s = warpgroup_mma_wait(0, deps=(s,))
-            mbarrier.arrive(k_empty.index(0))
+            mbarrier.arrive(k_empty.index(slot))
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, rows, 0, n_unmasked, seqlen_k, qk_scale,
                                                s_layout, BLOCK_N, CAUSAL, FMA_SCALE)  # fmt: skip
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, n_tiles):
-                slot = j % STAGES
-                prev = (j - 1) % STAGES
-                mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-                _turn_wait(turn, j, INDEX, PINGPONG)
+                prev = it % STAGES
+                it += 1
+                slot = it % STAGES
+                mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
+                _turn_wait(turn, tk, INDEX, PINGPONG)
                 s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
                                       is_async=True)  # fmt: skip
                 acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
+                tk += 1
                 # S_j is done once at most one group (the P V product) is still running
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot))
@@ -260,19 +335,25 @@ def _consumer(
                 mbarrier.arrive(v_empty.index(prev))
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
-            last = (n_tiles - 1) % STAGES
-            mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
-            _turn_wait(turn, n_tiles, INDEX, PINGPONG)
+            # every S = Q K^T of this item has completed: the producer may load the next Q
+            mbarrier.arrive(q_empty)
+            last = it % STAGES
+            mbarrier.wait(v_ready.index(last), (it // STAGES) & 1)
+            _turn_wait(turn, tk, INDEX, PINGPONG)
             acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
             _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
+            tk += 1
             acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
             mbarrier.arrive(v_empty.index(last))
+            it += 1
+        else:
+            mbarrier.arrive(q_empty)
     else:
         for j in range(n_tiles):
-            slot = j % STAGES
-            phase = (j // STAGES) & 1
+            slot = it % STAGES
+            phase = (it // STAGES) & 1
             mbarrier.wait(k_ready.index(slot), phase)
-            _turn_wait(turn, 2 * j, INDEX, PINGPONG)
+            _turn_wait(turn, tk, INDEX, PINGPONG)
             s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s,))
@@ -282,11 +363,14 @@ def _consumer(
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             mbarrier.wait(v_ready.index(slot), phase)
-            _turn_wait(turn, 2 * j + 1, INDEX, PINGPONG)
+            _turn_wait(turn, tk + 1, INDEX, PINGPONG)
             acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
             _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
+            tk += 2
             acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
             mbarrier.arrive(v_empty.index(slot))
+            it += 1
+        mbarrier.arrive(q_empty)
 
     # rows that saw no key: output 0 and lse = +inf (the backward's exp(s - lse) is then 0)
     empty = l_i == 0.0
@@ -298,14 +382,52 @@ def _consumer(
         m_log2 = m_i
     lse = gl.where(empty, float("inf"), (m_log2 + gl.log2(l_safe)) * LN2)
 
-    # the Q tile is dead once the last S wgmma has completed: stage the output there for TMA
-    q_tile.store(out.to(dtype))
+    # the previous item's output store must have read the staging tile before it is rewritten;
+    # waiting here (not right after issuing it) lets that store run under this item's loop
+    tma.store_wait(0)
+    o_tile.store(out.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], q_tile.reshape([1, 1, BLOCK_M, HEAD_DIM]))
-
+    tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], o_tile.reshape([1, 1, BLOCK_M, HEAD_DIM]))
     offs = row0 + gl.arange(0, BLOCK_M, layout=row_s)
     lse_ptrs = Lse + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh + offs.to(gl.int64) * stride_lm
     gl.store(lse_ptrs, lse, mask=offs < seqlen_q)
+    return it, tk
+
+
+@gluon.jit
+def _consumer(
+    q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+    o_desc, Lse, stride_lb, stride_lh, stride_lm,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, qk_scale,
+    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr,
+    CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr,
+):  # fmt: skip
+    q_tile = q_smem.index(INDEX)
+    o_tile = o_smem.index(INDEX)
+    if PERSISTENT:
+        it = 0  # K/V tiles consumed so far (ring slot and phase), as in the producer
+        tk = 0  # ping-pong turns taken so far
+        n_done = 0
+        for t in range(gl.program_id(0), n_bh * n_m, gl.num_programs(0)):
+            it, tk = _consumer_item(
+                t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                v_empty, turn, o_desc, Lse, stride_lb, stride_lh, stride_lm,
+                nheads, group, n_bh, n_m, seqlen_q, seqlen_k, qk_scale,
+                INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG,
+                FMA_SCALE,
+            )  # fmt: skip
+            n_done += 1
+    else:
+        # one item per program: the phases start at 0 and nothing is carried
+        zero = gl.to_tensor(0)  # a runtime value: the counters are loop-carried inside the item
+        _consumer_item(
+            gl.program_id(0), zero, zero, zero, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+            v_empty, turn, o_desc, Lse, stride_lb, stride_lh, stride_lm,
+            nheads, group, n_bh, n_m, seqlen_q, seqlen_k, qk_scale,
+            INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG,
+            FMA_SCALE,
+        )  # fmt: skip
     tma.store_wait(0)
 
 
@@ -313,49 +435,35 @@ def _consumer(
 def _attn_fwd_kernel(
     q_desc, k_desc, v_desc, o_desc, Lse,
     stride_lb, stride_lh, stride_lm,
-    nheads, group, seqlen_q, seqlen_k, qk_scale,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, qk_scale,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-    PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
+    PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr,
 ):  # fmt: skip
-    ROWS: gl.constexpr = BLOCK_M * CONSUMERS
-    bh = gl.program_id(0)
-    b = bh // nheads
-    h = bh % nheads
-    kv_h = h // group
-    # the slowest grid axis counts query tiles from the end: under causal masking the last
-    # tiles see the most keys, so they start first
-    m0 = (gl.num_programs(1) - 1 - gl.program_id(1)) * ROWS
-
-    # keys [0, hi) are visible to some row of this program; tiles before n_unmasked are
-    # visible to every row and inside the key range
-    hi = seqlen_k
-    full = seqlen_k // BLOCK_N
-    if CAUSAL:
-        shift = seqlen_k - seqlen_q
-        hi = gl.minimum(seqlen_k, gl.maximum(m0 + ROWS + shift, 0))
-        full = gl.minimum(full, gl.maximum(m0 + shift + 1, 0) // BLOCK_N)
-    n_tiles = gl.cdiv(hi, BLOCK_N)
-    n_unmasked = gl.minimum(full, n_tiles)
+    # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
+    # program takes item program_id (PERSISTENT: program_id, program_id + num_programs, ...)
 
     dtype: gl.constexpr = q_desc.dtype
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], tile_layout)
+    o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], tile_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    # each consumer partition arrives once per item (q_empty) and once per slot use
+    mbarrier.init(q_empty, count=CONSUMERS)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        # each consumer partition arrives once per slot use
         mbarrier.init(k_empty.index(i), count=CONSUMERS)
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
     for i in gl.static_range(CONSUMERS):
@@ -364,18 +472,19 @@ def _attn_fwd_kernel(
     if CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                             o_desc, Lse, stride_lb, stride_lh, stride_lm,
-                             b, h, m0, n_tiles, n_unmasked, seqlen_q, seqlen_k, qk_scale,
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                             turn, o_desc, Lse, stride_lb, stride_lh, stride_lm,
+                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, qk_scale,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                             o_desc, Lse, stride_lb, stride_lh, stride_lm,
-                             b, h, m0, n_tiles, n_unmasked, seqlen_q, seqlen_k, qk_scale,
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT)),
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                             turn, o_desc, Lse, stride_lb, stride_lh, stride_lm,
+                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, qk_scale,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE)),
-                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                             v_empty, b, h, kv_h, m0, n_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS)),
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                             k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, PERSISTENT)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -384,23 +493,24 @@ def _attn_fwd_kernel(
         gl.static_assert(CONSUMERS == 3, "2 or 3 consumer partitions")
         gl.warp_specialize(
             [
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                             o_desc, Lse, stride_lb, stride_lh, stride_lm,
-                             b, h, m0, n_tiles, n_unmasked, seqlen_q, seqlen_k, qk_scale,
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                             turn, o_desc, Lse, stride_lb, stride_lh, stride_lm,
+                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, qk_scale,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                             o_desc, Lse, stride_lb, stride_lh, stride_lm,
-                             b, h, m0, n_tiles, n_unmasked, seqlen_q, seqlen_k, qk_scale,
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT)),
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                             turn, o_desc, Lse, stride_lb, stride_lh, stride_lm,
+                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, qk_scale,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                             o_desc, Lse, stride_lb, stride_lh, stride_lm,
-                             b, h, m0, n_tiles, n_unmasked, seqlen_q, seqlen_k, qk_scale,
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT)),
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                             turn, o_desc, Lse, stride_lb, stride_lh, stride_lm,
+                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, qk_scale,
                              2, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE)),
-                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                             v_empty, b, h, kv_h, m0, n_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS)),
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                             k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, PERSISTENT)),
             ],
             [CONSUMER_WARPS, CONSUMER_WARPS, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
@@ -455,8 +565,8 @@ def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
         return False
     if k.shape[0] != batch or k.shape[2] == 0 or nheads % k.shape[2]:
         return False
-    # the grid's query-tile axis is limited to 65535 programs (128 rows each)
-    if triton.cdiv(seqlen_q, 128) > 65535 or k.shape[1] >= 2**31:
+    # work items (batch x head x 64-row query tiles, an upper bound) are counted in int32
+    if batch * nheads * triton.cdiv(seqlen_q, 64) >= 2**31 or k.shape[1] >= 2**31:
         return False
     return all(_tma_compatible(t) for t in (q, k, v))
 
@@ -474,6 +584,20 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
+_SM_COUNTS: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    """Multiprocessors of the device (one persistent program each); 132 (an H100 SXM) for the
+    CPU compile check, where only the kernel's arguments matter."""
+    if device.type != "cuda":
+        return 132
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNTS:
+        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNTS[index]
+
+
 def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant):
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the
     CPU compile check, so both build the same kernel."""
@@ -484,18 +608,19 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant):
         raise ValueError(f"variant {variant} is built for head dims {var.head_dims}, not {head_dim}")
     if not softmax_scale > 0:
         raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
-    grid = (batch * nheads, triton.cdiv(seqlen_q, var.rows))
+    n_bh, n_m = batch * nheads, triton.cdiv(seqlen_q, var.rows)
+    grid = (min(n_bh * n_m, _sm_count(q.device)) if var.persistent else n_bh * n_m,)
     args = (
         _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
         _descriptor(out, var.block_m), lse,
         lse.stride(0), lse.stride(1), lse.stride(2),
-        nheads, nheads // nheads_k, seqlen_q, seqlen_k, float(softmax_scale) * LOG2E,
+        nheads, nheads // nheads_k, n_bh, n_m, seqlen_q, seqlen_k, float(softmax_scale) * LOG2E,
     )  # fmt: skip
     kwargs = dict(
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=var.consumer_warps, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), OVERLAP=var.overlap, PINGPONG=var.pingpong,
-        FMA_SCALE=var.fma_scale,
+        FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs
