@@ -14,13 +14,19 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attn_check import FWD_FACTOR, GRAD_FACTOR, assert_close_to_ref, poisoned_like
 from conftest import DEVICE
 from hf_flash import flash_attn_func, flash_attn_varlen_func
 from hf_flash.interface import _new_rng_state
 from hf_flash.kernels import flash_bwd, flash_fwd
 from hf_flash.kernels.flash_common import dropout_keep_mask
-from hf_flash.reference import attention_ref, attention_varlen_ref
+from hf_flash.reference import (
+    FWD_FACTOR,
+    GRAD_FACTOR,
+    assert_close_to_ref,
+    attention_ref,
+    attention_varlen_ref,
+    poisoned_like,
+)
 
 
 def _qkv(batch, sq, sk, h, hk, d, dtype, requires_grad=True):

@@ -12,11 +12,16 @@ import math
 import pytest
 import torch
 
-from attn_check import FWD_FACTOR, assert_close_to_ref, poisoned_like
 from conftest import DEVICE
 from hf_flash import flash_attn_with_kvcache
 from hf_flash.kernels import decode
-from hf_flash.reference import kvcache_attention_ref, max_abs_err
+from hf_flash.reference import (
+    FWD_FACTOR,
+    assert_close_to_ref,
+    kvcache_attention_ref,
+    max_abs_err,
+    poisoned_like,
+)
 
 
 def _rotary(rows, rotary_dim, dtype=torch.float32):

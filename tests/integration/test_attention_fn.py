@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
-from attn_check import FWD_FACTOR, GRAD_FACTOR, assert_close_to_ref
 from conftest import DEVICE
 from hf_flash.integration.attention import hf_flash_attention_forward, hf_flash_mask
+from hf_flash.reference import FWD_FACTOR, GRAD_FACTOR, assert_close_to_ref
 
 
 class _Attn(torch.nn.Module):

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_check import FWD_FACTOR
 from conftest import DEVICE
 import hf_flash
 from hf_flash import kvcache
 from hf_flash.integration import decode_patch
+from hf_flash.reference import FWD_FACTOR
 from tiny_models import VOCAB, assert_model_close, load
 
 hf_flash.register()

@@ -10,11 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_check import FWD_FACTOR, GRAD_FACTOR
 import hf_flash
 from hf_flash.integration.attention import hf_flash_attention_forward
+from hf_flash.reference import FWD_FACTOR, GRAD_FACTOR, assert_close_to_ref
 from test_attention_fn import _Attn, _mask, _oracle, _query_rows
-from attn_check import assert_close_to_ref
 from tiny_models import assert_model_close
 
 pytestmark = pytest.mark.gpu

@@ -8,9 +8,9 @@ import copy
 import pytest
 import torch
 
-from attn_check import FWD_FACTOR, GRAD_FACTOR
 from conftest import DEVICE
 import hf_flash
+from hf_flash.reference import FWD_FACTOR, GRAD_FACTOR
 from tiny_models import VOCAB, assert_model_close, load
 
 hf_flash.register()

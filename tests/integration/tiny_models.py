@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from attn_check import floor_for
-from hf_flash.reference import max_abs_err
+from hf_flash.reference import floor_for, max_abs_err
 
 VOCAB = 128
 WINDOW = 8
