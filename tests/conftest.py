@@ -20,8 +20,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-ON_GPU = DEVICE == "cuda"
+ON_GPU = torch.cuda.is_available()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -52,9 +51,10 @@ def pytest_runtest_logreport(report):
             f.write(str(report.longrepr) + "\n\n")
 
 
-@pytest.fixture
-def device():
-    return DEVICE
+@pytest.fixture(scope="session")
+def device() -> str:
+    """Where tests put their tensors: "cuda" on a GPU machine, else "cpu" (the interpreter)."""
+    return "cuda" if ON_GPU else "cpu"
 
 
 @pytest.fixture

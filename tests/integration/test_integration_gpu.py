@@ -121,7 +121,7 @@ def test_static_cache_decode_is_cuda_graph_capturable():
         k[:, :, :length] = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.bfloat16)
         v[:, :, :length] = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.bfloat16)
         q.copy_(torch.randn_like(q))
-        mask.copy_(_mask(b, 100, pads))
+        mask.copy_(_mask("cuda", b, 100, pads))
 
     fill(100, [(10, 0), (0, 0)])
     stream = torch.cuda.Stream()
@@ -137,7 +137,7 @@ def test_static_cache_decode_is_cuda_graph_capturable():
     torch.cuda.synchronize()
     ref = _oracle(q, k, v, mask, causal=True)
     lp = _oracle(q, k, v, mask, causal=True, upcast=False)
-    rows = _query_rows(mask, 1, b)
+    rows = _query_rows("cuda", mask, 1, b)
     assert_close_to_ref("graph replay", out[rows], ref[rows], lp[rows], FWD_FACTOR, torch.bfloat16)
 
 
