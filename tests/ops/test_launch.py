@@ -1,6 +1,6 @@
 """The cached-launch fast path (hf_flash.kernels.launch) on the CPU.
 
-The fast path itself needs a GPU (tests/test_launch_gpu.py); here: its keys agree with what
+The fast path itself needs a GPU (tests/ops/test_launch_gpu.py); here: its keys agree with what
 Triton specialises on, the kernels' parameters follow the launcher's order contract, and the
 launcher's bookkeeping (which path a call takes, the argument order it hands to a compiled
 kernel) with a stand-in kernel and tensors that claim to be on a GPU.
