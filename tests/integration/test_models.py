@@ -1,9 +1,9 @@
 """Tiny models of every supported family on attn_implementation="hf_flash" versus eager/sdpa.
 
-Logits, losses and gradients follow DESIGN.md's error rule against the same model in float64
-eager (see ``tiny_models.assert_model_close``); generation must equal sdpa token for token in
-float32. On CPU the kernels run through Triton's interpreter in float32; the bfloat16 cases run on
-the GPU (``-m gpu``).
+Logits, losses and gradients follow hf_flash.reference's error rule against the same model in
+float64 eager (see ``tiny_models.assert_model_close``); generation must equal sdpa token for
+token in float32. On CPU the kernels run through Triton's interpreter in float32; the bfloat16
+cases run on the GPU (``-m gpu``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,6 @@ DTYPES = [
     pytest.param(torch.float32, id="fp32"),
     pytest.param(torch.bfloat16, id="bf16", marks=pytest.mark.gpu),
 ]
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("tiny_models")
 
 
 def _trio(device, family, root, dtype):

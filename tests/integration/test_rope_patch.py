@@ -3,8 +3,9 @@ same model unpatched, for eager and sdpa attention (the patch must work with any
 implementation), scaling methods with attention_scaling (YaRN), packed position_ids, PEFT, and
 isolation (other instances untouched, revert restores the original).
 
-Budget (DESIGN.md): the patched float32 model may differ from the unpatched float32 model by at
-most 2x (3x for gradients) the unpatched float32 model's own error against float64, plus a floor.
+Budget (hf_flash.reference's error rule): the patched float32 model may differ from the
+unpatched float32 model by at most 2x (3x for gradients) the unpatched float32 model's own error
+against float64, plus a floor.
 """
 
 import copy

@@ -1,8 +1,9 @@
 """hf_flash.kernels.cross_entropy against a float64 oracle (CPU: Triton's interpreter).
 
-Error rule (DESIGN.md): the kernel's max error against the float64 truth is at most 2x (loss)
-or 3x (gradient) the error of PyTorch computing the same thing in the input dtype, plus a floor:
-the error of merely storing the truth in the output's dtype. Two floors are platform facts,
+Error rule (hf_flash.reference's, with a floor of its own): the kernel's max error against the
+float64 truth is at most 2x (loss) or 3x (gradient) the error of PyTorch computing the same
+thing in the input dtype, plus a floor: the error of merely storing the truth in the output's
+dtype. Two floors are platform facts,
 not tolerances: Triton 3.6's interpreter converts float32 to bfloat16 by truncation (its
 ``cast_impl`` passes no rounding mode; GPUs round to nearest), so there the bf16 floor is the
 truncation error; and for float64 inputs the oracle is itself float64 (a few ulps).
