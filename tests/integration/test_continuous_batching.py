@@ -41,11 +41,6 @@ NEW_TOKENS = 5
 LOGPROB_ATOL = 1e-3 if torch.cuda.is_available() else 1e-4
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("tiny_models_cb")
-
-
 @pytest.fixture
 def launches(monkeypatch):
     """Counts hf_flash kernel launches: the varlen attention kernel (cu_seqlens given) and the

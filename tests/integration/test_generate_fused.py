@@ -19,11 +19,6 @@ from tiny_models import VOCAB, assert_model_close, load
 hf_flash.register()
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("tiny_models_fused")
-
-
 @pytest.fixture
 def fused_calls(monkeypatch):
     """Counts fused decode launches: calls of the kv-cache op that append new keys (the fused

@@ -40,11 +40,6 @@ def _medium(family, attn, dtype, root):
     return model.cuda()
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("medium_models")
-
-
 def _loss_sum(logits, ids, valid):
     """Sum of next-token cross-entropies over the valid positions of one row, and their count."""
     n = int(valid.sum())

@@ -20,11 +20,6 @@ LAYERS = 2  # tiny_models' num_hidden_layers
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("tiny_models_keep_attention")
-
-
 def _batch(device, layout: str) -> dict:
     g = torch.Generator().manual_seed(21)
     if layout == "dense":

@@ -15,11 +15,6 @@ from tiny_models import VOCAB, assert_model_close, load
 hf_flash.register()
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("tiny_models_training")
-
-
 def _right_padded(device):
     """Right padding only: eager in float64 stays finite (no fully masked query row)."""
     g = torch.Generator().manual_seed(11)
