@@ -2,6 +2,8 @@
 
 Without a CUDA device the kernels run through Triton's interpreter, which must be switched on
 before any ``@triton.jit`` function is defined, so this runs before hf_flash is imported.
+Tests get the device from the ``device`` fixture below; tests/README.md describes the layout,
+the markers that select the CPU and GPU suites, and the fixtures.
 
 Two switches used by ``scripts/gpu_suite.sh`` on the GPU machine:
 
