@@ -2,6 +2,8 @@
 
 Without a CUDA device the kernels run through Triton's interpreter, which must be switched on
 before any ``@triton.jit`` function is defined, so this runs before hf_flash is imported.
+Tests get the device from the ``device`` fixture below; tests/README.md describes the layout,
+the markers that select the CPU and GPU suites, and the fixtures.
 
 Two switches used by ``scripts/gpu_suite.sh`` on the GPU machine:
 
@@ -20,8 +22,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-ON_GPU = DEVICE == "cuda"
+ON_GPU = torch.cuda.is_available()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -52,9 +53,10 @@ def pytest_runtest_logreport(report):
             f.write(str(report.longrepr) + "\n\n")
 
 
-@pytest.fixture
-def device():
-    return DEVICE
+@pytest.fixture(scope="session")
+def device() -> str:
+    """Where tests put their tensors: "cuda" on a GPU machine, else "cpu" (the interpreter)."""
+    return "cuda" if ON_GPU else "cpu"
 
 
 @pytest.fixture

@@ -13,9 +13,8 @@ import math
 import pytest
 import torch
 
-from attn_check import FWD_FACTOR, GRAD_FACTOR, assert_close_to_ref
-from conftest import DEVICE
 from hf_flash.integration.attention import hf_flash_attention_forward, hf_flash_mask
+from hf_flash.reference import FWD_FACTOR, GRAD_FACTOR, assert_close_to_ref
 
 
 class _Attn(torch.nn.Module):
@@ -56,16 +55,16 @@ def _oracle(q, k, v, mask, *, causal, window=None, scale=None, softcap=0.0, upca
     return torch.einsum("bhij,bhjd->bihd", p, v)
 
 
-def _query_rows(mask, sq, b):
+def _query_rows(device, mask, sq, b):
     """(B, Sq) bool: query rows at real tokens."""
     if mask is None:
-        return torch.ones(b, sq, dtype=torch.bool, device=DEVICE)
+        return torch.ones(b, sq, dtype=torch.bool, device=device)
     return mask.bool()[:, mask.shape[1] - sq :]
 
 
-def _mask(b, m, pads):
+def _mask(device, b, m, pads):
     """pads: per row (left, right) padding counts."""
-    mask = torch.ones(b, m, dtype=torch.bool, device=DEVICE)
+    mask = torch.ones(b, m, dtype=torch.bool, device=device)
     for r, (left, right) in enumerate(pads):
         mask[r, :left] = False
         if right:
@@ -96,17 +95,17 @@ CASES = [
 @pytest.mark.parametrize(
     "b,hq,hkv,sq,skv,m,pads,opts", [pytest.param(*c[1:], id=c[0]) for c in CASES]
 )
-def test_matches_masked_oracle(b, hq, hkv, sq, skv, m, pads, opts, dtype):
+def test_matches_masked_oracle(b, hq, hkv, sq, skv, m, pads, opts, dtype, device):
     torch.manual_seed(0)
     causal = opts.get("causal", True)
     d = 16
-    q = torch.randn(b, hq, sq, d, device=DEVICE, dtype=dtype) * 2
-    k = torch.randn(b, hkv, skv, d, device=DEVICE, dtype=dtype) * 2
-    v = torch.randn(b, hkv, skv, d, device=DEVICE, dtype=dtype)
+    q = torch.randn(b, hq, sq, d, device=device, dtype=dtype) * 2
+    k = torch.randn(b, hkv, skv, d, device=device, dtype=dtype) * 2
+    v = torch.randn(b, hkv, skv, d, device=device, dtype=dtype)
     if m is not None and m < skv:
         k[:, :, m:] = 0  # a static cache's unused slots are zeros
         v[:, :, m:] = 0
-    mask = None if m is None else _mask(b, m, pads)
+    mask = None if m is None else _mask(device, b, m, pads)
     module = _Attn(causal, dtype)
     out, weights = hf_flash_attention_forward(
         module, q, k, v, mask, scaling=opts.get("scale"), sliding_window=opts.get("window"),
@@ -117,7 +116,7 @@ def test_matches_masked_oracle(b, hq, hkv, sq, skv, m, pads, opts, dtype):
               softcap=opts.get("softcap", 0.0))  # fmt: skip
     ref = _oracle(q, k, v, mask, **kw)
     ref_lp = _oracle(q, k, v, mask, upcast=False, **kw)
-    rows = _query_rows(mask, sq, b)
+    rows = _query_rows(device, mask, sq, b)
     assert_close_to_ref("out", out[rows], ref[rows], ref_lp[rows], FWD_FACTOR, dtype)
     if not causal:
         return
@@ -125,13 +124,13 @@ def test_matches_masked_oracle(b, hq, hkv, sq, skv, m, pads, opts, dtype):
     assert torch.all(out[~rows] == 0)
 
 
-def test_padded_gradients():
+def test_padded_gradients(device):
     torch.manual_seed(1)
     b, hq, hkv, s, d = 2, 4, 2, 29, 16
-    q, k, v = (torch.randn(b, h, s, d, device=DEVICE, requires_grad=True) for h in (hq, hkv, hkv))
-    mask = _mask(b, s, [(6, 0), (0, 5)])
+    q, k, v = (torch.randn(b, h, s, d, device=device, requires_grad=True) for h in (hq, hkv, hkv))
+    mask = _mask(device, b, s, [(6, 0), (0, 5)])
     out, _ = hf_flash_attention_forward(_Attn(), q, k, v, mask)
-    rows = _query_rows(mask, s, b)
+    rows = _query_rows(device, mask, s, b)
     dout = torch.randn_like(out) * rows[..., None, None]
     grads = torch.autograd.grad(out, (q, k, v), dout)
     ref = _oracle(q, k, v, mask, causal=True)
@@ -153,52 +152,52 @@ def _separate_oracle(q, k, v, lengths):
 
 
 @pytest.mark.parametrize("source", ["position_ids", "cu_seq_lens"])
-def test_packed_sequences(source):
+def test_packed_sequences(source, device):
     torch.manual_seed(2)
     lengths = [5, 17, 1, 9]
     total = sum(lengths)
-    q = torch.randn(1, 4, total, 16, device=DEVICE)
-    k = torch.randn(1, 2, total, 16, device=DEVICE)
-    v = torch.randn(1, 2, total, 16, device=DEVICE)
-    position_ids = torch.cat([torch.arange(n) for n in lengths]).view(1, -1).to(DEVICE)
+    q = torch.randn(1, 4, total, 16, device=device)
+    k = torch.randn(1, 2, total, 16, device=device)
+    v = torch.randn(1, 2, total, 16, device=device)
+    position_ids = torch.cat([torch.arange(n) for n in lengths]).view(1, -1).to(device)
     kwargs = {"position_ids": position_ids}
     if source == "cu_seq_lens":
-        cu = torch.tensor([0, 5, 22, 23, 32], dtype=torch.int32, device=DEVICE)
+        cu = torch.tensor([0, 5, 22, 23, 32], dtype=torch.int32, device=device)
         kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=17, max_length_k=17)
-        kwargs["position_ids"] = torch.arange(total, device=DEVICE).view(1, -1)  # ignored
+        kwargs["position_ids"] = torch.arange(total, device=device).view(1, -1)  # ignored
     out, _ = hf_flash_attention_forward(_Attn(), q, k, v, None, **kwargs)
     ref = _separate_oracle(q, k, v, lengths)
     lp = ref.float()
     assert_close_to_ref("packed", out, ref, lp, FWD_FACTOR, torch.float32)
 
 
-def test_packed_position_ids_under_inference_mode():
+def test_packed_position_ids_under_inference_mode(device):
     """Inference tensors have no version counter: the packed-boundary cache must not need one."""
     torch.manual_seed(2)
     lengths = [5, 17, 1, 9]
     with torch.inference_mode():
-        q = torch.randn(1, 4, sum(lengths), 16, device=DEVICE)
-        k = torch.randn(1, 2, sum(lengths), 16, device=DEVICE)
-        v = torch.randn(1, 2, sum(lengths), 16, device=DEVICE)
-        position_ids = torch.cat([torch.arange(n) for n in lengths]).view(1, -1).to(DEVICE)
+        q = torch.randn(1, 4, sum(lengths), 16, device=device)
+        k = torch.randn(1, 2, sum(lengths), 16, device=device)
+        v = torch.randn(1, 2, sum(lengths), 16, device=device)
+        position_ids = torch.cat([torch.arange(n) for n in lengths]).view(1, -1).to(device)
         out, _ = hf_flash_attention_forward(_Attn(), q, k, v, None, position_ids=position_ids)
         ref = _separate_oracle(q, k, v, lengths)
     assert_close_to_ref("packed (inference mode)", out, ref, ref.float(), FWD_FACTOR, torch.float32)
 
 
-def test_plain_position_ids_take_the_dense_path():
-    q = torch.randn(2, 2, 12, 16, device=DEVICE)
-    k = torch.randn(2, 2, 12, 16, device=DEVICE)
-    pos = torch.arange(3, 15, device=DEVICE).view(1, -1)  # offset, but no restart
+def test_plain_position_ids_take_the_dense_path(device):
+    q = torch.randn(2, 2, 12, 16, device=device)
+    k = torch.randn(2, 2, 12, 16, device=device)
+    pos = torch.arange(3, 15, device=device).view(1, -1)  # offset, but no restart
     out, _ = hf_flash_attention_forward(_Attn(), q, k, k, None, position_ids=pos)
     ref = _oracle(q, k, k, None, causal=True)
     assert_close_to_ref("dense", out, ref, ref.float(), FWD_FACTOR, torch.float32)
 
 
-def test_fp32_inputs_run_in_the_module_half_dtype():
+def test_fp32_inputs_run_in_the_module_half_dtype(device):
     """peft keeps layer norms in fp32 and hands over fp32 q/k/v: cast to the projections' dtype."""
     torch.manual_seed(3)
-    q, k, v = (torch.randn(1, 2, 10, 16, device=DEVICE) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 10, 16, device=device) for _ in range(3))
     out, _ = hf_flash_attention_forward(_Attn(dtype=torch.float16), q, k, v, None)
     assert out.dtype == torch.float16
     ref = _oracle(q, k, v, None, causal=True)
@@ -218,14 +217,14 @@ def test_fp32_inputs_run_in_the_module_half_dtype():
     ],
     ids=["sinks", "output_attentions", "unknown-paged-cache", "bad-window"],
 )
-def test_unsupported_requests_raise(kwargs, match):
-    q = torch.randn(1, 2, 4, 16, device=DEVICE)
+def test_unsupported_requests_raise(kwargs, match, device):
+    q = torch.randn(1, 2, 4, 16, device=device)
     with pytest.raises(ValueError, match=match):
         hf_flash_attention_forward(_Attn(), q, q, q, None, **kwargs)
 
 
-def test_four_d_mask_is_refused():
-    q = torch.randn(1, 2, 4, 16, device=DEVICE)
+def test_four_d_mask_is_refused(device):
+    q = torch.randn(1, 2, 4, 16, device=device)
     with pytest.raises(ValueError, match="2-D"):
         hf_flash_attention_forward(_Attn(), q, q, q, torch.ones(1, 1, 4, 4, dtype=torch.bool))
 
@@ -257,7 +256,7 @@ def test_mask_for_static_cache_without_user_mask():
     assert hf_flash_mask(3, 2, 7, q_offset=5) is None  # dynamic cache: everything is valid
 
 
-def test_static_decode_mask_has_the_cache_length():
+def test_static_decode_mask_has_the_cache_length(device):
     """One-token steps on a static layer get a (batch, kv_length) mask whatever the fill level,
     so a compiled decode step sees one input shape; the attention result is unchanged."""
     torch.manual_seed(7)
@@ -272,23 +271,23 @@ def test_static_decode_mask_has_the_cache_length():
     assert hf_flash_mask(2, 3, 16, q_offset=torch.tensor(6), attention_mask=user).shape == (2, 9)
     assert hf_flash_mask(2, 1, 16, q_offset=8, attention_mask=user).shape == (2, 9)
 
-    q = torch.randn(2, 4, 1, 16, dtype=torch.float32, device=DEVICE)
-    k = torch.zeros(2, 2, 16, 16, dtype=torch.float32, device=DEVICE)
+    q = torch.randn(2, 4, 1, 16, dtype=torch.float32, device=device)
+    k = torch.zeros(2, 2, 16, 16, dtype=torch.float32, device=device)
     v = torch.zeros_like(k)
     k[:, :, :9], v[:, :, :9] = torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16)
     module = _Attn(True, torch.float32)
-    fixed, _ = hf_flash_attention_forward(module, q, k, v, got.to(DEVICE))
-    natural, _ = hf_flash_attention_forward(module, q, k, v, user.to(DEVICE))
+    fixed, _ = hf_flash_attention_forward(module, q, k, v, got.to(device))
+    natural, _ = hf_flash_attention_forward(module, q, k, v, user.to(device))
     assert torch.equal(fixed, natural)
-    ref = _oracle(q, k, v, user.to(DEVICE), causal=True)
+    ref = _oracle(q, k, v, user.to(device), causal=True)
     assert torch.allclose(fixed, ref.to(fixed.dtype), atol=2e-5), (fixed - ref).abs().max()
     # the varlen path (taken e.g. with attention dropout) places the single query the same way
     from hf_flash.integration.attention import _padded_attention
 
     opts = dict(dropout_p=0.0, softmax_scale=None, causal=True, window_size=(-1, -1), softcap=0.0)
     bshd = [t.transpose(1, 2) for t in (q, k, v)]
-    varlen_fixed = _padded_attention(*bshd, got.to(DEVICE), True, opts)
-    varlen_natural = _padded_attention(*bshd, user.to(DEVICE), True, opts)
+    varlen_fixed = _padded_attention(*bshd, got.to(device), True, opts)
+    varlen_natural = _padded_attention(*bshd, user.to(device), True, opts)
     assert torch.allclose(varlen_fixed, ref.to(fixed.dtype), atol=2e-5)
     assert torch.equal(varlen_fixed, varlen_natural)
 
@@ -322,62 +321,62 @@ def test_decode_step_mask_with_a_hole_raises():
 # ------------------------------------------------------------------------------------------
 
 
-def _decode_inputs(seed, b=2, skv=24):
+def _decode_inputs(device, seed, b=2, skv=24):
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(b, h, s, 16, generator=g).to(DEVICE)
+    q, k, v = (torch.randn(b, h, s, 16, generator=g).to(device)
                for h, s in ((4, 1), (2, skv), (2, skv)))  # fmt: skip
     return q, k, v
 
 
-def _assert_decode_matches_oracle(q, k, v, mask):
+def _assert_decode_matches_oracle(device, q, k, v, mask):
     out, _ = hf_flash_attention_forward(_Attn(), q, k, v, mask)
     ref = _oracle(q, k, v, mask, causal=True).to(out.dtype)
-    rows = _query_rows(mask, 1, q.shape[0])
+    rows = _query_rows(device, mask, 1, q.shape[0])
     assert torch.allclose(out[rows], ref[rows], atol=2e-5), (out[rows] - ref[rows]).abs().max()
 
 
-def test_decode_key_bounds_follow_in_place_mask_changes():
+def test_decode_key_bounds_follow_in_place_mask_changes(device):
     """The decode path computes a mask's row bounds once per mask tensor (every layer of a
     forward pass gets the same one). The same tensor modified in place, directly or through its
     base, must not reuse them."""
-    q, k, v = _decode_inputs(0)
-    mask = _mask(2, 24, [(5, 0), (0, 0)])
+    q, k, v = _decode_inputs(device, 0)
+    mask = _mask(device, 2, 24, [(5, 0), (0, 0)])
     for _ in range(2):  # the second call is served from the cache
-        _assert_decode_matches_oracle(q, k, v, mask)
+        _assert_decode_matches_oracle(device, q, k, v, mask)
     mask[0, :5] = True
     mask[1, :9] = False
-    _assert_decode_matches_oracle(q, k, v, mask)
+    _assert_decode_matches_oracle(device, q, k, v, mask)
     view = mask[:, 4:]  # a view shares its base's version counter
-    _assert_decode_matches_oracle(q, k[:, :, 4:], v[:, :, 4:], view)
+    _assert_decode_matches_oracle(device, q, k[:, :, 4:], v[:, :, 4:], view)
     mask[0, :11] = False
-    _assert_decode_matches_oracle(q, k[:, :, 4:], v[:, :, 4:], view)
-    _assert_decode_matches_oracle(q, k, v, mask.clone())  # another tensor, same values
+    _assert_decode_matches_oracle(device, q, k[:, :, 4:], v[:, :, 4:], view)
+    _assert_decode_matches_oracle(device, q, k, v, mask.clone())  # another tensor, same values
 
 
-def test_decode_key_bounds_from_the_mask_function_are_reused_safely():
+def test_decode_key_bounds_from_the_mask_function_are_reused_safely(device):
     """hf_flash_mask reads each row's bounds for its padding check and leaves them for the
     decode layers of the same pass, keyed on the mask it returns (a bool copy of the user's):
     changing that mask in place afterwards must invalidate them."""
-    q, k, v = _decode_inputs(1)
-    user = _mask(2, 24, [(3, 0), (0, 0)]).long()  # generate's dtype
+    q, k, v = _decode_inputs(device, 1)
+    user = _mask(device, 2, 24, [(3, 0), (0, 0)]).long()  # generate's dtype
     got = hf_flash_mask(2, 1, 24, q_offset=23, attention_mask=user)
     assert got is not None and got.dtype == torch.bool
-    _assert_decode_matches_oracle(q, k, v, got)
+    _assert_decode_matches_oracle(device, q, k, v, got)
     got[1, :6] = False
-    _assert_decode_matches_oracle(q, k, v, got)
+    _assert_decode_matches_oracle(device, q, k, v, got)
 
 
-def test_decode_key_bounds_under_inference_mode():
+def test_decode_key_bounds_under_inference_mode(device):
     """Inference tensors have no version counter: their bounds are never cached, and in-place
     changes are still seen."""
     with torch.inference_mode():
-        q, k, v = _decode_inputs(2)
-        mask = _mask(2, 24, [(5, 0), (0, 0)])
-        _assert_decode_matches_oracle(q, k, v, mask)
+        q, k, v = _decode_inputs(device, 2)
+        mask = _mask(device, 2, 24, [(5, 0), (0, 0)])
+        _assert_decode_matches_oracle(device, q, k, v, mask)
         mask[1, :7] = False
-        _assert_decode_matches_oracle(q, k, v, mask)
+        _assert_decode_matches_oracle(device, q, k, v, mask)
         got = hf_flash_mask(2, 1, 24, q_offset=23, attention_mask=mask)
-        _assert_decode_matches_oracle(q, k, v, got)
+        _assert_decode_matches_oracle(device, q, k, v, got)
 
 
 def test_custom_mask_functions_are_refused():
@@ -396,7 +395,7 @@ def test_oracle_sanity():
     assert math.isclose(float((padded - alone).abs().max()), 0.0, abs_tol=1e-12)
 
 
-def test_cached_key_bounds_die_with_their_mask():
+def test_cached_key_bounds_die_with_their_mask(device):
     """The decode path's per-mask bounds are freed when the mask is (not at the next store):
     device tensors outliving their forward pass shift the allocator's pattern between generate
     calls (see attention._forget_key_blocks)."""
@@ -405,9 +404,9 @@ def test_cached_key_bounds_die_with_their_mask():
 
     from hf_flash.integration import attention
 
-    q, k, v = _decode_inputs(3)
-    mask = _mask(2, 24, [(5, 0), (0, 0)])
-    _assert_decode_matches_oracle(q, k, v, mask)
+    q, k, v = _decode_inputs(device, 3)
+    mask = _mask(device, 2, 24, [(5, 0), (0, 0)])
+    _assert_decode_matches_oracle(device, q, k, v, mask)
     entry = next((e for e in attention._key_blocks_cache if e[0]() is mask), None)
     assert entry is not None, "the bounds were not cached: the test checks nothing"
     blocks = weakref.ref(entry[2][0])
@@ -417,12 +416,12 @@ def test_cached_key_bounds_die_with_their_mask():
     assert blocks() is None
 
 
-def test_cached_packed_boundaries_die_with_their_position_ids():
+def test_cached_packed_boundaries_die_with_their_position_ids(device):
     import gc
 
     from hf_flash.integration import attention
 
-    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]], device=DEVICE)
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]], device=device)
     found = attention._boundaries_from_position_ids(pos, 1, 8)
     assert found is not None and attention._last_boundaries[0]() is pos
     del pos, found

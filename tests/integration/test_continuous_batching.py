@@ -25,7 +25,6 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from conftest import DEVICE
 import hf_flash
 from hf_flash import interface, kvcache
 from hf_flash.integration.attention import hf_flash_attention_forward
@@ -39,12 +38,7 @@ NEW_TOKENS = 5
 # float32 end to end (looser on the GPU, whose reductions run in other orders); the attention
 # mistakes tried while writing these tests (window dropped, causal mask dropped, one key too
 # few) each failed them
-LOGPROB_ATOL = 1e-3 if DEVICE == "cuda" else 1e-4
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("tiny_models_cb")
+LOGPROB_ATOL = 1e-3 if torch.cuda.is_available() else 1e-4
 
 
 @pytest.fixture
@@ -88,13 +82,13 @@ def _generation_config(model) -> GenerationConfig:
     )  # fmt: skip
 
 
-def _reference(family, root):
+def _reference(device, family, root):
     """Each prompt alone through model.generate, on sdpa: (tokens, log-probabilities) per
     prompt."""
-    model = load(family, "sdpa", root, device=DEVICE)
+    model = load(family, "sdpa", root, device=device)
     tokens, logprobs = [], []
     for prompt in PROMPTS:
-        ids = torch.tensor([prompt], device=DEVICE)
+        ids = torch.tensor([prompt], device=device)
         out = model.generate(
             ids, attention_mask=torch.ones_like(ids), generation_config=_generation_config(model),
             output_logits=True, return_dict_in_generate=True,
@@ -135,9 +129,9 @@ def _assert_same(got, want):
         pytest.param("qwen2", 16, {}, False, id="qwen2-full-and-sliding"),
     ],
 )
-def test_generate_batch_matches_generate(root, launches, family, page, extra, paged_decode):
-    model = load(family, "hf_flash", root, device=DEVICE)
-    _assert_same(_generate_batch(model, cb_config(page, **extra)), _reference(family, root))
+def test_generate_batch_matches_generate(root, launches, family, page, extra, paged_decode, device):
+    model = load(family, "hf_flash", root, device=device)
+    _assert_same(_generate_batch(model, cb_config(page, **extra)), _reference(device, family, root))
     steps_with_decode = NEW_TOKENS - 1
     layers = model.config.num_hidden_layers
     assert launches["varlen"] >= layers, f"the varlen kernel did not run: {launches}"
@@ -150,30 +144,30 @@ def test_generate_batch_matches_generate(root, launches, family, page, extra, pa
     assert model.config._attn_implementation == "hf_flash"
 
 
-def test_window_changes_the_long_prompt(root):
+def test_window_changes_the_long_prompt(root, device):
     """The Mistral case above is sensitive to the window: the same weights without it (Llama,
     identical shapes and seed) continue the 11-token prompt differently."""
-    (mistral, _), (llama, _) = _reference("mistral", root), _reference("llama", root)
+    (mistral, _), (llama, _) = (_reference(device, family, root) for family in ("mistral", "llama"))
     assert len(PROMPTS[1]) > 2 * WINDOW
     assert mistral[1] != llama[1]
 
 
-def test_generate_batch_matches_sdpa_generate_batch(root, launches):
-    model = load("llama", "hf_flash", root, device=DEVICE)
+def test_generate_batch_matches_sdpa_generate_batch(root, launches, device):
+    model = load("llama", "hf_flash", root, device=device)
     got = _generate_batch(model, cb_config(16))
-    _assert_same(got, _generate_batch(load("llama", "sdpa", root, device=DEVICE), cb_config(16)))
+    _assert_same(got, _generate_batch(load("llama", "sdpa", root, device=device), cb_config(16)))
     assert launches["paged"] > 0
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["llama", "mistral"])
-def test_gpu_generate_batch_with_cuda_graphs(root, launches, family):
+def test_gpu_generate_batch_with_cuda_graphs(root, launches, family, device):
     """transformers' default for flash names on CUDA: CUDA graphs and async batching, so every
     step is padded to a fixed size (trailing tokens of no request, zero-length requests with -1
     page-table rows). The padding must not disturb the real requests."""
-    model = load(family, "hf_flash", root, device=DEVICE)
+    model = load(family, "hf_flash", root, device=device)
     got = _generate_batch(model, cb_config(16, use_cuda_graph=True))
-    _assert_same(got, _reference(family, root))
+    _assert_same(got, _reference(device, family, root))
     assert launches["varlen"] > 0  # graph capture runs the Python path once per graph
     if family == "llama":
         assert launches["paged"] > 0
@@ -205,7 +199,8 @@ class _Cache:
         kwargs["max_length_k"] = kwargs["max_length_k"]["full_attention"]
         kwargs["block_table"] = kwargs["block_table"][0]
         pages = torch.zeros(4, self.page, key_states.shape[1], key_states.shape[-1])
-        kwargs["k_cache"], kwargs["v_cache"] = pages.to(DEVICE), pages.clone().to(DEVICE)
+        pages = pages.to(key_states.device)  # the cache lives where the keys are
+        kwargs["k_cache"], kwargs["v_cache"] = pages, pages.clone()
         return key_states, value_states
 
 
@@ -225,12 +220,12 @@ class _Attn(torch.nn.Module):
         self.proj = torch.nn.Linear(4, 4)
 
 
-def _decode_kwargs(tokens=2):
-    cu = torch.arange(tokens + 1, dtype=torch.int32, device=DEVICE)
+def _decode_kwargs(device, tokens=2):
+    cu = torch.arange(tokens + 1, dtype=torch.int32, device=device)
     return dict(
         cu_seq_lens_q=cu, max_length_q=1, cu_seq_lens_k={"full_attention": cu * 3},
         max_length_k={"full_attention": 3},
-        block_table=torch.zeros(1, tokens, 2, dtype=torch.int32, device=DEVICE),
+        block_table=torch.zeros(1, tokens, 2, dtype=torch.int32, device=device),
         read_index=[], write_index=[],
     )  # fmt: skip
 
@@ -248,13 +243,13 @@ def _decode_kwargs(tokens=2):
     ids=["not-a-paged-cache", "batch-2", "missing-cu-seqlens", "page-8", "window-mismatch",
          "dropout"],
 )  # fmt: skip
-def test_bad_continuous_batching_input_raises(launches, change, match):
+def test_bad_continuous_batching_input_raises(launches, change, match, device):
     cache = _Cache()
-    kw = dict(_decode_kwargs(), cache=cache, batch=1)
+    kw = dict(_decode_kwargs(device), cache=cache, batch=1)
     change(kw, cache)
     batch = kw.pop("batch")
-    q = torch.randn(batch, 4, 2, 16, device=DEVICE)
-    k = torch.randn(batch, 2, 2, 16, device=DEVICE)
+    q = torch.randn(batch, 4, 2, 16, device=device)
+    k = torch.randn(batch, 2, 2, 16, device=device)
     with pytest.raises(ValueError, match=match):
         hf_flash_attention_forward(_Attn(), q, k, k.clone(), None, **kw)
     assert launches == {"varlen": 0, "paged": 0}

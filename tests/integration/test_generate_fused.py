@@ -10,19 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_check import FWD_FACTOR
-from conftest import DEVICE
 import hf_flash
 from hf_flash import kvcache
 from hf_flash.integration import decode_patch
+from hf_flash.reference import FWD_FACTOR
 from tiny_models import VOCAB, assert_model_close, load
 
 hf_flash.register()
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("tiny_models_fused")
 
 
 @pytest.fixture
@@ -41,7 +35,7 @@ def fused_calls(monkeypatch):
     return calls
 
 
-def _prompts(batch):
+def _prompts(device, batch):
     """batch prompts of 9 tokens; row 1 (if any) left-padded by 3, as generate wants it."""
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(3, VOCAB, (batch, 9), generator=g)
@@ -49,7 +43,7 @@ def _prompts(batch):
     if batch > 1:
         ids[1, :3] = 0
         mask[1, :3] = 0
-    return ids.to(DEVICE), mask.to(DEVICE)
+    return ids.to(device), mask.to(device)
 
 
 def _attn_modules(model):
@@ -58,12 +52,12 @@ def _attn_modules(model):
 
 @pytest.mark.parametrize("batch", [1, 2], ids=["b1", "b2-leftpad"])
 @pytest.mark.parametrize("family", ["llama", "mistral-full"])
-def test_static_generate_equals_sdpa_and_runs_fused(family, batch, root, fused_calls):
+def test_static_generate_equals_sdpa_and_runs_fused(family, batch, root, fused_calls, device):
     fam, kw = ("mistral", {"sliding_window": None}) if family == "mistral-full" else (family, {})
-    ours = load(fam, "hf_flash", root, device=DEVICE, **kw)
-    sdpa = load(fam, "sdpa", root, device=DEVICE, **kw)
+    ours = load(fam, "hf_flash", root, device=device, **kw)
+    sdpa = load(fam, "sdpa", root, device=device, **kw)
     assert all(decode_patch.is_patched(m) for m in _attn_modules(ours)), "hook did not patch"
-    ids, mask = _prompts(batch)
+    ids, mask = _prompts(device, batch)
     gen = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static")
     expected = sdpa.generate(ids, attention_mask=mask, **gen)
     got = ours.generate(ids, attention_mask=mask, **gen)
@@ -76,13 +70,13 @@ def test_static_generate_equals_sdpa_and_runs_fused(family, batch, root, fused_c
 
 @pytest.mark.parametrize("batch", [1, 2], ids=["b1", "b2-leftpad"])
 @pytest.mark.parametrize("family", ["llama", "mistral-full"])
-def test_dynamic_generate_equals_sdpa_and_runs_fused(family, batch, root, fused_calls):
+def test_dynamic_generate_equals_sdpa_and_runs_fused(family, batch, root, fused_calls, device):
     """The default DynamicCache: decode steps run the fused kernel too, appending into spare
     slots of the layer's buffers (decode_patch._dynamic_buffers)."""
     fam, kw = ("mistral", {"sliding_window": None}) if family == "mistral-full" else (family, {})
-    ours = load(fam, "hf_flash", root, device=DEVICE, **kw)
-    sdpa = load(fam, "sdpa", root, device=DEVICE, **kw)
-    ids, mask = _prompts(batch)
+    ours = load(fam, "hf_flash", root, device=device, **kw)
+    sdpa = load(fam, "sdpa", root, device=device, **kw)
+    ids, mask = _prompts(device, batch)
     gen = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
     expected = sdpa.generate(ids, attention_mask=mask, **gen)
     got = ours.generate(ids, attention_mask=mask, **gen)
@@ -90,13 +84,13 @@ def test_dynamic_generate_equals_sdpa_and_runs_fused(family, batch, root, fused_
     assert len(fused_calls) == 4 * ours.config.num_hidden_layers
 
 
-def test_sliding_caches_fall_back(root, fused_calls):
+def test_sliding_caches_fall_back(root, fused_calls, device):
     """Sliding-window caches (mistral, window 8 < prompt + new tokens), static and dynamic, are
     not fused; generation still equals sdpa."""
     for cache in ("static", "dynamic"):
-        ours = load("mistral", "hf_flash", root, device=DEVICE)
-        sdpa = load("mistral", "sdpa", root, device=DEVICE)
-        ids, mask = _prompts(2)
+        ours = load("mistral", "hf_flash", root, device=device)
+        sdpa = load("mistral", "sdpa", root, device=device)
+        ids, mask = _prompts(device, 2)
         gen = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
         if cache == "static":
             gen["cache_implementation"] = "static"
@@ -127,7 +121,7 @@ def _dynamic_steps(model, ids, mask, prefill, edits=()):
 
 
 @pytest.mark.parametrize("edit", ["none", "crop", "reorder"])
-def test_fused_dynamic_steps_match_generic(edit, root, fused_calls, monkeypatch):
+def test_fused_dynamic_steps_match_generic(edit, root, fused_calls, monkeypatch, device):
     """Fused DynamicCache steps against the generic hf_flash path (patch reverted) from the same
     prompt: same logits and cache contents, also when the buffers must grow (small growth step
     here), after crop() (the view shrinks; later tokens overwrite the cropped slots) and after
@@ -135,12 +129,12 @@ def test_fused_dynamic_steps_match_generic(edit, root, fused_calls, monkeypatch)
     from hf_flash.integration import decode_patch as dp
 
     monkeypatch.setattr(dp, "_GROWTH_MIN", 4)
-    ours = load("llama", "hf_flash", root, device=DEVICE)
-    ids = torch.randint(3, VOCAB, (2, 20), generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    ours = load("llama", "hf_flash", root, device=device)
+    ids = torch.randint(3, VOCAB, (2, 20), generator=torch.Generator().manual_seed(8)).to(device)
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # row 1 left-padded by 3
     edits = {"none": {}, "crop": {3: lambda c: c.crop(-2)},
-             "reorder": {3: lambda c: c.batch_select_indices(torch.tensor([1, 0], device=DEVICE))}}[edit]
+             "reorder": {3: lambda c: c.batch_select_indices(torch.tensor([1, 0], device=device))}}[edit]
     if edit == "reorder":
         mask = torch.ones_like(ids)  # no padding: the mask stays right for the swapped rows
     fused, fused_cache = _dynamic_steps(ours, ids, mask, 10, edits)
@@ -160,16 +154,16 @@ def test_fused_dynamic_steps_match_generic(edit, root, fused_calls, monkeypatch)
         torch.testing.assert_close(lf.values, lg.values, atol=1e-5, rtol=1e-5)
 
 
-def test_fused_step_matches_generic_step(root, fused_calls):
+def test_fused_step_matches_generic_step(root, fused_calls, device):
     """One decode step (3 speculative tokens) through the fused path and through the generic
     hf_flash path (patch reverted) from the same cache: logits within the error rule against
     float64 eager, and the caches hold the same keys/values afterwards."""
     from transformers import StaticCache
 
-    ours = load("llama", "hf_flash", root, device=DEVICE)
-    exact = load("llama", "eager", root, dtype=torch.float64, device=DEVICE)
-    lowp = load("llama", "eager", root, device=DEVICE)
-    ids = torch.randint(3, VOCAB, (2, 14), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    ours = load("llama", "hf_flash", root, device=device)
+    exact = load("llama", "eager", root, dtype=torch.float64, device=device)
+    lowp = load("llama", "eager", root, device=device)
+    ids = torch.randint(3, VOCAB, (2, 14), generator=torch.Generator().manual_seed(5)).to(device)
     mask = torch.ones_like(ids)
     mask[0, :4] = 0  # row 0 left-padded by 4
     results = {}
@@ -187,7 +181,7 @@ def test_fused_step_matches_generic_step(root, fused_calls):
         want, want_lp = [], []
         for b, pad in enumerate((4, 0)):
             row = dict(input_ids=ids[b : b + 1, pad:],
-                       position_ids=torch.arange(pad, 14, device=DEVICE)[None])  # fmt: skip
+                       position_ids=torch.arange(pad, 14, device=device)[None])  # fmt: skip
             want.append(exact(**row).logits[:, 11 - pad :])
             want_lp.append(lowp(**row).logits[:, 11 - pad :])
         want, want_lp = torch.cat(want), torch.cat(want_lp)
@@ -198,7 +192,7 @@ def test_fused_step_matches_generic_step(root, fused_calls):
         assert torch.allclose(kf, kg, atol=1e-5) and torch.allclose(vf, vg, atol=1e-5)
 
 
-def test_compiled_decode_step_is_one_graph(root):
+def test_compiled_decode_step_is_one_graph(root, device):
     """torch.compile(fullgraph=True) traces the fused step (custom op mutating the cache
     buffers, cumulative_length bump) and gives the eager generic path's logits and caches."""
     from transformers import StaticCache
@@ -207,8 +201,8 @@ def test_compiled_decode_step_is_one_graph(root):
     # forward, which earlier tests of the same process (generate's automatic compile) may have
     # compiled up to the recompile limit, after which frames run eagerly. Start clean.
     torch._dynamo.reset()
-    ours = load("llama", "hf_flash", root, device=DEVICE)
-    ids = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    ours = load("llama", "hf_flash", root, device=device)
+    ids = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(6)).to(device)
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
     caches, logits = [], []
@@ -235,7 +229,7 @@ def test_compiled_decode_step_is_one_graph(root):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_generate_compiled_static_decode_has_no_graph_break(family, root):
+def test_generate_compiled_static_decode_has_no_graph_break(family, root, device):
     """generate() with the static cache compiles the whole decode step once (on CUDA it records
     one CUDA graph), including the last step, which fills the cache. A graph break anywhere in the patched model (the unpad wrapper, the mask
     function, the fused or the generic attention) splits the step into per-layer frames that
@@ -248,8 +242,8 @@ def test_generate_compiled_static_decode_has_no_graph_break(family, root):
 
     torch._dynamo.reset()
     counters.clear()
-    ours = load(family, "hf_flash", root, device=DEVICE)
-    ids, mask = _prompts(2)
+    ours = load(family, "hf_flash", root, device=device)
+    ids, mask = _prompts(device, 2)
     outs = {}
     for mode in ("compiled", "eager"):
         gen = GenerationConfig(max_new_tokens=5, do_sample=False, cache_implementation="static",
@@ -272,8 +266,8 @@ def test_generate_compiled_static_decode_has_no_graph_break(family, root):
     torch._dynamo.reset()
 
 
-def test_patch_and_revert_explicitly(root):
-    ours = load("llama", "hf_flash", root, device=DEVICE)
+def test_patch_and_revert_explicitly(root, device):
+    ours = load("llama", "hf_flash", root, device=device)
     mods = _attn_modules(ours)
     decode_patch.revert_model(ours)
     assert not any(decode_patch.is_patched(m) for m in mods)
@@ -282,17 +276,17 @@ def test_patch_and_revert_explicitly(root):
     assert all(m.forward.__func__.__hf_flash_fused_decode__ for m in mods)
     decode_patch.revert_model(ours)
     assert not any(decode_patch.is_patched(m) for m in mods)
-    qwen = load("qwen2", "hf_flash", root, device=DEVICE)
+    qwen = load("qwen2", "hf_flash", root, device=device)
     assert decode_patch.patch_model(qwen) is False  # not a fused-decode family
     # switching away from hf_flash reverts the family patches (registration hook)
-    ours = load("llama", "hf_flash", root, device=DEVICE)
+    ours = load("llama", "hf_flash", root, device=device)
     ours.set_attn_implementation("sdpa")
     assert not any(decode_patch.is_patched(m) for m in _attn_modules(ours))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 3])
-def test_gpu_bf16_static_logits_over_128_steps(batch, root):
+def test_gpu_bf16_static_logits_over_128_steps(batch, root, device):
     """bf16 on the GPU: 128 greedy steps; the fused run's per-step logits, on sdpa's own tokens
     (teacher forcing keeps both runs on one sequence), within the error rule: float64 eager as
     the truth, sdpa's bf16 generate logits as the budget."""
@@ -300,10 +294,10 @@ def test_gpu_bf16_static_logits_over_128_steps(batch, root):
 
     dtype = torch.bfloat16
     steps = 128
-    ours = load("llama", "hf_flash", root, dtype=dtype, device=DEVICE)
-    sdpa = load("llama", "sdpa", root, dtype=dtype, device=DEVICE)
-    exact = load("llama", "eager", root, dtype=torch.float64, device=DEVICE)
-    ids, mask = _prompts(batch)
+    ours = load("llama", "hf_flash", root, dtype=dtype, device=device)
+    sdpa = load("llama", "sdpa", root, dtype=dtype, device=device)
+    exact = load("llama", "eager", root, dtype=torch.float64, device=device)
+    ids, mask = _prompts(device, batch)
     n = ids.shape[1]
     gen = dict(max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0,
                cache_implementation="static", output_logits=True, return_dict_in_generate=True)
@@ -335,13 +329,13 @@ def test_gpu_bf16_static_logits_over_128_steps(batch, root):
 
 
 @pytest.mark.gpu
-def test_gpu_static_generate_compiled_equals_sdpa(root):
+def test_gpu_static_generate_compiled_equals_sdpa(root, device):
     """cache_implementation="static" on CUDA: generate compiles the decode step (CUDA graphs)
     with the fused op inside; float32 greedy tokens equal sdpa's, batch 1 and left-padded."""
-    ours = load("llama", "hf_flash", root, device=DEVICE)
-    sdpa = load("llama", "sdpa", root, device=DEVICE)
+    ours = load("llama", "hf_flash", root, device=device)
+    sdpa = load("llama", "sdpa", root, device=device)
     for batch in (1, 2):
-        ids, mask = _prompts(batch)
+        ids, mask = _prompts(device, batch)
         gen = dict(max_new_tokens=12, do_sample=False, pad_token_id=0,
                    cache_implementation="static")  # fmt: skip
         expected = sdpa.generate(ids, attention_mask=mask, **gen)

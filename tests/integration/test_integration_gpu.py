@@ -10,11 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_check import FWD_FACTOR, GRAD_FACTOR
 import hf_flash
 from hf_flash.integration.attention import hf_flash_attention_forward
+from hf_flash.reference import FWD_FACTOR, GRAD_FACTOR, assert_close_to_ref
 from test_attention_fn import _Attn, _mask, _oracle, _query_rows
-from attn_check import assert_close_to_ref
 from tiny_models import assert_model_close
 
 pytestmark = pytest.mark.gpu
@@ -39,11 +38,6 @@ def _medium(family, attn, dtype, root):
         path, attn_implementation=attn, dtype=dtype
     )
     return model.cuda()
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("medium_models")
 
 
 def _loss_sum(logits, ids, valid):
@@ -122,7 +116,7 @@ def test_static_cache_decode_is_cuda_graph_capturable():
         k[:, :, :length] = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.bfloat16)
         v[:, :, :length] = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.bfloat16)
         q.copy_(torch.randn_like(q))
-        mask.copy_(_mask(b, 100, pads))
+        mask.copy_(_mask("cuda", b, 100, pads))
 
     fill(100, [(10, 0), (0, 0)])
     stream = torch.cuda.Stream()
@@ -138,7 +132,7 @@ def test_static_cache_decode_is_cuda_graph_capturable():
     torch.cuda.synchronize()
     ref = _oracle(q, k, v, mask, causal=True)
     lp = _oracle(q, k, v, mask, causal=True, upcast=False)
-    rows = _query_rows(mask, 1, b)
+    rows = _query_rows("cuda", mask, 1, b)
     assert_close_to_ref("graph replay", out[rows], ref[rows], lp[rows], FWD_FACTOR, torch.bfloat16)
 
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import hf_flash
-from conftest import DEVICE
 from tiny_models import VOCAB, load
 
 hf_flash.register()
@@ -21,12 +20,7 @@ LAYERS = 2  # tiny_models' num_hidden_layers
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("tiny_models_keep_attention")
-
-
-def _batch(layout: str) -> dict:
+def _batch(device, layout: str) -> dict:
     g = torch.Generator().manual_seed(21)
     if layout == "dense":
         ids = torch.randint(3, VOCAB, (1, 24), generator=g)
@@ -41,11 +35,11 @@ def _batch(layout: str) -> dict:
         ids = torch.randint(3, VOCAB, (1, 24), generator=g)
         pos = torch.cat([torch.arange(n) for n in (9, 7, 8)]).unsqueeze(0)
         batch = {"input_ids": ids, "position_ids": pos, "labels": ids}
-    return {k: v.to(DEVICE) for k, v in batch.items()}
+    return {k: v.to(device) for k, v in batch.items()}
 
 
-def _model(root, family: str, lora: bool, attention_dropout: float = 0.0):
-    model = load(family, "hf_flash", root, device=DEVICE)
+def _model(device, root, family: str, lora: bool, attention_dropout: float = 0.0):
+    model = load(family, "hf_flash", root, device=device)
     if attention_dropout:
         for layer in model.model.layers:
             layer.self_attn.attention_dropout = attention_dropout
@@ -103,10 +97,10 @@ def _assert_same(ref, got, what):
     ids=["llama-dense-lora", "llama-padded-lora", "llama-packed-lora", "mistral-padded-full"],
 )
 def test_attention_runs_once_per_layer_and_gradients_are_unchanged(
-    root, launches, family, layout, lora
+    root, launches, family, layout, lora, device
 ):
-    model = _model(root, family, lora)
-    batch = _batch(layout)
+    model = _model(device, root, family, lora)
+    batch = _batch(device, layout)
     results, counts = {}, {}
     for mode in ("none", "plain", "keep"):
         launches.update(fwd=0, bwd=0)
@@ -123,9 +117,9 @@ def test_attention_runs_once_per_layer_and_gradients_are_unchanged(
     _assert_same(results["none"], results["keep"], "keep vs no checkpointing")
 
 
-def test_attention_dropout_gives_identical_gradients(root, launches):
-    model = _model(root, "llama", lora=True, attention_dropout=0.3)
-    batch = _batch("dense")
+def test_attention_dropout_gives_identical_gradients(root, launches, device):
+    model = _model(device, root, "llama", lora=True, attention_dropout=0.3)
+    batch = _batch(device, "dense")
     results = {mode: _step(model, batch, mode, seed=5) for mode in ("none", "plain", "keep")}
     _assert_same(results["plain"], results["keep"], "dropout: keep vs plain checkpointing")
     _assert_same(results["none"], results["keep"], "dropout: keep vs no checkpointing")
@@ -134,15 +128,15 @@ def test_attention_dropout_gives_identical_gradients(root, launches):
     assert launches["fwd"] == (1 + 2 + 1 + 1) * LAYERS
 
 
-def test_reentrant_checkpointing_is_refused(root):
+def test_reentrant_checkpointing_is_refused(root, device):
     with pytest.raises(ValueError, match=r"use_reentrant=True cannot keep the attention outputs"):
         hf_flash.gradient_checkpointing_kwargs(use_reentrant=True)
     # handing the context to reentrant checkpointing by hand fails in torch, before any step
-    model = _model(root, "llama", lora=False)
+    model = _model(device, root, "llama", lora=False)
     model.gradient_checkpointing_enable(
         gradient_checkpointing_kwargs={
             "use_reentrant": True, "context_fn": hf_flash.attention_checkpoint_context,
         }
     )  # fmt: skip
     with pytest.raises(ValueError, match="use_reentrant=False"):
-        model(**_batch("dense"))
+        model(**_batch(device, "dense"))

@@ -1,9 +1,9 @@
 """Tiny models of every supported family on attn_implementation="hf_flash" versus eager/sdpa.
 
-Logits, losses and gradients follow DESIGN.md's error rule against the same model in float64
-eager (see ``tiny_models.assert_model_close``); generation must equal sdpa token for token in
-float32. On CPU the kernels run through Triton's interpreter in float32; the bfloat16 cases run on
-the GPU (``-m gpu``).
+Logits, losses and gradients follow hf_flash.reference's error rule against the same model in
+float64 eager (see ``tiny_models.assert_model_close``); generation must equal sdpa token for
+token in float32. On CPU the kernels run through Triton's interpreter in float32; the bfloat16
+cases run on the GPU (``-m gpu``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import json
 import pytest
 import torch
 
-from attn_check import FWD_FACTOR, GRAD_FACTOR
-from conftest import DEVICE
 import hf_flash
+from hf_flash.reference import FWD_FACTOR, GRAD_FACTOR
 from tiny_models import FAMILIES, VOCAB, assert_model_close, load
 
 hf_flash.register()
@@ -27,20 +26,15 @@ DTYPES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("tiny_models")
-
-
-def _trio(family, root, dtype):
+def _trio(device, family, root, dtype):
     """(hf_flash model in dtype, eager in dtype, eager in float64)."""
-    ours = load(family, "hf_flash", root, dtype=dtype, device=DEVICE)
-    lowp = load(family, "eager", root, dtype=dtype, device=DEVICE)
-    exact = load(family, "eager", root, dtype=torch.float64, device=DEVICE)
+    ours = load(family, "hf_flash", root, dtype=dtype, device=device)
+    lowp = load(family, "eager", root, dtype=dtype, device=device)
+    exact = load(family, "eager", root, dtype=torch.float64, device=device)
     return ours, lowp, exact
 
 
-def _padded_batch():
+def _padded_batch(device):
     """Row 0 left-padded by 5, row 1 right-padded by 4. A label counts only when its token and
     the token predicting it are real (the logit at a pad position is never used)."""
     g = torch.Generator().manual_seed(1)
@@ -51,7 +45,7 @@ def _padded_batch():
     counted = mask.bool().clone()
     counted[:, 1:] &= mask[:, :-1].bool()
     labels = ids.masked_fill(~counted, -100)
-    return ids.to(DEVICE), mask.to(DEVICE), labels.to(DEVICE)
+    return ids.to(device), mask.to(device), labels.to(device)
 
 
 def _forward_backward(model, ids, mask, labels, **kwargs):
@@ -88,7 +82,7 @@ def _exact_rows(model, ids, mask, labels):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", ["dense", "padded", "unpadded"])
 @pytest.mark.parametrize("family", FAMILY_IDS)
-def test_logits_loss_grads_match_eager(family, mode, dtype, root, monkeypatch):
+def test_logits_loss_grads_match_eager(family, mode, dtype, root, monkeypatch, device):
     """"padded" keeps the default use_cache (a cache is built, so every attention call cuts the
     padded rows into varlen segments); "unpadded" passes use_cache=False, so the unpad patch runs
     the decoder stack on the valid tokens only (checked: it must have unpadded, and the logits at
@@ -98,8 +92,8 @@ def test_logits_loss_grads_match_eager(family, mode, dtype, root, monkeypatch):
     unpadded = []
     real_unpad = unpad_patch.unpad_inputs
     monkeypatch.setattr(unpad_patch, "unpad_inputs", lambda m: unpadded.append(real_unpad(m)) or unpadded[-1])
-    ours, lowp, exact = _trio(family, root, dtype)
-    ids, mask, labels = _padded_batch()
+    ours, lowp, exact = _trio(device, family, root, dtype)
+    ids, mask, labels = _padded_batch(device)
     padded = mode != "dense"
     if not padded:
         mask, labels = torch.ones_like(ids), ids
@@ -132,22 +126,22 @@ def _three_sequences():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", FAMILY_IDS)
-def test_packed_equals_separate(family, dtype, root):
+def test_packed_equals_separate(family, dtype, root, device):
     """One packed row (position_ids restarts, and DataCollatorWithFlattening's cu_seq_lens) gives
     each sequence the logits it gets alone."""
     from transformers import DataCollatorWithFlattening
 
-    ours, lowp, exact = _trio(family, root, dtype)
+    ours, lowp, exact = _trio(device, family, root, dtype)
     seqs = _three_sequences()
     with torch.no_grad():
         alone = {
-            name: torch.cat([m(input_ids=s[None].to(DEVICE)).logits[0] for s in seqs])
+            name: torch.cat([m(input_ids=s[None].to(device)).logits[0] for s in seqs])
             for name, m in (("lowp", lowp), ("exact", exact))
         }
         collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
         batch = collator([{"input_ids": s.tolist()} for s in seqs])
-        ids = batch["input_ids"].to(DEVICE)
-        pos = batch["position_ids"].to(DEVICE)
+        ids = batch["input_ids"].to(device)
+        pos = batch["position_ids"].to(device)
         by_position_ids = ours(input_ids=ids, position_ids=pos).logits[0]
         flash_kwargs = {k: batch[k] for k in ("cu_seq_lens_q", "cu_seq_lens_k",
                                               "max_length_q", "max_length_k")}  # fmt: skip
@@ -156,23 +150,23 @@ def test_packed_equals_separate(family, dtype, root):
         assert_model_close(f"packed via {name}", got, alone["exact"], alone["lowp"], FWD_FACTOR, dtype)
 
 
-def _prompts():
+def _prompts(device):
     """Left-padded batch of two prompts (lengths 9 and 6)."""
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(3, VOCAB, (2, 9), generator=g)
     mask = torch.ones_like(ids)
     ids[1, :3] = 0
     mask[1, :3] = 0
-    return ids.to(DEVICE), mask.to(DEVICE)
+    return ids.to(device), mask.to(device)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("family", FAMILY_IDS)
-def test_greedy_generate_equals_sdpa(family, cache, root):
-    ours = load(family, "hf_flash", root, device=DEVICE)
+def test_greedy_generate_equals_sdpa(family, cache, root, device):
+    ours = load(family, "hf_flash", root, device=device)
     # Gemma 2's softcapping has no sdpa path in transformers: its peer is eager.
-    sdpa = load(family, "eager" if family == "gemma2" else "sdpa", root, device=DEVICE)
-    ids, mask = _prompts()
+    sdpa = load(family, "eager" if family == "gemma2" else "sdpa", root, device=device)
+    ids, mask = _prompts(device)
     # 9-token prompts > the sliding window of 8: windows slide in prefill and decode.
     gen = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
     if cache == "static":
@@ -185,26 +179,26 @@ def test_greedy_generate_equals_sdpa(family, cache, root):
         assert torch.equal(got1, sdpa.generate(ids[:1], **gen))
 
 
-def test_generate_from_right_padded_prompt_raises(root):
+def test_generate_from_right_padded_prompt_raises(root, device):
     """Right padding is fine in a forward pass, but generate() appends each new token after the
     padding: the first decode step's mask has a hole, which must raise (not be attended)."""
-    ours = load("llama", "hf_flash", root, device=DEVICE)
-    ids, _ = _prompts()
+    ours = load("llama", "hf_flash", root, device=device)
+    ids, _ = _prompts(device)
     mask = torch.ones_like(ids)
     mask[1, -3:] = 0
     with pytest.raises(ValueError, match="padding inside a sequence"):
         ours.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
 
 
-def test_static_cache_forward_without_mask(root):
+def test_static_cache_forward_without_mask(root, device):
     """A StaticCache hands the attention its whole zero-padded buffer; with no attention_mask the
     valid length comes from the cache itself."""
     from transformers import StaticCache
 
-    ours = load("llama", "hf_flash", root, device=DEVICE)
-    exact = load("llama", "eager", root, dtype=torch.float64, device=DEVICE)
-    lowp = load("llama", "eager", root, device=DEVICE)
-    ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    ours = load("llama", "hf_flash", root, device=device)
+    exact = load("llama", "eager", root, dtype=torch.float64, device=device)
+    lowp = load("llama", "eager", root, device=device)
+    ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(4)).to(device)
     with torch.no_grad():
         cache = StaticCache(config=ours.config, max_cache_len=32)
         ours(input_ids=ids[:, :8], past_key_values=cache)
@@ -214,9 +208,9 @@ def test_static_cache_forward_without_mask(root):
     assert_model_close("static-cache continuation", got, want, want_lp, FWD_FACTOR, torch.float32)
 
 
-def test_set_attn_implementation_round_trip(root):
-    model = load("llama", "sdpa", root, device=DEVICE)
-    ids = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+def test_set_attn_implementation_round_trip(root, device):
+    model = load("llama", "sdpa", root, device=device)
+    ids = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(5)).to(device)
     with torch.no_grad():
         ref = model(input_ids=ids).logits
         model.set_attn_implementation("hf_flash")
@@ -224,51 +218,51 @@ def test_set_attn_implementation_round_trip(root):
         got = model(input_ids=ids).logits
         model.set_attn_implementation("sdpa")
         assert model.config._attn_implementation == "sdpa"
-    exact = load("llama", "eager", root, dtype=torch.float64, device=DEVICE)
+    exact = load("llama", "eager", root, dtype=torch.float64, device=device)
     with torch.no_grad():
         want = exact(input_ids=ids).logits
     assert_model_close("after set_attn_implementation", got, want, ref, FWD_FACTOR, torch.float32)
 
 
-def test_save_and_reload_does_not_persist_the_name(root, tmp_path):
-    model = load("llama", "hf_flash", root, device=DEVICE)
+def test_save_and_reload_does_not_persist_the_name(root, tmp_path, device):
+    model = load("llama", "hf_flash", root, device=device)
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert "hf_flash" not in json.dumps(saved), saved
-    again = type(model).from_pretrained(tmp_path, attn_implementation="hf_flash").to(DEVICE)
-    plain = type(model).from_pretrained(tmp_path).to(DEVICE)
+    again = type(model).from_pretrained(tmp_path, attn_implementation="hf_flash").to(device)
+    plain = type(model).from_pretrained(tmp_path).to(device)
     assert again.config._attn_implementation == "hf_flash"
     assert plain.config._attn_implementation != "hf_flash"
-    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(6)).to(device)
     with torch.no_grad():
         torch.testing.assert_close(again(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
-def test_output_attentions_is_refused(root):
-    model = load("llama", "hf_flash", root, device=DEVICE)
-    ids = torch.randint(3, VOCAB, (1, 8)).to(DEVICE)
+def test_output_attentions_is_refused(root, device):
+    model = load("llama", "hf_flash", root, device=device)
+    ids = torch.randint(3, VOCAB, (1, 8)).to(device)
     with pytest.raises(ValueError, match="output_attentions"):
         model(input_ids=ids, output_attentions=True)
 
 
-def _right_padded_rows():
+def _right_padded_rows(device):
     """Right padding only, so float64 eager stays finite at every real token."""
     g = torch.Generator().manual_seed(21)
     ids = torch.randint(3, VOCAB, (3, 14), generator=g)
     mask = torch.ones_like(ids)
     mask[0, -5:] = 0
     mask[2, -9:] = 0
-    return ids.to(DEVICE), mask.to(DEVICE)
+    return ids.to(device), mask.to(device)
 
 
-def test_unpadded_hidden_states_are_repadded(root):
+def test_unpadded_hidden_states_are_repadded(root, device):
     """output_hidden_states through the unpad patch: every layer's states come back (B, S, H),
     zero at padding, and match eager at the real tokens."""
     from hf_flash.integration import unpad_patch
 
-    ours, lowp, exact = _trio("llama", root, torch.float32)
+    ours, lowp, exact = _trio(device, "llama", root, torch.float32)
     assert unpad_patch.is_patched(ours.model) and not unpad_patch.is_patched(lowp.model)
-    ids, mask = _right_padded_rows()
+    ids, mask = _right_padded_rows(device)
     with torch.no_grad():
         got = ours.model(input_ids=ids, attention_mask=mask, use_cache=False, output_hidden_states=True)
         refs = [m.model(input_ids=ids, attention_mask=mask, use_cache=False, output_hidden_states=True)
@@ -284,7 +278,7 @@ def test_unpadded_hidden_states_are_repadded(root):
         assert_model_close(f"hidden states ({name})", g[valid], ex[valid], lo[valid], FWD_FACTOR, torch.float32)
 
 
-def test_unpad_leaves_other_inputs_alone(root, monkeypatch):
+def test_unpad_leaves_other_inputs_alone(root, monkeypatch, device):
     """No padding, a cache, or padding inside a row: the model's forward runs untouched (the
     last one then gets the mask function's error, as without the patch)."""
     from hf_flash.integration import unpad_patch
@@ -292,8 +286,8 @@ def test_unpad_leaves_other_inputs_alone(root, monkeypatch):
     calls = []
     real = unpad_patch.unpad_inputs
     monkeypatch.setattr(unpad_patch, "unpad_inputs", lambda m: calls.append(real(m)) or calls[-1])
-    model = load("llama", "hf_flash", root, device=DEVICE)
-    ids, mask = _right_padded_rows()
+    model = load("llama", "hf_flash", root, device=device)
+    ids, mask = _right_padded_rows(device)
     with torch.no_grad():
         model(input_ids=ids, attention_mask=torch.ones_like(mask), use_cache=False)
         model(input_ids=ids, attention_mask=mask, use_cache=True)  # builds a DynamicCache
@@ -305,13 +299,13 @@ def test_unpad_leaves_other_inputs_alone(root, monkeypatch):
         assert calls[-1] is None
 
 
-def test_unpad_switch(root):
+def test_unpad_switch(root, device):
     from hf_flash.integration import unpad_patch
 
     hf_flash.register(unpad=False)
     try:
-        off = load("llama", "hf_flash", root, device=DEVICE)
+        off = load("llama", "hf_flash", root, device=device)
         assert not unpad_patch.is_patched(off.model)
     finally:
         hf_flash.register()
-    assert unpad_patch.is_patched(load("llama", "hf_flash", root, device=DEVICE).model)
+    assert unpad_patch.is_patched(load("llama", "hf_flash", root, device=device).model)

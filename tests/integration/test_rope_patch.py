@@ -3,8 +3,9 @@ same model unpatched, for eager and sdpa attention (the patch must work with any
 implementation), scaling methods with attention_scaling (YaRN), packed position_ids, PEFT, and
 isolation (other instances untouched, revert restores the original).
 
-Budget (DESIGN.md): the patched float32 model may differ from the unpatched float32 model by at
-most 2x (3x for gradients) the unpatched float32 model's own error against float64, plus a floor.
+Budget (hf_flash.reference's error rule): the patched float32 model may differ from the
+unpatched float32 model by at most 2x (3x for gradients) the unpatched float32 model's own error
+against float64, plus a floor.
 """
 
 import copy
@@ -17,7 +18,6 @@ transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config  # noqa: E402
 
 import hf_flash  # noqa: E402
-from conftest import DEVICE  # noqa: E402
 from hf_flash.integration import decode_patch, rope_patch  # noqa: E402
 from hf_flash.integration.rope_patch import is_patched, patch_model, revert_model  # noqa: E402
 from hf_flash.kernels import rotary as rotary_kernel  # noqa: E402
@@ -36,10 +36,10 @@ CONFIGS = {
 }
 
 
-def _model(family="llama", attn="eager", seed=0, **kw):
+def _model(device, family="llama", attn="eager", seed=0, **kw):
     torch.manual_seed(seed)
     cfg = CONFIGS[family](**kw)
-    return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).to(DEVICE).eval()
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).to(device).eval()
 
 
 def _attention_modules(model):
@@ -85,9 +85,9 @@ def _compare(model, ids, position_ids=None, grads=True):
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("family", list(CONFIGS))
-def test_patched_matches_unpatched(family, attn, kernel_calls):
-    model = _model(family, attn)
-    ids = torch.randint(0, 97, (2, 37), device=DEVICE)
+def test_patched_matches_unpatched(family, attn, kernel_calls, device):
+    model = _model(device, family, attn)
+    ids = torch.randint(0, 97, (2, 37), device=device)
     truth_logits, truth_grad = _compare(copy.deepcopy(model).double(), ids)
     ref_logits, ref_grad = _compare(model, ids)
     assert patch_model(model) is True
@@ -98,13 +98,13 @@ def test_patched_matches_unpatched(family, attn, kernel_calls):
     _budget_check("dq_proj", grad, ref_grad, truth_grad, 3.0)
 
 
-def test_yarn_scaling_and_packed_positions(kernel_calls):
-    model = _model("llama", "sdpa")
+def test_yarn_scaling_and_packed_positions(kernel_calls, device):
+    model = _model(device, "llama", "sdpa")
     extend_context(model, 256, method="yarn")
     assert model.model.rotary_emb.attention_scaling > 1.0
-    ids = torch.randint(0, 97, (1, 150), device=DEVICE)
+    ids = torch.randint(0, 97, (1, 150), device=device)
     # two packed sequences restarting at position 0, the second beyond the original 64
-    pos = torch.cat([torch.arange(40), torch.arange(110)])[None].to(DEVICE)
+    pos = torch.cat([torch.arange(40), torch.arange(110)])[None].to(device)
     truth, _ = _compare(copy.deepcopy(model).double(), ids, pos, grads=False)
     ref, _ = _compare(model, ids, pos, grads=False)
     patch_model(model)
@@ -113,10 +113,10 @@ def test_yarn_scaling_and_packed_positions(kernel_calls):
     _budget_check("yarn logits", out, ref, truth, 2.0)
 
 
-def test_other_instances_untouched_and_revert():
-    a = _model("llama", "eager", seed=1)
-    b = _model("llama", "eager", seed=1)
-    ids = torch.randint(0, 97, (1, 20), device=DEVICE)
+def test_other_instances_untouched_and_revert(device):
+    a = _model(device, "llama", "eager", seed=1)
+    b = _model(device, "llama", "eager", seed=1)
+    ids = torch.randint(0, 97, (1, 20), device=device)
     with torch.no_grad():
         before = b(ids).logits
         ref_a = a(ids).logits
@@ -133,23 +133,23 @@ def test_other_instances_untouched_and_revert():
     assert revert_model(a) == 0
 
 
-def test_unsupported_family_is_a_noop():
+def test_unsupported_family_is_a_noop(device):
     from transformers import GPT2Config
 
     torch.manual_seed(0)
     cfg = GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=32)
-    model = AutoModelForCausalLM.from_config(cfg).to(DEVICE)
+    model = AutoModelForCausalLM.from_config(cfg).to(device)
     state = {n: m.__dict__.get("forward") for n, m in model.named_modules()}
     assert patch_model(model) is False
     assert {n: m.__dict__.get("forward") for n, m in model.named_modules()} == state
-    llama = _model("llama")
+    llama = _model(device, "llama")
     assert patch_model(llama, rope=False) is False
     assert not any(is_patched(m) for m in _attention_modules(llama))
 
 
-def test_generate_and_peft(kernel_calls):
-    model = _model("mistral", "sdpa")
-    ids = torch.randint(0, 97, (1, 12), device=DEVICE)
+def test_generate_and_peft(kernel_calls, device):
+    model = _model(device, "mistral", "sdpa")
+    ids = torch.randint(0, 97, (1, 12), device=device)
     ref = model.generate(ids, max_new_tokens=6, do_sample=False)
     patch_model(model)
     out = model.generate(ids, max_new_tokens=6, do_sample=False)
@@ -157,7 +157,8 @@ def test_generate_and_peft(kernel_calls):
     assert kernel_calls
     peft = pytest.importorskip("peft")
     lora = peft.get_peft_model(
-        _model("llama"), peft.LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+        _model(device, "llama"),
+        peft.LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
     )
     assert patch_model(lora) is True
     loss = lora(ids, labels=ids).loss
@@ -166,10 +167,10 @@ def test_generate_and_peft(kernel_calls):
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
-def test_patched_model_compiles_fullgraph(kernel_calls):
+def test_patched_model_compiles_fullgraph(kernel_calls, device):
     """The re-bound forward and the rotary custom op trace without graph breaks."""
-    model = _model("llama", "sdpa")
-    ids = torch.randint(0, 97, (1, 20), device=DEVICE)
+    model = _model(device, "llama", "sdpa")
+    ids = torch.randint(0, 97, (1, 20), device=device)
     with torch.no_grad():
         truth = copy.deepcopy(model).double()(ids).logits
         ref = model(ids).logits
@@ -183,8 +184,8 @@ def test_patched_model_compiles_fullgraph(kernel_calls):
     _budget_check("compiled logits", out, ref, truth.float(), 2.0)
 
 
-def test_accelerate_style_wrapper_stays_outermost():
-    model = _model("llama")
+def test_accelerate_style_wrapper_stays_outermost(device):
+    model = _model(device, "llama")
     attn = model.model.layers[0].self_attn
     # what accelerate's add_hook_to_module leaves behind
     attn._old_forward = attn.forward
@@ -198,7 +199,7 @@ def test_accelerate_style_wrapper_stays_outermost():
     patch_model(model)
     assert attn.__dict__["forward"] is hooked
     assert rope_patch._holder_of_patch(attn) == "_old_forward"
-    ids = torch.randint(0, 97, (1, 8), device=DEVICE)
+    ids = torch.randint(0, 97, (1, 8), device=device)
     with torch.no_grad():
         model(ids)
     assert calls
@@ -206,11 +207,11 @@ def test_accelerate_style_wrapper_stays_outermost():
     assert attn.__dict__["forward"] is hooked and not is_patched(attn)
 
 
-def test_revert_under_a_later_wrapper(kernel_calls):
+def test_revert_under_a_later_wrapper(kernel_calls, device):
     """Another per-instance patch stacked on top (as the fused-decode patch does) keeps calling
     the forward it wrapped; reverting the RoPE patch must still switch the fused path off."""
-    model = _model("llama")
-    ids = torch.randint(0, 97, (1, 10), device=DEVICE)
+    model = _model(device, "llama")
+    ids = torch.randint(0, 97, (1, 10), device=device)
     with torch.no_grad():
         ref = model(ids).logits
     patch_model(model)
@@ -227,8 +228,8 @@ def test_revert_under_a_later_wrapper(kernel_calls):
     assert not kernel_calls and torch.equal(out, ref)
 
 
-def test_refuses_to_drop_a_foreign_instance_forward(kernel_calls):
-    model = _model("llama")
+def test_refuses_to_drop_a_foreign_instance_forward(kernel_calls, device):
+    model = _model(device, "llama")
     attn = model.model.layers[1].self_attn
     attn.forward = types.MethodType(type(attn).forward, attn)  # someone else's instance patch
     with pytest.warns(UserWarning, match="already have an instance-level forward"):
@@ -237,19 +238,19 @@ def test_refuses_to_drop_a_foreign_instance_forward(kernel_calls):
     revert_model(model)
 
 
-def test_extended_model_runs_beyond_original_length_on_hf_flash(kernel_calls):
+def test_extended_model_runs_beyond_original_length_on_hf_flash(kernel_calls, device):
     """YaRN-extended Llama through hf_flash attention and generate, past its original 64
     positions; the fused RoPE is applied automatically and matches the eager model."""
     hf_flash.register()
     torch.manual_seed(0)
     cfg = LlamaConfig(**SMALL)
     extend_context(cfg, 256, method="yarn")
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="hf_flash").to(DEVICE).eval()
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="hf_flash").to(device).eval()
     assert all(is_patched(m) for m in _attention_modules(model)), "hf_flash did not apply fused RoPE"
     eager = copy.deepcopy(model)
     eager.set_attn_implementation("eager")
     assert not any(is_patched(m) for m in _attention_modules(eager))
-    ids = torch.randint(0, 97, (1, 72), device=DEVICE)
+    ids = torch.randint(0, 97, (1, 72), device=device)
     with torch.no_grad():
         out = model(ids).logits
         ref = eager(ids).logits

@@ -8,27 +8,21 @@ import copy
 import pytest
 import torch
 
-from attn_check import FWD_FACTOR, GRAD_FACTOR
-from conftest import DEVICE
 import hf_flash
+from hf_flash.reference import FWD_FACTOR, GRAD_FACTOR
 from tiny_models import VOCAB, assert_model_close, load
 
 hf_flash.register()
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("tiny_models_training")
-
-
-def _right_padded():
+def _right_padded(device):
     """Right padding only: eager in float64 stays finite (no fully masked query row)."""
     g = torch.Generator().manual_seed(11)
     ids = torch.randint(3, VOCAB, (2, 20), generator=g)
     mask = torch.ones_like(ids)
     mask[1, -6:] = 0
     labels = ids.masked_fill(mask == 0, -100)
-    return ids.to(DEVICE), mask.to(DEVICE), labels.to(DEVICE)
+    return ids.to(device), mask.to(device), labels.to(device)
 
 
 def _step(model, ids, mask, labels):
@@ -47,10 +41,10 @@ def _as_eager(peft_model, dtype):
     return other
 
 
-def test_lora_with_gradient_checkpointing(root):
+def test_lora_with_gradient_checkpointing(root, device):
     from peft import LoraConfig, get_peft_model
 
-    base = load("llama", "hf_flash", root, device=DEVICE)
+    base = load("llama", "hf_flash", root, device=device)
     torch.manual_seed(0)
     lora = LoraConfig(
         r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
@@ -65,7 +59,7 @@ def test_lora_with_gradient_checkpointing(root):
             gradient_checkpointing_kwargs={"use_reentrant": False}
         )
     assert ours.base_model.model.config._attn_implementation == "hf_flash"
-    batch = _right_padded()
+    batch = _right_padded(device)
     res = {k: _step(m, *batch) for k, m in (("ours", ours), ("lowp", lowp), ("exact", exact))}
     assert_model_close("loss", res["ours"][0], res["exact"][0], res["lowp"][0], FWD_FACTOR, torch.float32)
     grads = res["ours"][1]
@@ -76,14 +70,14 @@ def test_lora_with_gradient_checkpointing(root):
         )
 
 
-def test_torch_compile_training_step(root):
-    ours = load("llama", "hf_flash", root, device=DEVICE).train()
-    lowp = load("llama", "eager", root, device=DEVICE).train()
-    exact = load("llama", "eager", root, dtype=torch.float64, device=DEVICE).train()
+def test_torch_compile_training_step(root, device):
+    ours = load("llama", "hf_flash", root, device=device).train()
+    lowp = load("llama", "eager", root, device=device).train()
+    exact = load("llama", "eager", root, dtype=torch.float64, device=device).train()
     # aot_eager traces forward and backward through dynamo/AOTAutograd (the custom ops' fake
     # implementations included) without a C++ toolchain; the GPU suite compiles with inductor.
     compiled = torch.compile(ours, backend="aot_eager")
-    batch = _right_padded()
+    batch = _right_padded(device)
     res = {k: _step(m, *batch) for k, m in (("ours", compiled), ("lowp", lowp), ("exact", exact))}
     assert_model_close("loss", res["ours"][0], res["exact"][0], res["lowp"][0], FWD_FACTOR, torch.float32)
     for n in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.v_proj.weight"):
@@ -93,14 +87,14 @@ def test_torch_compile_training_step(root):
         )  # fmt: skip
 
 
-def test_attention_dropout_in_training(root, tmp_path):
+def test_attention_dropout_in_training(root, tmp_path, device):
     from transformers import AutoModelForCausalLM
 
-    model = load("llama", "hf_flash", root, device=DEVICE)
+    model = load("llama", "hf_flash", root, device=device)
     model.config.attention_dropout = 0.3
     model.save_pretrained(tmp_path)
-    model = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="hf_flash").to(DEVICE)
-    ids = torch.randint(3, VOCAB, (1, 16), generator=torch.Generator().manual_seed(12)).to(DEVICE)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="hf_flash").to(device)
+    ids = torch.randint(3, VOCAB, (1, 16), generator=torch.Generator().manual_seed(12)).to(device)
     with torch.no_grad():
         model.eval()
         clean = model(input_ids=ids).logits
@@ -116,7 +110,7 @@ def test_attention_dropout_in_training(root, tmp_path):
     assert not torch.equal(a, c) and not torch.allclose(a, clean)
 
 
-def test_encoder_model_with_padding():
+def test_encoder_model_with_padding(device):
     """A bidirectional (is_causal=False) encoder: padding is a key mask, no causal alignment."""
     from transformers import BertConfig, BertModel
 
@@ -126,7 +120,7 @@ def test_encoder_model_with_padding():
     )  # fmt: skip
     torch.manual_seed(0)
     config._attn_implementation = "eager"
-    lowp = BertModel(config).to(DEVICE).eval()
+    lowp = BertModel(config).to(device).eval()
     with torch.no_grad():
         for name, p in lowp.named_parameters():
             if name.endswith(("query.weight", "key.weight")):
@@ -134,7 +128,7 @@ def test_encoder_model_with_padding():
     exact = copy.deepcopy(lowp).double()
     ours = copy.deepcopy(lowp)
     ours.set_attn_implementation("hf_flash")
-    ids = torch.randint(3, VOCAB, (3, 18), generator=torch.Generator().manual_seed(13)).to(DEVICE)
+    ids = torch.randint(3, VOCAB, (3, 18), generator=torch.Generator().manual_seed(13)).to(device)
     mask = torch.ones_like(ids)
     mask[0, -5:] = 0
     mask[1, :4] = 0

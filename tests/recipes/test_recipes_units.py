@@ -109,7 +109,8 @@ def _loss_and_grads(fn, hidden, weight, labels):
 
 
 def _assert_within(what, got, truth, peer, factor):
-    """DESIGN.md's rule: max error vs the float64 truth <= factor x the peer's + rounding floor."""
+    """hf_flash.reference's error rule with a rounding floor: max error vs the float64 truth
+    <= factor x the peer's + the error of storing the truth in got's dtype."""
     err = (got.double() - truth).abs().max().item()
     peer_err = (peer.double() - truth).abs().max().item()
     floor = (truth.to(got.dtype).double() - truth).abs().max().item()

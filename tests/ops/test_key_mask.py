@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICE, ON_GPU
 from hf_flash.integration.attention import _mask_rows_torch
 from hf_flash.kernels.key_mask import key_mask_rows
 
-WHERE = [pytest.param(DEVICE, id="here"),
+# None: the session's device fixture (CUDA on a GPU machine, else the CPU interpreter)
+WHERE = [pytest.param(None, id="here"),
          pytest.param("cuda", id="gpu", marks=pytest.mark.gpu)]  # fmt: skip
 
 
@@ -49,10 +49,8 @@ def _masks(device):
 
 @pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("extra", [0, 1, 1100])
-def test_key_mask_rows_matches_reference(where, extra):
-    if where == "cuda" and not ON_GPU:
-        pytest.skip("needs a CUDA GPU")
-    for mask in _masks(where):
+def test_key_mask_rows_matches_reference(where, extra, device):
+    for mask in _masks(where or device):
         width = mask.shape[1] + extra
         out, stats = key_mask_rows(mask, width)
         want_out, want_stats = _reference(mask, width)
@@ -72,10 +70,10 @@ def test_torch_version_matches_reference(extra):
         assert torch.equal(stats, want_stats), (stats, want_stats)
 
 
-def test_key_mask_rows_rejects_bad_input():
+def test_key_mask_rows_rejects_bad_input(device):
     with pytest.raises(ValueError, match="2-D"):
-        key_mask_rows(torch.ones(2, 3, 4, device=DEVICE), 4)
+        key_mask_rows(torch.ones(2, 3, 4, device=device), 4)
     with pytest.raises(ValueError, match="narrower"):
-        key_mask_rows(torch.ones(2, 8, device=DEVICE), 4)
-    out, stats = key_mask_rows(torch.ones(0, 8, device=DEVICE), 8)
+        key_mask_rows(torch.ones(2, 8, device=device), 4)
+    out, stats = key_mask_rows(torch.ones(0, 8, device=device), 8)
     assert out.shape == (0, 8) and stats.shape == (3, 0)

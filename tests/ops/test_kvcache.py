@@ -12,27 +12,31 @@ import math
 import pytest
 import torch
 
-from attn_check import FWD_FACTOR, assert_close_to_ref, poisoned_like
-from conftest import DEVICE
 from hf_flash import flash_attn_with_kvcache
 from hf_flash.kernels import decode
-from hf_flash.reference import kvcache_attention_ref, max_abs_err
+from hf_flash.reference import (
+    FWD_FACTOR,
+    assert_close_to_ref,
+    kvcache_attention_ref,
+    max_abs_err,
+    poisoned_like,
+)
 
 
-def _rotary(rows, rotary_dim, dtype=torch.float32):
-    angle = torch.rand(rows, rotary_dim // 2, device=DEVICE) * 2 * math.pi
+def _rotary(device, rows, rotary_dim, dtype=torch.float32):
+    angle = torch.rand(rows, rotary_dim // 2, device=device) * 2 * math.pi
     return angle.cos().to(dtype), angle.sin().to(dtype)
 
 
-def _paged(k_cache, v_cache, page_size):
+def _paged(device, k_cache, v_cache, page_size):
     """Scatter dense caches (B, S, Hk, D) into shuffled pages; returns (k_pages, v_pages,
     block_table) with two spare pages that no row uses."""
     batch, seqlen = k_cache.shape[:2]
     per_seq = seqlen // page_size
     num_pages = batch * per_seq + 2
-    perm = torch.randperm(num_pages, device=DEVICE)[: batch * per_seq]
+    perm = torch.randperm(num_pages, device=device)[: batch * per_seq]
     table = perm.view(batch, per_seq).to(torch.int32)
-    kp = torch.randn(num_pages, page_size, *k_cache.shape[2:], device=DEVICE, dtype=k_cache.dtype)
+    kp = torch.randn(num_pages, page_size, *k_cache.shape[2:], device=device, dtype=k_cache.dtype)
     vp = torch.randn_like(kp)
     kp[perm] = k_cache.reshape(-1, page_size, *k_cache.shape[2:])
     vp[perm] = v_cache.reshape(-1, page_size, *v_cache.shape[2:])
@@ -40,40 +44,40 @@ def _paged(k_cache, v_cache, page_size):
 
 
 def _check(
-    batch=2, seqlen_q=1, nheads=4, nheads_k=2, d=32, seqlen_cache=70, seqlen_new=1,
+    device, batch=2, seqlen_q=1, nheads=4, nheads_k=2, d=32, seqlen_cache=70, seqlen_new=1,
     lens=(40, 23), dtype=torch.float16, rotary_dim=0, interleaved=False, paged=0,
     batch_idx=False, leftpad=None, num_splits=0, int_seqlens=False, per_token_rotary=0, **opts,
 ):  # fmt: skip
-    q = torch.randn(batch, seqlen_q, nheads, d, device=DEVICE, dtype=dtype)
+    q = torch.randn(batch, seqlen_q, nheads, d, device=device, dtype=dtype)
     batch_cache = batch + 2 if batch_idx else batch
-    k_cache = torch.randn(batch_cache, seqlen_cache, nheads_k, d, device=DEVICE, dtype=dtype)
+    k_cache = torch.randn(batch_cache, seqlen_cache, nheads_k, d, device=device, dtype=dtype)
     v_cache = torch.randn_like(k_cache)
     k = v = None
     if seqlen_new:
-        k = torch.randn(batch, seqlen_new, nheads_k, d, device=DEVICE, dtype=dtype)
+        k = torch.randn(batch, seqlen_new, nheads_k, d, device=device, dtype=dtype)
         v = torch.randn_like(k)
     kw = dict(opts)
     if lens is not None:
         kw["cache_seqlens"] = (
-            lens[0] if int_seqlens else torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+            lens[0] if int_seqlens else torch.tensor(lens, dtype=torch.int32, device=device)
         )
     if rotary_dim:
-        kw["rotary_cos"], kw["rotary_sin"] = _rotary(seqlen_cache, rotary_dim)
+        kw["rotary_cos"], kw["rotary_sin"] = _rotary(device, seqlen_cache, rotary_dim)
         kw["rotary_interleaved"] = interleaved
     if per_token_rotary:
         # (rows, seqlen_new, rotary_dim / 2) views with a padded last axis, as transformers'
         # cos[..., :half] slices are
         rows = batch if per_token_rotary == "batch" else 1
-        cos, sin = _rotary(rows * seqlen_new, 2 * rotary_dim, dtype)
+        cos, sin = _rotary(device, rows * seqlen_new, 2 * rotary_dim, dtype)
         kw["rotary_cos"] = cos.view(rows, seqlen_new, rotary_dim)[..., : rotary_dim // 2]
         kw["rotary_sin"] = sin.view(rows, seqlen_new, rotary_dim)[..., : rotary_dim // 2]
         kw["rotary_interleaved"] = interleaved
     if batch_idx:
-        kw["cache_batch_idx"] = torch.randperm(batch_cache, device=DEVICE)[:batch].to(torch.int32)
+        kw["cache_batch_idx"] = torch.randperm(batch_cache, device=device)[:batch].to(torch.int32)
     if leftpad is not None:
-        kw["cache_leftpad"] = torch.tensor(leftpad, dtype=torch.int32, device=DEVICE)
+        kw["cache_leftpad"] = torch.tensor(leftpad, dtype=torch.int32, device=device)
     if paged:
-        k_cache, v_cache, kw["block_table"] = _paged(k_cache, v_cache, paged)
+        k_cache, v_cache, kw["block_table"] = _paged(device, k_cache, v_cache, paged)
 
     ref, k_ref, v_ref, ref_lse = kvcache_attention_ref(
         q, k_cache, v_cache, k, v, return_lse=True, **kw
@@ -132,39 +136,39 @@ CASES = [
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("opts", CASES)
-def test_matches_reference(opts, dtype):
+def test_matches_reference(opts, dtype, device):
     torch.manual_seed(len(str(opts)))
     opts = dict(opts)
     if opts.get("alibi_slopes") == "per-batch":
-        opts["alibi_slopes"] = torch.rand(2, opts.get("nheads", 4), device=DEVICE)
-    _check(dtype=dtype, **opts)
+        opts["alibi_slopes"] = torch.rand(2, opts.get("nheads", 4), device=device)
+    _check(device, dtype=dtype, **opts)
 
 
-def test_bf16_load_store_path():
+def test_bf16_load_store_path(device):
     # bf16 operands are multiplied in fp32 under the interpreter; loads, the append and stores
     # are still bf16. No rotary here: the interpreter truncates fp32 -> bf16 casts instead of
     # rounding them. The GPU tests cover bf16 tensor cores and bf16 rotary.
     torch.manual_seed(11)
-    _check(dtype=torch.bfloat16, causal=True, seqlen_q=2, seqlen_new=2, num_splits=3)
+    _check(device, dtype=torch.bfloat16, causal=True, seqlen_q=2, seqlen_new=2, num_splits=3)
 
 
-def test_queries_without_keys_are_zero():
+def test_queries_without_keys_are_zero(device):
     """seqlen_q > visible keys (causal): leading queries see nothing -> 0 and +inf."""
     torch.manual_seed(12)
-    out = _check(seqlen_q=6, seqlen_new=0, lens=(3, 0), causal=True, num_splits=2)
+    out = _check(device, seqlen_q=6, seqlen_new=0, lens=(3, 0), causal=True, num_splits=2)
     assert (out[0, :3] == 0).all() and (out[1] == 0).all()
 
 
-def test_every_output_element_written():
+def test_every_output_element_written(device):
     torch.manual_seed(13)
     dtype = torch.float16
-    q = torch.randn(2, 3, 4, 40, device=DEVICE, dtype=dtype)
-    kc = torch.randn(2, 50, 2, 40, device=DEVICE, dtype=dtype)
+    q = torch.randn(2, 3, 4, 40, device=device, dtype=dtype)
+    kc = torch.randn(2, 50, 2, 40, device=device, dtype=dtype)
     vc = torch.randn_like(kc)
-    lens = torch.tensor([2, 45], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([2, 45], dtype=torch.int32, device=device)
     for splits in (1, 4):
         out = poisoned_like(q)
-        lse = torch.full((2, 4, 3), float("nan"), device=DEVICE)
+        lse = torch.full((2, 4, 3), float("nan"), device=device)
         decode.flash_decode(
             q, kc, vc, None, None, out, lse, cache_seqlens=lens, cache_batch_idx=None,
             cache_leftpad=None, block_table=None, rotary_cos=None, rotary_sin=None,
@@ -175,7 +179,7 @@ def test_every_output_element_written():
         assert (out[0, 0] == 0).all() and torch.isinf(lse[0, :, 0]).all()
 
 
-def test_decode_steps_equal_full_attention():
+def test_decode_steps_equal_full_attention(device):
     """Prefill a cache, then append token by token: every step equals causal attention over
     the whole sequence so far (the cache written by step t is what step t + 1 reads)."""
     torch.manual_seed(14)
@@ -183,13 +187,13 @@ def test_decode_steps_equal_full_attention():
 
     b, h, hk, d, n, steps = 1, 4, 2, 32, 20, 4
     dtype = torch.float32
-    q = torch.randn(b, n + steps, h, d, device=DEVICE, dtype=dtype)
-    k = torch.randn(b, n + steps, hk, d, device=DEVICE, dtype=dtype)
+    q = torch.randn(b, n + steps, h, d, device=device, dtype=dtype)
+    k = torch.randn(b, n + steps, hk, d, device=device, dtype=dtype)
     v = torch.randn_like(k)
-    kc = torch.zeros(b, 40, hk, d, device=DEVICE, dtype=dtype)
+    kc = torch.zeros(b, 40, hk, d, device=device, dtype=dtype)
     vc = torch.zeros_like(kc)
     kc[:, :n], vc[:, :n] = k[:, :n], v[:, :n]
-    lens = torch.full((b,), n, dtype=torch.int32, device=DEVICE)
+    lens = torch.full((b,), n, dtype=torch.int32, device=device)
     full = attention_ref(q, k, v, causal=True)
     for t in range(n, n + steps):
         out = flash_attn_with_kvcache(
@@ -201,33 +205,33 @@ def test_decode_steps_equal_full_attention():
     assert torch.equal(kc[:, : n + steps], k) and torch.equal(vc[:, : n + steps], v)
 
 
-def test_transposed_cache_buffers_are_updated_in_place():
+def test_transposed_cache_buffers_are_updated_in_place(device):
     """transformers' caches are (B, Hk, S, D); their transposed views go in without a copy."""
     torch.manual_seed(15)
-    buf_k = torch.randn(2, 2, 48, 32, device=DEVICE, dtype=torch.float16)
+    buf_k = torch.randn(2, 2, 48, 32, device=device, dtype=torch.float16)
     buf_v = torch.randn_like(buf_k)
     kc, vc = buf_k.transpose(1, 2), buf_v.transpose(1, 2)
-    q = torch.randn(2, 1, 4, 32, device=DEVICE, dtype=torch.float16)
-    k = torch.randn(2, 1, 2, 32, device=DEVICE, dtype=torch.float16)
+    q = torch.randn(2, 1, 4, 32, device=device, dtype=torch.float16)
+    k = torch.randn(2, 1, 2, 32, device=device, dtype=torch.float16)
     v = torch.randn_like(k)
-    lens = torch.tensor([10, 30], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([10, 30], dtype=torch.int32, device=device)
     ref, k_ref, v_ref = kvcache_attention_ref(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
     out = flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
     assert torch.equal(buf_k.transpose(1, 2), k_ref) and torch.equal(buf_v.transpose(1, 2), v_ref)
     assert max_abs_err(out, ref) < 2e-3
 
 
-def test_cache_capacity_is_never_exceeded():
+def test_cache_capacity_is_never_exceeded(device):
     """Past the cache's rows (possible only when validation is skipped, e.g. during CUDA-graph
     capture) the kernel drops the append and reads nothing: no out-of-bounds memory access."""
     torch.manual_seed(17)
-    backing = torch.randn(2, 40, 2, 16, device=DEVICE)
+    backing = torch.randn(2, 40, 2, 16, device=device)
     kc, vc = backing[:, :32].clone(), backing[:, :32].clone()
     guard_k = backing[:, 32:].clone()
-    q = torch.randn(2, 1, 2, 16, device=DEVICE)
-    k = torch.randn(2, 2, 2, 16, device=DEVICE)
-    out, lse = torch.empty_like(q), torch.empty(2, 2, 1, device=DEVICE)
-    lens = torch.tensor([31, 5], dtype=torch.int32, device=DEVICE)  # row 0: 31 + 2 > 32
+    q = torch.randn(2, 1, 2, 16, device=device)
+    k = torch.randn(2, 2, 2, 16, device=device)
+    out, lse = torch.empty_like(q), torch.empty(2, 2, 1, device=device)
+    lens = torch.tensor([31, 5], dtype=torch.int32, device=device)  # row 0: 31 + 2 > 32
     kc_big = backing.clone()
     kc_view = kc_big[:, :32]
     decode.flash_decode(
@@ -246,7 +250,7 @@ def test_cache_capacity_is_never_exceeded():
     pytest.param({"causal": True, "window_size": (5, 5), "softcap": 3.0}, id="window-softcap"),
     pytest.param({"causal": False}, id="noncausal"),
 ])  # fmt: skip
-def test_attend_kv_over_key_blocks(opts):
+def test_attend_kv_over_key_blocks(opts, device):
     """attend_kv (the integration's DynamicCache decode path): row b sees keys
     [start_b, end_b) of non-contiguous (B, Hk, S, D)-transposed k/v, queries aligned at end_b."""
     from hf_flash.kvcache import attend_kv
@@ -254,12 +258,12 @@ def test_attend_kv_over_key_blocks(opts):
 
     torch.manual_seed(18)
     dtype = torch.float16
-    q = torch.randn(3, 2, 4, 32, device=DEVICE, dtype=dtype)
-    kb = torch.randn(3, 2, 45, 32, device=DEVICE, dtype=dtype)
+    q = torch.randn(3, 2, 4, 32, device=device, dtype=dtype)
+    kb = torch.randn(3, 2, 45, 32, device=device, dtype=dtype)
     vb = torch.randn_like(kb)
     k, v = kb.transpose(1, 2), vb.transpose(1, 2)
-    start = torch.tensor([0, 7, 20], dtype=torch.int32, device=DEVICE)
-    end = torch.tensor([45, 45, 33], dtype=torch.int32, device=DEVICE)
+    start = torch.tensor([0, 7, 20], dtype=torch.int32, device=device)
+    end = torch.tensor([45, 45, 33], dtype=torch.int32, device=device)
     out = attend_kv(q, k, v, key_start=start, key_end=end, **opts)
     for b, (s0, e0) in enumerate(zip(start.tolist(), end.tolist())):
         args = (q[b : b + 1], k[b : b + 1, s0:e0], v[b : b + 1, s0:e0])
@@ -268,21 +272,21 @@ def test_attend_kv_over_key_blocks(opts):
         assert_close_to_ref(f"row {b}", out[b : b + 1], ref, lp, FWD_FACTOR, dtype)
 
 
-def _attend_inputs(seqlen=45, dtype=torch.float16):
+def _attend_inputs(device, seqlen=45, dtype=torch.float16):
     torch.manual_seed(19)
-    q = torch.randn(2, 1, 4, 32, device=DEVICE, dtype=dtype)
-    kb = torch.randn(2, 2, seqlen, 32, device=DEVICE, dtype=dtype)
+    q = torch.randn(2, 1, 4, 32, device=device, dtype=dtype)
+    kb = torch.randn(2, 2, seqlen, 32, device=device, dtype=dtype)
     return q, kb.transpose(1, 2), torch.randn_like(kb).transpose(1, 2)
 
 
-def test_attend_kv_default_key_end_follows_seqlen_k():
+def test_attend_kv_default_key_end_follows_seqlen_k(device):
     """Without key_end every key is attended. The (batch,) tensor of seqlen_k is reused while
     batch, seqlen_k and device repeat (the layers of one decode step); a k of another length,
     as the next step's, must not get the old one."""
     from hf_flash.kvcache import attend_kv
     from hf_flash.reference import attention_ref
 
-    q, k, v = _attend_inputs(60)
+    q, k, v = _attend_inputs(device, 60)
     for n in (40, 40, 25, 57, 40):
         out = attend_kv(q, k[:, :n], v[:, :n], causal=True)
         ref = attention_ref(q, k[:, :n], v[:, :n], causal=True)
@@ -290,13 +294,13 @@ def test_attend_kv_default_key_end_follows_seqlen_k():
         assert_close_to_ref(f"seqlen_k={n}", out, ref, lp, FWD_FACTOR, q.dtype)
 
 
-def test_attend_kv_remembered_checks_still_reject_bad_inputs(monkeypatch):
+def test_attend_kv_remembered_checks_still_reject_bad_inputs(monkeypatch, device):
     """attend_kv checks a combination of shapes, dtypes, devices and options once, then only
     looks it up. Inputs that differ from a remembered combination must still be refused."""
     from hf_flash.kvcache import attend_kv
 
-    q, k, v = _attend_inputs()
-    end = torch.full((2,), 45, dtype=torch.int32, device=DEVICE)
+    q, k, v = _attend_inputs(device)
+    end = torch.full((2,), 45, dtype=torch.int32, device=device)
     for _ in range(2):
         attend_kv(q, k, v, key_end=end)  # remembered
     with pytest.raises(ValueError, match="one shape"):
@@ -311,13 +315,13 @@ def test_attend_kv_remembered_checks_still_reject_bad_inputs(monkeypatch):
         attend_kv(q, k, v, key_end=end, window_size=(-2, 0))
     with pytest.raises(ValueError, match="multiple"):
         attend_kv(q[:, :, :3], k, v, key_end=end)
-    if DEVICE == "cpu":  # CPU tensors are refused once the interpreter is off
+    if device == "cpu":  # CPU tensors are refused once the interpreter is off
         monkeypatch.setenv("TRITON_INTERPRET", "0")
         with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
             attend_kv(q, k, v, key_end=end)
 
 
-def test_one_split_launches_no_combine(monkeypatch):
+def test_one_split_launches_no_combine(monkeypatch, device):
     """num_splits=1: the decode kernel writes the output itself; no combine launch. Several
     splits: one combine launch. Both equal the reference (the "one-split" case above too)."""
     launches = []
@@ -329,13 +333,13 @@ def test_one_split_launches_no_combine(monkeypatch):
             return real[grid]
 
     monkeypatch.setattr(decode._COMBINE, "kernel", Spy())
-    _check(num_splits=1, causal=True, lens=(68, 3), seqlen_cache=80)
+    _check(device, num_splits=1, causal=True, lens=(68, 3), seqlen_cache=80)
     assert launches == []
-    _check(num_splits=3, causal=True, lens=(68, 3), seqlen_cache=80)
+    _check(device, num_splits=3, causal=True, lens=(68, 3), seqlen_cache=80)
     assert len(launches) == 1
 
 
-def test_cached_launch_plan_follows_config_override(monkeypatch):
+def test_cached_launch_plan_follows_config_override(monkeypatch, device):
     """Launch parameters are derived once per combination of shapes and flags; a
     ``configs.override`` (the benchmark sweep) must still take effect, and a flag that
     changes (softcap here) must give another plan."""
@@ -353,11 +357,11 @@ def test_cached_launch_plan_follows_config_override(monkeypatch):
             return launch
 
     monkeypatch.setattr(decode._DECODE, "kernel", Spy())
-    _check(causal=True)
+    _check(device, causal=True)
     with configs.override(decode={"BLOCK_N": 32}):
-        _check(causal=True)
-    _check(causal=True, softcap=2.0)
-    default = decode.decode_config(32, torch.float16, torch.device(DEVICE))["BLOCK_N"]
+        _check(device, causal=True)
+    _check(device, causal=True, softcap=2.0)
+    default = decode.decode_config(32, torch.float16, torch.device(device))["BLOCK_N"]
     assert default != 32
     assert [kw["BLOCK_N"] for kw in seen] == [default, 32, default]
     assert [kw["HAS_SOFTCAP"] for kw in seen] == [False, False, True]
@@ -378,7 +382,7 @@ def test_host_integer_helpers_match_triton():
     pytest.param({"causal": True}, id="causal"),
     pytest.param({"causal": True, "window_size": (10, 0), "softcap": 3.0}, id="window-softcap"),
 ])  # fmt: skip
-def test_append_attend_paged_skips_padding_rows(opts):
+def test_append_attend_paged_skips_padding_rows(opts, device):
     """append_attend_paged (continuous batching's decode step): real rows append and attend as
     flash_attn_with_kvcache does; a padding row (seqlens_k 0, page-table row -1) writes and
     reads nothing and outputs 0."""
@@ -386,19 +390,19 @@ def test_append_attend_paged_skips_padding_rows(opts):
 
     torch.manual_seed(19)
     dtype = torch.float16
-    dense = torch.randn(3, 48, 2, 32, device=DEVICE, dtype=dtype)
-    k_pages, v_pages, table = _paged(dense, torch.randn_like(dense), 16)
+    dense = torch.randn(3, 48, 2, 32, device=device, dtype=dtype)
+    k_pages, v_pages, table = _paged(device, dense, torch.randn_like(dense), 16)
     table[1] = -1  # row 1 pads the batch
     # keys per row after the append: row 2's new key fills its last page exactly
-    seqlens_k = torch.tensor([20, 0, 48], dtype=torch.int32, device=DEVICE)
-    q = torch.randn(3, 1, 4, 32, device=DEVICE, dtype=dtype)
-    k = torch.randn(3, 1, 2, 32, device=DEVICE, dtype=dtype)
+    seqlens_k = torch.tensor([20, 0, 48], dtype=torch.int32, device=device)
+    q = torch.randn(3, 1, 4, 32, device=device, dtype=dtype)
+    k = torch.randn(3, 1, 2, 32, device=device, dtype=dtype)
     v = torch.randn_like(k)
     kc, vc = k_pages.clone(), v_pages.clone()
     out = append_attend_paged(q, kc, vc, k, v, table, seqlens_k, **opts)
     assert torch.equal(out[1], torch.zeros_like(out[1])), "the padding row must output 0"
 
-    real = torch.tensor([0, 2], device=DEVICE)
+    real = torch.tensor([0, 2], device=device)
     kw = dict(cache_seqlens=seqlens_k[real] - 1, block_table=table[real], **opts)
     args = (q[real], k_pages, v_pages, k[real], v[real])
     ref, k_ref, v_ref = kvcache_attention_ref(*args, **kw)
@@ -424,19 +428,19 @@ def test_split_heuristic():
         assert total / (-(-total // slots) * slots) >= 0.5
 
 
-def test_compile_fullgraph_mutates_cache():
+def test_compile_fullgraph_mutates_cache(device):
     torch.manual_seed(16)
-    kc = torch.zeros(1, 32, 1, 16, device=DEVICE)
+    kc = torch.zeros(1, 32, 1, 16, device=device)
     vc = torch.zeros_like(kc)
-    lens = torch.tensor([4], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([4], dtype=torch.int32, device=device)
 
     def step(q, k, v, kc, vc, lens):
         return flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True) * 2
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    q = torch.randn(1, 1, 2, 16, device=DEVICE)
-    k = torch.randn(1, 1, 1, 16, device=DEVICE)
-    v = torch.randn(1, 1, 1, 16, device=DEVICE)
+    q = torch.randn(1, 1, 2, 16, device=device)
+    k = torch.randn(1, 1, 1, 16, device=device)
+    v = torch.randn(1, 1, 1, 16, device=device)
     out = compiled(q, k, v, kc, vc, lens)
     assert torch.equal(kc[0, 4], k[0, 0]) and torch.equal(vc[0, 4], v[0, 0])
     ref, _, _ = kvcache_attention_ref(
@@ -445,106 +449,114 @@ def test_compile_fullgraph_mutates_cache():
     assert max_abs_err(out, 2 * ref) < 1e-5
 
 
-def _args(**over):
-    q = torch.randn(2, 1, 4, 32, device=DEVICE, dtype=torch.float16)
-    kc = torch.randn(2, 64, 2, 32, device=DEVICE, dtype=torch.float16)
+def _args(device, **over):
+    q = torch.randn(2, 1, 4, 32, device=device, dtype=torch.float16)
+    kc = torch.randn(2, 64, 2, 32, device=device, dtype=torch.float16)
     a = dict(
-        q=q, k_cache=kc, v_cache=kc.clone(), k=torch.randn(2, 1, 2, 32, device=DEVICE, dtype=q.dtype),
-        v=torch.randn(2, 1, 2, 32, device=DEVICE, dtype=q.dtype),
-        cache_seqlens=torch.tensor([3, 5], dtype=torch.int32, device=DEVICE),
+        q=q, k_cache=kc, v_cache=kc.clone(), k=torch.randn(2, 1, 2, 32, device=device, dtype=q.dtype),
+        v=torch.randn(2, 1, 2, 32, device=device, dtype=q.dtype),
+        cache_seqlens=torch.tensor([3, 5], dtype=torch.int32, device=device),
     )  # fmt: skip
     a.update(over)
     return a
 
 
-def _pages(n=4, size=16):
-    return torch.randn(n, size, 2, 32, device=DEVICE, dtype=torch.float16)
+def _pages(device, n=4, size=16):
+    return torch.randn(n, size, 2, 32, device=device, dtype=torch.float16)
 
 
 BAD = [
     pytest.param(
-        lambda: _args(cache_seqlens=torch.tensor([3, 64], dtype=torch.int32, device=DEVICE)),
+        lambda dev: _args(dev, cache_seqlens=torch.tensor([3, 64], dtype=torch.int32, device=dev)),
         ValueError, "does not fit", id="cache-too-short",
     ),
-    pytest.param(lambda: _args(cache_seqlens=64), ValueError, "does not fit", id="int-too-long"),
     pytest.param(
-        lambda: _args(cache_seqlens=torch.tensor([3, 5], device=DEVICE)), ValueError, "int32",
+        lambda dev: _args(dev, cache_seqlens=64), ValueError, "does not fit", id="int-too-long"
+    ),
+    pytest.param(
+        lambda dev: _args(dev, cache_seqlens=torch.tensor([3, 5], device=dev)), ValueError, "int32",
         id="seqlens-int64",
     ),
-    pytest.param(lambda: _args(cache_seqlens=None), ValueError, "cache_seqlens", id="append-no-lens"),
-    pytest.param(lambda: _args(v=None), ValueError, "both k and v", id="k-without-v"),
     pytest.param(
-        lambda: _args(k=torch.randn(2, 1, 2, 32, device=DEVICE)), TypeError, "dtype", id="k-dtype"
+        lambda dev: _args(dev, cache_seqlens=None), ValueError, "cache_seqlens", id="append-no-lens"
+    ),
+    pytest.param(lambda dev: _args(dev, v=None), ValueError, "both k and v", id="k-without-v"),
+    pytest.param(
+        lambda dev: _args(dev, k=torch.randn(2, 1, 2, 32, device=dev)), TypeError, "dtype",
+        id="k-dtype",
     ),
     pytest.param(
-        lambda: _args(v_cache=torch.randn(2, 64, 2, 32, device=DEVICE)), TypeError, "one dtype",
-        id="cache-dtype",
+        lambda dev: _args(dev, v_cache=torch.randn(2, 64, 2, 32, device=dev)), TypeError,
+        "one dtype", id="cache-dtype",
     ),
     pytest.param(
-        lambda: _args(k_cache=torch.randn(2, 64, 3, 32, device=DEVICE, dtype=torch.float16),
-                      v_cache=torch.randn(2, 64, 3, 32, device=DEVICE, dtype=torch.float16)),
+        lambda dev: _args(dev, k_cache=torch.randn(2, 64, 3, 32, device=dev, dtype=torch.float16),
+                               v_cache=torch.randn(2, 64, 3, 32, device=dev, dtype=torch.float16)),
         ValueError, "multiple", id="heads",
     ),  # fmt: skip
     pytest.param(
-        lambda: _args(k_cache=torch.randn(3, 64, 2, 32, device=DEVICE, dtype=torch.float16),
-                      v_cache=torch.randn(3, 64, 2, 32, device=DEVICE, dtype=torch.float16)),
+        lambda dev: _args(dev, k_cache=torch.randn(3, 64, 2, 32, device=dev, dtype=torch.float16),
+                               v_cache=torch.randn(3, 64, 2, 32, device=dev, dtype=torch.float16)),
         ValueError, "cache_batch_idx", id="cache-batch",
     ),  # fmt: skip
     pytest.param(
-        lambda: _args(cache_leftpad=torch.tensor([4, 0], dtype=torch.int32, device=DEVICE)),
+        lambda dev: _args(dev, cache_leftpad=torch.tensor([4, 0], dtype=torch.int32, device=dev)),
         ValueError, "cache_leftpad", id="leftpad-past-seqlens",
     ),
     pytest.param(
-        lambda: _args(cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32, device=DEVICE)),
+        lambda dev: _args(dev, cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32, device=dev)),
         ValueError, "cache_batch_idx", id="batch-idx-range",
     ),
     pytest.param(
-        lambda: _args(k_cache=_pages(), v_cache=_pages(),
-                      block_table=torch.tensor([[0, 1], [2, 4]], dtype=torch.int32, device=DEVICE),
-                      cache_seqlens=torch.tensor([3, 20], dtype=torch.int32, device=DEVICE)),
+        lambda dev: _args(dev, k_cache=_pages(dev), v_cache=_pages(dev),
+                               block_table=torch.tensor([[0, 1], [2, 4]], dtype=torch.int32,
+                                                        device=dev),
+                               cache_seqlens=torch.tensor([3, 20], dtype=torch.int32, device=dev)),
         ValueError, "block_table", id="page-out-of-range",
     ),  # fmt: skip
     pytest.param(
-        lambda: _args(k_cache=_pages(size=24), v_cache=_pages(size=24),
-                      block_table=torch.zeros(2, 2, dtype=torch.int32, device=DEVICE)),
+        lambda dev: _args(dev, k_cache=_pages(dev, size=24), v_cache=_pages(dev, size=24),
+                               block_table=torch.zeros(2, 2, dtype=torch.int32, device=dev)),
         ValueError, "multiple of 16", id="page-size",
     ),  # fmt: skip
     pytest.param(
-        lambda: _args(rotary_cos=torch.ones(64, 16, device=DEVICE), rotary_sin=None),
+        lambda dev: _args(dev, rotary_cos=torch.ones(64, 16, device=dev), rotary_sin=None),
         ValueError, "rotary_sin", id="cos-without-sin",
     ),
     pytest.param(
-        lambda: _args(rotary_cos=torch.ones(32, 16, device=DEVICE),
-                      rotary_sin=torch.ones(32, 16, device=DEVICE)),
+        lambda dev: _args(dev, rotary_cos=torch.ones(32, 16, device=dev),
+                               rotary_sin=torch.ones(32, 16, device=dev)),
         ValueError, "cover every cache row", id="rotary-too-short",
     ),  # fmt: skip
     pytest.param(
-        lambda: _args(rotary_cos=torch.ones(64, 20, device=DEVICE),
-                      rotary_sin=torch.ones(64, 20, device=DEVICE)),
+        lambda dev: _args(dev, rotary_cos=torch.ones(64, 20, device=dev),
+                               rotary_sin=torch.ones(64, 20, device=dev)),
         ValueError, "rotary_dim", id="rotary-too-wide",
     ),  # fmt: skip
     pytest.param(
-        lambda: _args(k=None, v=None, rotary_cos=torch.ones(64, 16, device=DEVICE),
-                      rotary_sin=torch.ones(64, 16, device=DEVICE)),
+        lambda dev: _args(dev, k=None, v=None, rotary_cos=torch.ones(64, 16, device=dev),
+                               rotary_sin=torch.ones(64, 16, device=dev)),
         ValueError, "new k only", id="rotary-without-k",
     ),  # fmt: skip
-    pytest.param(lambda: _args(num_splits=-1), ValueError, "num_splits", id="num-splits"),
+    pytest.param(lambda dev: _args(dev, num_splits=-1), ValueError, "num_splits", id="num-splits"),
     pytest.param(
-        lambda: _args(rotary_cos=torch.ones(2, 3, 16, device=DEVICE),
-                      rotary_sin=torch.ones(2, 3, 16, device=DEVICE)),
+        lambda dev: _args(dev, rotary_cos=torch.ones(2, 3, 16, device=dev),
+                               rotary_sin=torch.ones(2, 3, 16, device=dev)),
         ValueError, "per-token", id="per-token-rotary-shape",
     ),  # fmt: skip
-    pytest.param(lambda: _args(window_size=(-2, 0)), ValueError, "window_size", id="window"),
     pytest.param(
-        lambda: _args(q=torch.randn(2, 4, 32, device=DEVICE, dtype=torch.float16)), ValueError,
-        "4-D", id="q-3d",
+        lambda dev: _args(dev, window_size=(-2, 0)), ValueError, "window_size", id="window"
+    ),
+    pytest.param(
+        lambda dev: _args(dev, q=torch.randn(2, 4, 32, device=dev, dtype=torch.float16)),
+        ValueError, "4-D", id="q-3d",
     ),
 ]
 
 
 @pytest.mark.parametrize("make,exc,match", BAD)
-def test_bad_input_raises_before_launch(make, exc, match):
-    args = make()
+def test_bad_input_raises_before_launch(make, exc, match, device):
+    args = make(device)
     before = (args["k_cache"].clone(), args["v_cache"].clone())
     with pytest.raises(exc, match=match):
         flash_attn_with_kvcache(**args)
@@ -574,9 +586,9 @@ def test_bad_input_raises_before_launch(make, exc, match):
                       "rotary_dim": 64, "interleaved": True, "num_splits": 17}, id="d96-17splits"),
     ],
 )  # fmt: skip
-def test_gpu_matches_reference(opts, dtype):
+def test_gpu_matches_reference(opts, dtype, device):
     torch.manual_seed(21)
-    _check(dtype=dtype, **opts)
+    _check(device, dtype=dtype, **opts)
 
 
 @pytest.mark.gpu

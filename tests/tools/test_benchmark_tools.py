@@ -35,7 +35,7 @@ def test_e2e_generate_interleaves_providers_and_records_errors(monkeypatch):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from benchmarks import e2e_generate
 
     import hf_flash

@@ -1,6 +1,6 @@
 """The cached-launch fast path (hf_flash.kernels.launch) on the CPU.
 
-The fast path itself needs a GPU (tests/test_launch_gpu.py); here: its keys agree with what
+The fast path itself needs a GPU (tests/ops/test_launch_gpu.py); here: its keys agree with what
 Triton specialises on, the kernels' parameters follow the launcher's order contract, and the
 launcher's bookkeeping (which path a call takes, the argument order it hands to a compiled
 kernel) with a stand-in kernel and tensors that claim to be on a GPU.
@@ -264,11 +264,9 @@ class _GroupCheck:
         return self.launcher(grid, tensors, ints, floats, meta)
 
 
-def test_launch_sites_pass_typed_groups(monkeypatch):
+def test_launch_sites_pass_typed_groups(monkeypatch, device):
     """Pointers, Python ints and Python floats in the groups the kernels' signatures expect
     (the interpreter would not notice an int passed as a float)."""
-    from conftest import DEVICE
-
     from hf_flash import apply_rotary_emb, flash_attn_with_kvcache
 
     checks = {}
@@ -276,17 +274,17 @@ def test_launch_sites_pass_typed_groups(monkeypatch):
         checks[name] = _GroupCheck(getattr(module, name))
         monkeypatch.setattr(module, name, checks[name])
     torch.manual_seed(0)
-    q = torch.randn(2, 1, 4, 32, device=DEVICE, dtype=torch.float16)
-    kc = torch.randn(2, 40, 2, 32, device=DEVICE, dtype=torch.float16)
+    q = torch.randn(2, 1, 4, 32, device=device, dtype=torch.float16)
+    kc = torch.randn(2, 40, 2, 32, device=device, dtype=torch.float16)
     vc = torch.randn_like(kc)
-    kn = torch.randn(2, 1, 2, 32, device=DEVICE, dtype=torch.float16)
+    kn = torch.randn(2, 1, 2, 32, device=device, dtype=torch.float16)
     vn = torch.randn_like(kn)
-    lens = torch.tensor([5, 30], dtype=torch.int32, device=DEVICE)
-    cos, sin = torch.randn(64, 16, device=DEVICE), torch.randn(64, 16, device=DEVICE)
+    lens = torch.tensor([5, 30], dtype=torch.int32, device=device)
+    cos, sin = torch.randn(64, 16, device=device), torch.randn(64, 16, device=device)
     for splits in (1, 3):
         flash_attn_with_kvcache(q, kc, vc, kn, vn, rotary_cos=cos, rotary_sin=sin,
                                 cache_seqlens=lens, causal=True, num_splits=splits)  # fmt: skip
     assert checks["_DECODE"].sizes == [(16, 34, 2)] * 2
     assert checks["_COMBINE"].sizes == [(4, 9, 0)]
-    apply_rotary_emb(torch.randn(2, 3, 4, 32, device=DEVICE), cos, sin, seqlen_offsets=2)
+    apply_rotary_emb(torch.randn(2, 3, 4, 32, device=device), cos, sin, seqlen_offsets=2)
     assert checks["_ROTARY"].sizes == [(8, 23, 0)]

@@ -14,24 +14,29 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attn_check import FWD_FACTOR, GRAD_FACTOR, assert_close_to_ref, poisoned_like
-from conftest import DEVICE
 from hf_flash import flash_attn_func, flash_attn_varlen_func
 from hf_flash.interface import _new_rng_state
 from hf_flash.kernels import flash_bwd, flash_fwd
 from hf_flash.kernels.flash_common import dropout_keep_mask
-from hf_flash.reference import attention_ref, attention_varlen_ref
+from hf_flash.reference import (
+    FWD_FACTOR,
+    GRAD_FACTOR,
+    assert_close_to_ref,
+    attention_ref,
+    attention_varlen_ref,
+    poisoned_like,
+)
 
 
-def _qkv(batch, sq, sk, h, hk, d, dtype, requires_grad=True):
+def _qkv(device, batch, sq, sk, h, hk, d, dtype, requires_grad=True):
     def mk(*shape):
-        return torch.randn(*shape, device=DEVICE, dtype=dtype).requires_grad_(requires_grad)
+        return torch.randn(*shape, device=device, dtype=dtype).requires_grad_(requires_grad)
 
     return mk(batch, sq, h, d), mk(batch, sk, hk, d), mk(batch, sk, hk, d)
 
 
-def _check_dense(batch, sq, sk, h, hk, d, dtype, grads=True, **opts):
-    q, k, v = _qkv(batch, sq, sk, h, hk, d, dtype, requires_grad=grads)
+def _check_dense(device, batch, sq, sk, h, hk, d, dtype, grads=True, **opts):
+    q, k, v = _qkv(device, batch, sq, sk, h, hk, d, dtype, requires_grad=grads)
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
     ref, ref_lse = attention_ref(q, k, v, return_lse=True, upcast=True, **opts)
     ref_lp = attention_ref(q, k, v, upcast=False, **opts)
@@ -74,35 +79,35 @@ CASES = [
 ]
 
 
-def _materialise(opts, batch, h):
+def _materialise(device, opts, batch, h):
     opts = dict(opts)
     if opts.get("alibi_slopes") == "per-batch":
-        opts["alibi_slopes"] = torch.rand(batch, h, device=DEVICE, dtype=torch.float32)
+        opts["alibi_slopes"] = torch.rand(batch, h, device=device, dtype=torch.float32)
     return opts
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("batch,sq,sk,h,hk,d,opts", CASES)
-def test_dense_matches_reference(batch, sq, sk, h, hk, d, opts, dtype):
+def test_dense_matches_reference(batch, sq, sk, h, hk, d, opts, dtype, device):
     torch.manual_seed(sq * 1000 + sk)
-    _check_dense(batch, sq, sk, h, hk, d, dtype, **_materialise(opts, batch, h))
+    _check_dense(device, batch, sq, sk, h, hk, d, dtype, **_materialise(device, opts, batch, h))
 
 
-def test_bf16_load_store_path():
+def test_bf16_load_store_path(device):
     # The interpreter multiplies bf16 tiles in fp32 (its bf16 tl.dot is broken); this still
     # covers bf16 loads, conversions and stores. The GPU suite covers bf16 tensor cores.
     torch.manual_seed(1)
-    _check_dense(1, 33, 33, 2, 1, 32, torch.bfloat16, causal=True)
+    _check_dense(device, 1, 33, 33, 2, 1, 32, torch.bfloat16, causal=True)
 
 
-def test_every_output_element_written():
+def test_every_output_element_written(device):
     """Launch into NaN-filled buffers: any element the kernels skip stays NaN."""
     torch.manual_seed(2)
     dtype = torch.float16
     # sq > sk leaves empty rows, which must be written as zeros / +inf
-    q, k, v = _qkv(2, 37, 21, 4, 2, 40, dtype, requires_grad=False)
+    q, k, v = _qkv(device, 2, 37, 21, 4, 2, 40, dtype, requires_grad=False)
     out = poisoned_like(q)
-    lse = torch.full((2, 4, 37), float("nan"), device=DEVICE)
+    lse = torch.full((2, 4, 37), float("nan"), device=device)
     kw = dict(
         cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=37, max_seqlen_k=21,
         softmax_scale=40**-0.5, causal=True, window_left=-1, window_right=0, softcap=0.0,
@@ -120,17 +125,17 @@ def test_every_output_element_written():
     assert (dq[:, :16] == 0).all()
 
 
-def test_fully_masked_rows_are_zero_and_gradients_finite():
+def test_fully_masked_rows_are_zero_and_gradients_finite(device):
     torch.manual_seed(3)
-    q, k, v = _qkv(1, 40, 8, 2, 2, 32, torch.float32)
+    q, k, v = _qkv(device, 1, 40, 8, 2, 2, 32, torch.float32)
     out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     assert (out[:, :32] == 0).all() and torch.isinf(lse[..., :32]).all()
     (out.sum() + 0 * lse[torch.isfinite(lse)].sum()).backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
-def _cu(lengths):
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+def _cu(device, lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
 
 
 @pytest.mark.parametrize(
@@ -143,16 +148,16 @@ def _cu(lengths):
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-def test_varlen_matches_reference(lens_q, lens_k, opts, dtype):
+def test_varlen_matches_reference(lens_q, lens_k, opts, dtype, device):
     torch.manual_seed(len(lens_q))
     h, hk, d = 4, 2, 32
     opts = dict(opts)
     if opts.get("alibi_slopes"):
-        opts["alibi_slopes"] = torch.rand(len(lens_q), h, device=DEVICE)
-    q = torch.randn(sum(lens_q), h, d, device=DEVICE, dtype=dtype, requires_grad=True)
-    k = torch.randn(sum(lens_k), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
-    v = torch.randn(sum(lens_k), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
-    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+        opts["alibi_slopes"] = torch.rand(len(lens_q), h, device=device)
+    q = torch.randn(sum(lens_q), h, d, device=device, dtype=dtype, requires_grad=True)
+    k = torch.randn(sum(lens_k), hk, d, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(sum(lens_k), hk, d, device=device, dtype=dtype, requires_grad=True)
+    cu_q, cu_k = _cu(device, lens_q), _cu(device, lens_k)
     out, lse, _ = flash_attn_varlen_func(
         q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_attn_probs=True, **opts
     )
@@ -171,14 +176,14 @@ def test_varlen_matches_reference(lens_q, lens_k, opts, dtype):
         assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, dtype)
 
 
-def test_varlen_equals_separate_dense_calls():
+def test_varlen_equals_separate_dense_calls(device):
     """No attention across sequence boundaries: packed == each sequence alone."""
     torch.manual_seed(4)
     lens = [9, 26, 14]
-    q = torch.randn(sum(lens), 2, 32, device=DEVICE)
-    k = torch.randn(sum(lens), 1, 32, device=DEVICE)
-    v = torch.randn(sum(lens), 1, 32, device=DEVICE)
-    cu = _cu(lens)
+    q = torch.randn(sum(lens), 2, 32, device=device)
+    k = torch.randn(sum(lens), 1, 32, device=device)
+    v = torch.randn(sum(lens), 1, 32, device=device)
+    cu = _cu(device, lens)
     packed = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
     for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
         alone = flash_attn_func(q[None, s:e], k[None, s:e], v[None, s:e], causal=True)[0]
@@ -186,28 +191,28 @@ def test_varlen_equals_separate_dense_calls():
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_dropout_mask_is_replayed_by_backward(varlen):
+def test_dropout_mask_is_replayed_by_backward(varlen, device):
     torch.manual_seed(5)
     p, h, hk, d = 0.3, 2, 1, 32
     dtype = torch.float32
     lens = [23, 31]
     if varlen:
-        q = torch.randn(sum(lens), h, d, device=DEVICE, dtype=dtype, requires_grad=True)
-        k = torch.randn(sum(lens), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
-        v = torch.randn(sum(lens), hk, d, device=DEVICE, dtype=dtype, requires_grad=True)
-        cu = _cu(lens)
+        q = torch.randn(sum(lens), h, d, device=device, dtype=dtype, requires_grad=True)
+        k = torch.randn(sum(lens), hk, d, device=device, dtype=dtype, requires_grad=True)
+        v = torch.randn(sum(lens), hk, d, device=device, dtype=dtype, requires_grad=True)
+        cu = _cu(device, lens)
         call = lambda: flash_attn_varlen_func(  # noqa: E731
             q, k, v, cu, cu, max(lens), max(lens), dropout_p=p, causal=True
         )
     else:
-        q, k, v = _qkv(2, 31, 31, h, hk, d, dtype)
+        q, k, v = _qkv(device, 2, 31, 31, h, hk, d, dtype)
         call = lambda: flash_attn_func(q, k, v, dropout_p=p, causal=True)  # noqa: E731
     torch.manual_seed(123)
     out = call()
     torch.manual_seed(123)
     assert torch.equal(out, call()), "same seed must give the same dropout mask"
     torch.manual_seed(123)
-    rng = _new_rng_state(DEVICE)
+    rng = _new_rng_state(device)
     keep = dropout_keep_mask(rng, 2, h, 31, 31, p)
     rate = keep.float().mean().item()
     assert abs(rate - (1 - p)) < 0.05, f"keep rate {rate:.3f} far from {1 - p}"
@@ -224,9 +229,9 @@ def test_dropout_mask_is_replayed_by_backward(varlen):
         assert_close_to_ref(name, a, r, r, GRAD_FACTOR, dtype)
 
 
-def test_gradient_through_lse():
+def test_gradient_through_lse(device):
     torch.manual_seed(6)
-    q, k, v = _qkv(1, 29, 29, 2, 1, 32, torch.float32)
+    q, k, v = _qkv(device, 1, 29, 29, 2, 1, 32, torch.float32)
     out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     w = torch.randn_like(lse)
     g = torch.autograd.grad(out.square().sum() + (lse * w).sum(), (q, k, v))
@@ -236,9 +241,9 @@ def test_gradient_through_lse():
         assert_close_to_ref(name, a, r, r, GRAD_FACTOR, torch.float32)
 
 
-def test_backward_is_deterministic():
+def test_backward_is_deterministic(device):
     torch.manual_seed(7)
-    q, k, v = _qkv(1, 40, 40, 4, 1, 32, torch.float16)
+    q, k, v = _qkv(device, 1, 40, 40, 4, 1, 32, torch.float16)
     out = flash_attn_func(q, k, v, causal=True, deterministic=True)
     dout = torch.randn_like(out)
     g1 = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
@@ -246,12 +251,12 @@ def test_backward_is_deterministic():
     assert all(torch.equal(a, b) for a, b in zip(g1, g2))
 
 
-def test_non_contiguous_inputs():
+def test_non_contiguous_inputs(device):
     """transformers hands (B, H, S, D) tensors transposed to (B, S, H, D): strided views."""
     torch.manual_seed(8)
-    qh = torch.randn(2, 4, 35, 32, device=DEVICE)
-    kh = torch.randn(2, 2, 35, 32, device=DEVICE)
-    vh = torch.randn(2, 2, 35, 32, device=DEVICE)
+    qh = torch.randn(2, 4, 35, 32, device=device)
+    kh = torch.randn(2, 2, 35, 32, device=device)
+    vh = torch.randn(2, 2, 35, 32, device=device)
     q, k, v = (t.transpose(1, 2) for t in (qh, kh, vh))
     out = flash_attn_func(q, k, v, causal=True)
     ref = attention_ref(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
@@ -276,17 +281,19 @@ def test_non_contiguous_inputs():
     right=st.sampled_from([-1, 0, 7]),
     softcap=st.sampled_from([0.0, 3.0]),
 )
-def test_random_shapes_and_options(batch, sq, sk, hk, group, d, causal, left, right, softcap):
+def test_random_shapes_and_options(
+    batch, sq, sk, hk, group, d, causal, left, right, softcap, device
+):
     torch.manual_seed(sq * 41 + sk)
     _check_dense(
-        batch, sq, sk, hk * group, hk, d, torch.float32,
+        device, batch, sq, sk, hk * group, hk, d, torch.float32,
         causal=causal, window_size=(left, right), softcap=softcap,
     )  # fmt: skip
 
 
-def test_compile_fullgraph_forward_and_backward():
+def test_compile_fullgraph_forward_and_backward(device):
     torch.manual_seed(9)
-    q, k, v = _qkv(1, 24, 24, 2, 1, 32, torch.float32)
+    q, k, v = _qkv(device, 1, 24, 24, 2, 1, 32, torch.float32)
 
     def f(q, k, v):
         return flash_attn_func(q, k, v, causal=True).sum()
@@ -307,8 +314,8 @@ def test_compile_fullgraph_forward_and_backward():
 # ------------------------------------------------------------------------------------------
 
 
-def _good():
-    return _qkv(1, 8, 8, 4, 2, 32, torch.float16, requires_grad=False)
+def _good(device):
+    return _qkv(device, 1, 8, 8, 4, 2, 32, torch.float16, requires_grad=False)
 
 
 @pytest.mark.parametrize(
@@ -326,14 +333,14 @@ def _good():
     ids=["dtype-mismatch", "int-dtype", "heads-not-divisible", "kv-heads", "headdim",
          "rank", "batch", "kv-seqlen"],  # fmt: skip
 )
-def test_bad_inputs_raise(mutate, exc, match):
-    q, k, v = mutate(*_good())
+def test_bad_inputs_raise(mutate, exc, match, device):
+    q, k, v = mutate(*_good(device))
     with pytest.raises(exc, match=match):
         flash_attn_func(q, k, v)
 
 
-def test_bad_options_raise():
-    q, k, v = _good()
+def test_bad_options_raise(device):
+    q, k, v = _good(device)
     with pytest.raises(ValueError, match="window_size"):
         flash_attn_func(q, k, v, window_size=(-2, 0))
     with pytest.raises(ValueError, match="dropout_p"):
@@ -341,22 +348,22 @@ def test_bad_options_raise():
     with pytest.raises(ValueError, match="softcap"):
         flash_attn_func(q, k, v, softcap=-1.0)
     with pytest.raises(ValueError, match="alibi_slopes has shape"):
-        flash_attn_func(q, k, v, alibi_slopes=torch.ones(3, device=DEVICE))
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(3, device=device))
     with pytest.raises(TypeError, match="alibi_slopes must be float32"):
-        flash_attn_func(q, k, v, alibi_slopes=torch.ones(4, device=DEVICE, dtype=torch.float16))
-    big = torch.randn(1, 4, 1, 300, device=DEVICE, dtype=torch.float16)
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(4, device=device, dtype=torch.float16))
+    big = torch.randn(1, 4, 1, 300, device=device, dtype=torch.float16)
     with pytest.raises(ValueError, match="head_dim=300"):
         flash_attn_func(big, big, big)
 
 
-def test_bad_cu_seqlens_raise():
-    q = torch.randn(10, 2, 32, device=DEVICE, dtype=torch.float16)
-    good = torch.tensor([0, 4, 10], dtype=torch.int32, device=DEVICE)
+def test_bad_cu_seqlens_raise(device):
+    q = torch.randn(10, 2, 32, device=device, dtype=torch.float16)
+    good = torch.tensor([0, 4, 10], dtype=torch.int32, device=device)
     cases = [
         (good.long(), "int32"),
-        (torch.tensor([1, 4, 10], dtype=torch.int32, device=DEVICE), "start at 0"),
-        (torch.tensor([0, 6, 4, 10], dtype=torch.int32, device=DEVICE), "non-decreasing"),
-        (torch.tensor([0, 4, 9], dtype=torch.int32, device=DEVICE), "number of packed tokens"),
+        (torch.tensor([1, 4, 10], dtype=torch.int32, device=device), "start at 0"),
+        (torch.tensor([0, 6, 4, 10], dtype=torch.int32, device=device), "non-decreasing"),
+        (torch.tensor([0, 4, 9], dtype=torch.int32, device=device), "number of packed tokens"),
     ]
     for cu, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -367,17 +374,17 @@ def test_bad_cu_seqlens_raise():
         flash_attn_varlen_func(q, q, q, good, good, 6, 6, block_table=good)
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="CPU-specific message")
-def test_cpu_tensors_without_interpreter_raise(monkeypatch):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-specific message")
+def test_cpu_tensors_without_interpreter_raise(monkeypatch, device):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    q, k, v = _good()
+    q, k, v = _good(device)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         flash_attn_func(q, k, v)
 
 
-def test_default_scale_is_inverse_sqrt_headdim():
+def test_default_scale_is_inverse_sqrt_headdim(device):
     torch.manual_seed(10)
-    q, k, v = _qkv(1, 12, 12, 1, 1, 32, torch.float32, requires_grad=False)
+    q, k, v = _qkv(device, 1, 12, 12, 1, 1, 32, torch.float32, requires_grad=False)
     a = flash_attn_func(q, k, v)
     b = flash_attn_func(q, k, v, softmax_scale=1 / math.sqrt(32))
     assert torch.equal(a, b)

@@ -4,8 +4,8 @@ Repeated decode / combine / rotary launches must take the fast path, give the sa
 Triton's own launch path, and use the compiled kernel Triton itself would pick for the call
 (checked on every fast launch against Triton's binder and kernel cache), including when the
 specialisation changes (unaligned views, sizes equal to 1 or multiples of 16). Also under
-CUDA-graph capture and torch.compile. Numerics against the oracle: tests/test_kvcache.py and
-tests/test_rotary.py, whose repeated calls take the fast path on the GPU.
+CUDA-graph capture and torch.compile. Numerics against the oracle: tests/ops/test_kvcache.py and
+tests/ops/test_rotary.py, whose repeated calls take the fast path on the GPU.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Fused rotary kernel: flash-attn API against the oracle, transformers drop-in against
 transformers' own ``apply_rotary_pos_emb`` and rotary modules, forward and backward.
 
-Tolerances follow DESIGN.md: the kernel's error against the float32 truth must stay within 2x
-(3x for gradients) the error of the same formula evaluated in the inputs' dtype, plus a floor
-of one float32 rounding of the largest magnitude involved.
+Tolerances follow hf_flash.reference's error rule: the kernel's error against the float32 truth
+must stay within 2x (3x for gradients) the error of the same formula evaluated in the inputs'
+dtype, plus a floor of one float32 rounding of the largest magnitude involved.
 """
 
 import math

@@ -10,11 +10,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_check import FWD_FACTOR, GRAD_FACTOR, assert_close_to_ref
 from hf_flash import flash_attn_func, flash_attn_varlen_func
 from hf_flash.interface import _new_rng_state
 from hf_flash.kernels.flash_common import dropout_keep_mask
-from hf_flash.reference import attention_ref, attention_varlen_ref
+from hf_flash.reference import (
+    FWD_FACTOR,
+    GRAD_FACTOR,
+    assert_close_to_ref,
+    attention_ref,
+    attention_varlen_ref,
+)
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"

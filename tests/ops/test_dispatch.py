@@ -16,7 +16,6 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import DEVICE
 from hf_flash import flash_attn_func, interface, rotary
 
 
@@ -49,10 +48,10 @@ def _leaves(*tensors):
 
 
 @pytest.mark.parametrize("use", ["out", "lse", "both"])
-def test_attention_eager_path_skips_the_op_and_equals_it(use, monkeypatch):
+def test_attention_eager_path_skips_the_op_and_equals_it(use, monkeypatch, device):
     torch.manual_seed(0)
-    base = [torch.randn(2, 24, h, 16, device=DEVICE) for h in (4, 2, 2)]
-    g = torch.randn(2, 24, 4, 16, device=DEVICE)
+    base = [torch.randn(2, 24, h, 16, device=device) for h in (4, 2, 2)]
+    g = torch.randn(2, 24, 4, 16, device=device)
     op_fwd = _counting(monkeypatch, interface, "_attn_fwd_op")
     op_bwd = _counting(monkeypatch, interface, "_attn_bwd_op")
 
@@ -74,9 +73,9 @@ def test_attention_eager_path_skips_the_op_and_equals_it(use, monkeypatch):
         assert torch.equal(a, b)
 
 
-def test_attention_no_grad_and_inference_skip_the_op(monkeypatch):
+def test_attention_no_grad_and_inference_skip_the_op(monkeypatch, device):
     op_fwd = _counting(monkeypatch, interface, "_attn_fwd_op")
-    q, k, v = (torch.randn(1, 20, h, 16, device=DEVICE) for h in (2, 1, 1))
+    q, k, v = (torch.randn(1, 20, h, 16, device=device) for h in (2, 1, 1))
     with torch.no_grad():
         a = flash_attn_func(q, k, v, causal=True)
     with torch.inference_mode():
@@ -84,10 +83,10 @@ def test_attention_no_grad_and_inference_skip_the_op(monkeypatch):
     assert op_fwd == [] and torch.equal(a, b)
 
 
-def test_rotary_eager_path_skips_the_op_and_equals_it(monkeypatch):
+def test_rotary_eager_path_skips_the_op_and_equals_it(monkeypatch, device):
     torch.manual_seed(1)
-    q0, k0 = torch.randn(2, 4, 9, 16, device=DEVICE), torch.randn(2, 2, 9, 16, device=DEVICE)
-    ang = torch.randn(1, 9, 8, device=DEVICE)
+    q0, k0 = torch.randn(2, 4, 9, 16, device=device), torch.randn(2, 2, 9, 16, device=device)
+    ang = torch.randn(1, 9, 8, device=device)
     cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
     gq, gk = torch.randn_like(q0), torch.randn_like(k0)
     op = _counting(monkeypatch, rotary, "_rotary_op")

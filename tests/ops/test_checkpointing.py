@@ -13,7 +13,6 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 
 import hf_flash
 import hf_flash.checkpointing as hc
-from conftest import DEVICE
 
 
 class _Block(torch.nn.Module):
@@ -63,19 +62,19 @@ def _grads(blocks, x, mode, seed=0):
     return [x.grad] + [p.grad for blk in blocks for p in blk.parameters()]
 
 
-def _blocks(n=2, **kwargs):
+def _blocks(device, n=2, **kwargs):
     torch.manual_seed(0)
-    return [_Block(**kwargs).to(DEVICE) for _ in range(n)]
+    return [_Block(**kwargs).to(device) for _ in range(n)]
 
 
 PACKED_CU = torch.tensor([0, 7, 12, 20], dtype=torch.int32)
 
 
 @pytest.mark.parametrize("layout", ["dense", "packed"])
-def test_attention_forward_runs_once_per_layer_with_kept_outputs(layout, launches):
-    packed = (PACKED_CU.to(DEVICE), 8) if layout == "packed" else None
-    blocks = _blocks(packed=packed)
-    x = torch.randn(1, 20, 32, device=DEVICE)
+def test_attention_forward_runs_once_per_layer_with_kept_outputs(layout, launches, device):
+    packed = (PACKED_CU.to(device), 8) if layout == "packed" else None
+    blocks = _blocks(device, packed=packed)
+    x = torch.randn(1, 20, 32, device=device)
     counts = {}
     grads = {}
     for mode in ("none", "plain", "keep"):
@@ -95,9 +94,9 @@ def test_attention_forward_runs_once_per_layer_with_kept_outputs(layout, launche
             assert torch.equal(a, b), f"grad {i}: keep vs {name}: {(a - b).abs().max().item():.3e}"
 
 
-def test_dropout_is_replayed_exactly(launches):
-    blocks = _blocks(dropout=0.25)
-    x = torch.randn(2, 12, 32, device=DEVICE)
+def test_dropout_is_replayed_exactly(launches, device):
+    blocks = _blocks(device, dropout=0.25)
+    x = torch.randn(2, 12, 32, device=device)
     grads = {mode: _grads(blocks, x, mode, seed=7) for mode in ("none", "plain", "keep")}
     for name in ("plain", "none"):
         for i, (a, b) in enumerate(zip(grads["keep"], grads[name])):
