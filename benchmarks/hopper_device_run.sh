@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the Gluon Hopper forward: environment, a per-variant smoke check (each in
 # its own process under a time limit, so a variant that hangs cannot take the run with it), the
-# GPU tests, then the benchmark of the variants that passed the smoke check.
+# GPU tests (4 pytest-xdist workers: compilation is CPU-bound), then the benchmark of the
+# variants that passed the smoke check.
 #
 #   bash benchmarks/hopper_device_run.sh OUT_DIR [TEST_TIMEOUT_S] [BENCH_TIMEOUT_S]
 #
@@ -52,7 +53,7 @@ done
 echo "variants passing the smoke check: ${ok[*]:-none}"
 
 HF_FLASH_TEST_LOG="$out/tests_outcomes.log" timeout "$test_timeout" \
-  python3 -m pytest tests/hopper -q -m gpu -p no:cacheprovider >"$out/tests.log" 2>&1
+  python3 -m pytest tests/hopper -q -m gpu -p no:cacheprovider -n 4 >"$out/tests.log" 2>&1
 echo "tests rc $?"; tail -n 5 "$out/tests.log"
 
 if [ ${#ok[@]} -gt 0 ]; then
