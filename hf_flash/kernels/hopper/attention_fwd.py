@@ -1,15 +1,17 @@
 """FlashAttention forward for Hopper (sm_90a) in Gluon, after FlashAttention-3's recipe.
 
-One program computes the output of ``CONSUMERS * BLOCK_M`` query rows of one (batch, head):
+A work item is ``CONSUMERS * BLOCK_M`` query rows of one (batch, head); a program runs its items
+with warp-specialised partitions:
 
-* a producer partition (one warp) issues TMA copies: the program's Q tile(s) once, then the
+* a producer partition (one warp) issues TMA copies: the item's Q tile(s), then the
   visible K and V tiles into a ``STAGES``-deep shared-memory ring; each copy completes on an
   mbarrier (``k_ready`` / ``v_ready``), and each slot is handed back by the consumers through
   another (``k_empty`` / ``v_empty``), so loads run ahead of the math by up to ``STAGES`` tiles;
 * consumer warpgroups own ``BLOCK_M`` query rows each (64 rows per warpgroup of 4 warps: the
   wgmma M) and run S = Q K^T and O += P V as asynchronous wgmma (Q, K and V from shared memory,
   P from registers), with the online softmax in between, in base 2 (``exp2``; the scale is folded
-  with log2(e) into one multiplier).
+  with log2(e) into one multiplier). Registers move from the producer (24) to the consumers
+  (232 each with two consumers, 160-168 with three) through ``setmaxnreg``.
 
 Variants (compile-time):
 
@@ -70,7 +72,7 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 @dataclass(frozen=True)
 class Variant:
-    """One compiled form of the kernel; ``rows`` query rows per program. The producer warp is
+    """One compiled form of the kernel; ``rows`` query rows per work item. The producer warp is
     padded to a warpgroup, so a program has (consumers + 1) * 4 warps."""
 
     name: str
@@ -649,10 +651,4 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
         _attn_fwd_kernel[grid](*args, **kwargs)
 
 
-def flops(batch, nheads, seqlen_q, seqlen_k, head_dim, causal) -> float:
-    """Forward FLOPs as the benchmarks count them: 4 B H Sq Sk D, halved when causal."""
-    f = 4.0 * batch * nheads * seqlen_q * seqlen_k * head_dim
-    return f * 0.5 if causal else f
-
-
-__all__ = ["hopper_attention_forward", "supports", "VARIANTS", "DEFAULT", "launch_args", "flops"]
+__all__ = ["hopper_attention_forward", "supports", "VARIANTS", "DEFAULT", "launch_args"]
