@@ -99,7 +99,8 @@ class PasskeyResult:
                 "accuracy": self.accuracy, "details": self.details}  # fmt: skip
 
 
-def _device_of(model) -> torch.device:
+def device_of(model) -> torch.device:
+    """Where the model's first parameter lives (the CPU for a model without parameters)."""
     try:
         return next(model.parameters()).device
     except (StopIteration, AttributeError):
@@ -108,7 +109,7 @@ def _device_of(model) -> torch.device:
 
 @torch.no_grad()
 def _retrieved(model, prompt: List[int], answer: List[int]) -> bool:
-    device = _device_of(model)
+    device = device_of(model)
     ids = torch.tensor([prompt + answer], device=device)
     logits = model(input_ids=ids).logits[0]  # (len, vocab)
     # logits at position t predict token t + 1: the answer's predictions start at len(prompt) - 1

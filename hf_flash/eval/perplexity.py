@@ -21,6 +21,8 @@ from typing import List, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from .passkey import device_of
+
 __all__ = ["PerplexityResult", "perplexity_vs_length", "perplexity_of_tokens", "load_tokens"]
 
 
@@ -52,13 +54,6 @@ def load_tokens(tokenizer, path: Union[str, Path]) -> torch.Tensor:
     return torch.tensor(([bos] if bos is not None else []) + ids, dtype=torch.long)
 
 
-def _device_of(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device("cpu")
-
-
 @torch.no_grad()
 def perplexity_of_tokens(
     model,
@@ -73,7 +68,7 @@ def perplexity_of_tokens(
         raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
     if max_windows < 1:
         raise ValueError(f"max_windows={max_windows} must be >= 1")
-    device = _device_of(model)
+    device = device_of(model)
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()

@@ -13,7 +13,7 @@ import importlib.abc
 import sys
 import warnings
 
-# The name users pass as attn_implementation; transformers sees "flash" in it (DESIGN.md).
+# The name users pass as attn_implementation; transformers sees "flash" in it (docs/design.md).
 ATTN_IMPLEMENTATION = "hf_flash"
 
 __all__ = ["ATTN_IMPLEMENTATION", "register", "install_transformers_hook"]

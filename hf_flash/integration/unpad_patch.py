@@ -110,7 +110,6 @@ def _make_forward(class_forward, inner):
         out = inner(**packed_call, **extra)
         return _repad_output(out, index, batch, seqlen)
 
-    forward.__hf_flash_unpad__ = True
     return forward
 
 

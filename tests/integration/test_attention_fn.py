@@ -398,32 +398,34 @@ def test_oracle_sanity():
 def test_cached_key_bounds_die_with_their_mask(device):
     """The decode path's per-mask bounds are freed when the mask is (not at the next store):
     device tensors outliving their forward pass shift the allocator's pattern between generate
-    calls (see attention._forget_key_blocks)."""
+    calls (see masks.TensorKeyedCache)."""
     import gc
     import weakref
 
-    from hf_flash.integration import attention
+    from hf_flash.integration import masks
 
     q, k, v = _decode_inputs(device, 3)
     mask = _mask(device, 2, 24, [(5, 0), (0, 0)])
     _assert_decode_matches_oracle(device, q, k, v, mask)
-    entry = next((e for e in attention._key_blocks_cache if e[0]() is mask), None)
-    assert entry is not None, "the bounds were not cached: the test checks nothing"
-    blocks = weakref.ref(entry[2][0])
-    del entry, mask
+    blocks = masks.KEY_BLOCKS.get(mask)
+    assert blocks is not None, "the bounds were not cached: the test checks nothing"
+    start = weakref.ref(blocks[0])
+    entries = len(masks.KEY_BLOCKS)
+    del blocks, mask
     gc.collect()
-    assert all(e[0]() is not None for e in attention._key_blocks_cache)
-    assert blocks() is None
+    assert len(masks.KEY_BLOCKS) == entries - 1
+    assert start() is None
 
 
 def test_cached_packed_boundaries_die_with_their_position_ids(device):
     import gc
 
-    from hf_flash.integration import attention
+    from hf_flash.integration import masks
 
     pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]], device=device)
-    found = attention._boundaries_from_position_ids(pos, 1, 8)
-    assert found is not None and attention._last_boundaries[0]() is pos
+    found = masks.packed_boundaries(pos, 1, 8)
+    assert found is not None and masks.BOUNDARIES.holds(pos)
+    assert masks.packed_boundaries(pos, 1, 8) is found  # the second layer reads no boundary
     del pos, found
     gc.collect()
-    assert attention._last_boundaries == (None, None, None)
+    assert len(masks.BOUNDARIES) == 0

@@ -26,7 +26,8 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 import hf_flash
-from hf_flash import interface, kvcache
+from hf_flash.kernels import decode as decode_kernel
+from hf_flash.kernels import flash_fwd
 from hf_flash.integration.attention import hf_flash_attention_forward
 from tiny_models import WINDOW, load
 
@@ -46,18 +47,18 @@ def launches(monkeypatch):
     """Counts hf_flash kernel launches: the varlen attention kernel (cu_seqlens given) and the
     paged decode kernel (block_table given)."""
     counts = {"varlen": 0, "paged": 0}
-    attn_fwd, run_kvcache = interface._attn_fwd, kvcache._run_attn_with_kvcache
+    attn_fwd, decode = flash_fwd.flash_attn_forward, decode_kernel.flash_decode
 
-    def counting_attn_fwd(*args):
-        counts["varlen"] += args[3] is not None
-        return attn_fwd(*args)
+    def counting_attn_fwd(*args, **kwargs):
+        counts["varlen"] += kwargs["cu_seqlens_q"] is not None
+        return attn_fwd(*args, **kwargs)
 
-    def counting_kvcache(*args):
-        counts["paged"] += args[10] is not None
-        return run_kvcache(*args)
+    def counting_decode(*args, **kwargs):
+        counts["paged"] += kwargs["block_table"] is not None
+        return decode(*args, **kwargs)
 
-    monkeypatch.setattr(interface, "_attn_fwd", counting_attn_fwd)
-    monkeypatch.setattr(kvcache, "_run_attn_with_kvcache", counting_kvcache)
+    monkeypatch.setattr(flash_fwd, "flash_attn_forward", counting_attn_fwd)
+    monkeypatch.setattr(decode_kernel, "flash_decode", counting_decode)
     return counts
 
 

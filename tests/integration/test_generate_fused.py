@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hf_flash
-from hf_flash import kvcache
+from hf_flash.kernels import decode as decode_kernel
 from hf_flash.integration import decode_patch
 from hf_flash.reference import FWD_FACTOR
 from tiny_models import VOCAB, assert_model_close, load
@@ -21,17 +21,17 @@ hf_flash.register()
 
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """Counts fused decode launches: calls of the kv-cache op that append new keys (the fused
-    path calls it through the module; cache-free decode attention passes k=None)."""
+    """Counts fused decode launches: decode kernel launches that append new keys (cache-free
+    decode attention appends none)."""
     calls = []
-    real = kvcache._run_attn_with_kvcache
+    real = decode_kernel.flash_decode
 
-    def counting(*args):
-        if args[3] is not None:
-            calls.append(args[0].shape)
-        return real(*args)
+    def counting(q, k_cache, v_cache, k_new, *args, **kwargs):
+        if k_new is not None:
+            calls.append(q.shape)
+        return real(q, k_cache, v_cache, k_new, *args, **kwargs)
 
-    monkeypatch.setattr(kvcache, "_run_attn_with_kvcache", counting)
+    monkeypatch.setattr(decode_kernel, "flash_decode", counting)
     return calls
 
 
@@ -273,7 +273,7 @@ def test_patch_and_revert_explicitly(root, device):
     assert not any(decode_patch.is_patched(m) for m in mods)
     assert decode_patch.patch_model(ours) is True
     assert decode_patch.patch_model(ours) is True  # idempotent
-    assert all(m.forward.__func__.__hf_flash_fused_decode__ for m in mods)
+    assert all(m.forward.__func__.__hf_flash_patch__ == decode_patch._RECORD for m in mods)
     decode_patch.revert_model(ours)
     assert not any(decode_patch.is_patched(m) for m in mods)
     qwen = load("qwen2", "hf_flash", root, device=device)

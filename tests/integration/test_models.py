@@ -15,15 +15,22 @@ import torch
 
 import hf_flash
 from hf_flash.reference import FWD_FACTOR, GRAD_FACTOR
-from tiny_models import FAMILIES, VOCAB, assert_model_close, load
+from tiny_models import TINY_CONFIGS, VOCAB, assert_model_close, load
 
 hf_flash.register()
 
-FAMILY_IDS = list(FAMILIES)
+FAMILY_IDS = list(TINY_CONFIGS)
 DTYPES = [
     pytest.param(torch.float32, id="fp32"),
     pytest.param(torch.bfloat16, id="bf16", marks=pytest.mark.gpu),
 ]
+
+
+def test_every_patched_family_has_a_tiny_model():
+    """The families hf_flash patches are the ones these model tests run."""
+    from hf_flash.integration.families import FAMILIES
+
+    assert set(FAMILIES) <= set(TINY_CONFIGS)
 
 
 def _trio(device, family, root, dtype):

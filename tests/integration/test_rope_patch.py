@@ -18,11 +18,11 @@ transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config  # noqa: E402
 
 import hf_flash  # noqa: E402
-from hf_flash.integration import decode_patch, rope_patch  # noqa: E402
+from hf_flash.integration import decode_patch, patching, rope_patch  # noqa: E402
 from hf_flash.integration.rope_patch import is_patched, patch_model, revert_model  # noqa: E402
 from hf_flash.kernels import rotary as rotary_kernel  # noqa: E402
 from hf_flash.reference import max_abs_err  # noqa: E402
-from hf_flash.rope import extend_context  # noqa: E402
+from hf_flash.rope_scaling import extend_context  # noqa: E402
 
 SMALL = dict(
     hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -198,7 +198,7 @@ def test_accelerate_style_wrapper_stays_outermost(device):
     attn.forward = hooked
     patch_model(model)
     assert attn.__dict__["forward"] is hooked
-    assert rope_patch._holder_of_patch(attn) == "_old_forward"
+    assert patching._holder(attn, rope_patch._RECORD) == "_old_forward"
     ids = torch.randint(0, 97, (1, 8), device=device)
     with torch.no_grad():
         model(ids)

@@ -32,8 +32,9 @@ _COMMON = dict(
     pad_token_id=0,
 )
 
-# family -> (config class name, family-specific config fields)
-FAMILIES = {
+# model_type -> (config class name, family-specific config fields): every family of
+# hf_flash.integration.families has one (test_models checks it)
+TINY_CONFIGS = {
     "llama": ("LlamaConfig", {}),
     "mistral": ("MistralConfig", {"sliding_window": WINDOW, "head_dim": 16}),
     "qwen2": (
@@ -61,7 +62,7 @@ FAMILIES = {
 
 
 def config_for(family: str):
-    cls_name, extra = FAMILIES[family]
+    cls_name, extra = TINY_CONFIGS[family]
     return getattr(transformers, cls_name)(**_COMMON, **extra)
 
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_flash.kernels.cross_entropy import cross_entropy_rows, interpreted, runs_on
+from hf_flash._runtime import interpreter_active
+from hf_flash.kernels.cross_entropy import cross_entropy_rows, runs_on
 
 IGNORE = -100
 
@@ -44,7 +45,7 @@ def _torch_in_dtype(x: torch.Tensor, y: torch.Tensor, scale: float = 1.0):
 
 def _stored(truth: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``truth`` as the kernel's final conversion stores it in ``dtype``."""
-    if dtype == torch.bfloat16 and interpreted():
+    if dtype == torch.bfloat16 and interpreter_active():
         bits = truth.float().view(torch.int32) & ~0xFFFF  # truncation, as the interpreter does
         return bits.view(torch.float32).double()
     return truth.to(dtype).double()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_flash.integration.attention import _mask_rows_torch
+from hf_flash.integration.masks import mask_rows_torch
 from hf_flash.kernels.key_mask import key_mask_rows
 
 # None: the session's device fixture (CUDA on a GPU machine, else the CPU interpreter)
@@ -64,7 +64,7 @@ def test_torch_version_matches_reference(extra):
     """The integration's fallback where Triton cannot run (a CPU without its interpreter)."""
     for mask in _masks("cpu"):
         width = mask.shape[1] + extra
-        out, stats = _mask_rows_torch(mask, width)
+        out, stats = mask_rows_torch(mask, width)
         want_out, want_stats = _reference(mask, width)
         assert torch.equal(out, want_out) and stats.dtype == torch.int32
         assert torch.equal(stats, want_stats), (stats, want_stats)

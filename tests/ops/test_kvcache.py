@@ -253,7 +253,7 @@ def test_cache_capacity_is_never_exceeded(device):
 def test_attend_kv_over_key_blocks(opts, device):
     """attend_kv (the integration's DynamicCache decode path): row b sees keys
     [start_b, end_b) of non-contiguous (B, Hk, S, D)-transposed k/v, queries aligned at end_b."""
-    from hf_flash.kvcache import attend_kv
+    from hf_flash.decode import attend_kv
     from hf_flash.reference import attention_ref
 
     torch.manual_seed(18)
@@ -283,7 +283,7 @@ def test_attend_kv_default_key_end_follows_seqlen_k(device):
     """Without key_end every key is attended. The (batch,) tensor of seqlen_k is reused while
     batch, seqlen_k and device repeat (the layers of one decode step); a k of another length,
     as the next step's, must not get the old one."""
-    from hf_flash.kvcache import attend_kv
+    from hf_flash.decode import attend_kv
     from hf_flash.reference import attention_ref
 
     q, k, v = _attend_inputs(device, 60)
@@ -297,7 +297,7 @@ def test_attend_kv_default_key_end_follows_seqlen_k(device):
 def test_attend_kv_remembered_checks_still_reject_bad_inputs(monkeypatch, device):
     """attend_kv checks a combination of shapes, dtypes, devices and options once, then only
     looks it up. Inputs that differ from a remembered combination must still be refused."""
-    from hf_flash.kvcache import attend_kv
+    from hf_flash.decode import attend_kv
 
     q, k, v = _attend_inputs(device)
     end = torch.full((2,), 45, dtype=torch.int32, device=device)
@@ -386,7 +386,7 @@ def test_append_attend_paged_skips_padding_rows(opts, device):
     """append_attend_paged (continuous batching's decode step): real rows append and attend as
     flash_attn_with_kvcache does; a padding row (seqlens_k 0, page-table row -1) writes and
     reads nothing and outputs 0."""
-    from hf_flash.kvcache import append_attend_paged
+    from hf_flash.decode import append_attend_paged
 
     torch.manual_seed(19)
     dtype = torch.float16

@@ -10,8 +10,8 @@ transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
-from hf_flash import rope  # noqa: E402
-from hf_flash.rope import (  # noqa: E402
+from hf_flash import rope_scaling as rope  # noqa: E402
+from hf_flash.rope_scaling import (  # noqa: E402
     dynamic_ntk_rope,
     extend_context,
     linear_rope,

@@ -344,7 +344,8 @@ def test_compile_fullgraph_and_opcheck(device):
     from hf_flash import rotary as mod
 
     xs = [q.detach().transpose(1, 2).requires_grad_(), k.detach().transpose(1, 2).requires_grad_()]
-    torch.library.opcheck(mod._rotary_op, (xs, cos, sin, 16, 8, None, None, 0, False, False),
+    options = dict(rotary_dim=16, cos_half_offset=8, offset=0, interleaved=False, conjugate=False)
+    torch.library.opcheck(mod._rotary_op, (xs, cos, sin, None, None), options,
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))  # fmt: skip
 
 
