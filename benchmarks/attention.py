@@ -7,7 +7,11 @@ Run on a GPU from the repository root::
 
 Providers, all timed in one process on the same inputs (bf16, Hq=32, Hkv=8):
 
-  hf_flash    ``hf_flash.flash_attn_func``, layout (B, S, H, D); GQA by K/V head indexing.
+  hf_flash    ``hf_flash.flash_attn_func``, layout (B, S, H, D); GQA by K/V head indexing. On an
+              H100 the forward runs the Gluon Hopper kernel where it covers the call; every
+              row records the kernels that ran (``paths``, from ``attention_paths``).
+  hf_flash_triton  the same with the Gluon kernel switched off (``configs.use_hopper(False)``):
+              the portable Triton kernels, what other GPUs run.
   sdpa        ``F.scaled_dot_product_attention(..., enable_gqa=True)``, no backend forced: what
               transformers' "sdpa" runs for unmasked attention.
   sdpa_flash  the same under ``sdpa_kernel(FLASH_ATTENTION)`` (FlashAttention-2 in PyTorch).
@@ -65,7 +69,7 @@ DEVICE = "cuda"
 SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768)
 HEAD_DIMS = (128, 64)
 MASKS = ("causal", "full", "window")
-PROVIDERS = ("hf_flash", "sdpa", "sdpa_flash", "sdpa_cudnn", "flex")
+PROVIDERS = ("hf_flash", "hf_flash_triton", "sdpa", "sdpa_flash", "sdpa_cudnn", "flex")
 PEERS = PROVIDERS[1:]
 PASSES = ("fwd", "bwd", "fwd+bwd")
 PASS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
@@ -140,15 +144,31 @@ def _window_mask(seqlen: int, device) -> torch.Tensor:
     return m.view(1, 1, seqlen, seqlen)
 
 
-def build_hf_flash(shape, q, k, v, dout):
-    from hf_flash import flash_attn_func
+def _hf_flash_builder(hopper: bool):
+    """``hf_flash`` (the kernels hf_flash chooses: the Gluon forward on an H100 where it
+    covers the call) or, with ``hopper=False``, ``hf_flash_triton`` (the portable Triton
+    kernels only). Each row records the kernels that ran (``paths``)."""
 
-    mask = shape["mask"]
-    kw = {"causal": mask != "full"}
-    if mask == "window":
-        kw["window_size"] = (WINDOW - 1, 0)
-    leaves = (_leaf(q), _leaf(k), _leaf(v))
-    return (lambda: flash_attn_func(*leaves, **kw)), leaves, dout, {}
+    def build(shape, q, k, v, dout):
+        from hf_flash import flash_attn_func
+        from hf_flash.interface import attention_paths
+        from hf_flash.kernels import configs
+
+        mask = shape["mask"]
+        kw = {"causal": mask != "full"}
+        if mask == "window":
+            kw["window_size"] = (WINDOW - 1, 0)
+        leaves = (_leaf(q), _leaf(k), _leaf(v))
+
+        def attn():
+            with configs.use_hopper(hopper and configs._HOPPER):
+                return flash_attn_func(*leaves, **kw)
+
+        with configs.use_hopper(hopper and configs._HOPPER):
+            paths = attention_paths(*leaves, **kw)
+        return attn, leaves, dout, {"paths": paths}
+
+    return build
 
 
 _SDPA_BACKENDS = {"sdpa": None, "sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
@@ -262,7 +282,8 @@ def build_flex(shape, q, k, v, dout, mode: str = "dynamic"):
 
 def builders(flex_mode: str) -> dict[str, Callable]:
     return {
-        "hf_flash": build_hf_flash,
+        "hf_flash": _hf_flash_builder(True),
+        "hf_flash_triton": _hf_flash_builder(False),
         **{name: _sdpa_builder(name) for name in _SDPA_BACKENDS},
         "flex": lambda *a: build_flex(*a, mode=flex_mode),
     }
@@ -606,8 +627,8 @@ def _cell(r: dict, name: str) -> str:
 
 
 def print_summary(rows: list[dict], providers, checks) -> None:
-    short = {"hf_flash": "hf", "sdpa": "sdpa", "sdpa_flash": "fa2", "sdpa_cudnn": "cudnn",
-             "flex": "flex"}  # fmt: skip
+    short = {"hf_flash": "hf", "hf_flash_triton": "hf-tri", "sdpa": "sdpa", "sdpa_flash": "fa2",
+             "sdpa_cudnn": "cudnn", "flex": "flex"}  # fmt: skip
     table = []
     for r in rows:
         t = {"D": r["head_dim"], "mask": r["mask"], "S": r["seqlen"], "pass": r["pass"]}

@@ -35,7 +35,7 @@ from ._runtime import direct_call
 from .kernels import flash_bwd as _bwd
 from .kernels import flash_fwd as _fwd
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "attention_paths"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,6 +187,26 @@ def _call_options(q, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causa
 # --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
+
+
+def attention_paths(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None, varlen: bool = False,
+) -> dict:  # fmt: skip
+    """Which kernels :func:`flash_attn_func` (or, with ``varlen=True``,
+    :func:`flash_attn_varlen_func`) runs for these arguments: ``{"forward": "hopper" or
+    "triton", "backward": "triton"}``. ``"hopper"`` is the Gluon FlashAttention-3-style forward
+    for H100/H200 (:mod:`hf_flash.kernels.hopper`), taken for dense fp16/bf16 calls with head
+    dim 64 or 128, causal or not, without window, softcap, ALiBi or dropout; everything else, and
+    every backward, runs the portable Triton kernels. ``HF_FLASH_HOPPER=0`` keeps every call on
+    Triton. Arguments as :func:`flash_attn_func`; nothing is launched."""
+    options = _call_options(q, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap)
+    forward = _fwd.forward_path(
+        q, k, v, None, varlen=varlen, alibi_slopes=alibi_slopes, **options
+    )
+    return {"forward": forward, "backward": "triton"}
 
 
 def flash_attn_func(

@@ -21,6 +21,9 @@ import torch
 # A module global, not a ContextVar: autograd runs the backward on its own worker thread, where
 # a context variable set by the caller is not visible (torch < 2.12).
 _OVERRIDE: Optional[dict] = None
+# Whether forward calls the Gluon Hopper kernel covers run on it (kernels/hopper); read once,
+# HF_FLASH_HOPPER=0 keeps every call on the Triton kernels. use_hopper() switches it for a block.
+_HOPPER = os.environ.get("HF_FLASH_HOPPER", "1") not in ("0", "", "false", "False")
 
 
 def interpreting() -> bool:
@@ -30,10 +33,15 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.lru_cache(maxsize=None)
+def _capability_of(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
 def _capability(device: torch.device) -> tuple[int, int]:
     if device.type != "cuda":
         return (0, 0)
-    return torch.cuda.get_device_capability(device)
+    return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 # Host-side integer helpers for launchers. triton.cdiv and triton.next_power_of_2 are constexpr
@@ -93,6 +101,28 @@ def override(**kw):
         yield
     finally:
         _OVERRIDE = previous
+
+
+@contextlib.contextmanager
+def use_hopper(enabled: bool):
+    """Switch the Gluon Hopper forward on or off for a block (benchmarks time both paths)."""
+    global _HOPPER
+    previous, _HOPPER = _HOPPER, bool(enabled)
+    try:
+        yield
+    finally:
+        _HOPPER = previous
+
+
+def hopper_enabled(device: torch.device) -> bool:
+    """The Gluon Hopper kernels may run on ``device``: switched on (``HF_FLASH_HOPPER``,
+    :func:`use_hopper`), a compute-capability 9.0 GPU (H100, H200; the kernels are built for
+    sm_90a), not under the interpreter, and no :func:`override` of the Triton tiles in force (a
+    sweep times the Triton kernels)."""
+    return (
+        _HOPPER and _OVERRIDE is None and device.type == "cuda" and not interpreting()
+        and _capability(device) == (9, 0)
+    )  # fmt: skip
 
 
 def _pick(kind: str, default: dict) -> dict:

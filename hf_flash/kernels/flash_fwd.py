@@ -205,6 +205,25 @@ def kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p)
     )
 
 
+def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, softcap,
+                 alibi_slopes, dropout_p, softmax_scale, **_) -> str:  # fmt: skip
+    """Which kernel :func:`flash_attn_forward` runs for these arguments: ``"hopper"`` (the
+    Gluon sm_90a kernel, :mod:`hf_flash.kernels.hopper`) when it covers the call and the device
+    allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this module's kernel). The
+    Hopper kernel covers dense fp16/bf16 calls with head dim 64 or 128, causal or not, without
+    a sliding window, softcap, ALiBi or dropout, on tensors TMA can address (``out`` None: the
+    output is still to be allocated like q, which then is addressable too)."""
+    if varlen or not configs.hopper_enabled(q.device):
+        return "triton"
+    from .hopper import attention_fwd as hopper  # Gluon: imported only where it can run
+
+    covered = hopper.supports(
+        q, k, v, causal=causal, window=(window_left, window_right), softcap=softcap,
+        alibi=alibi_slopes, dropout=dropout_p, softmax_scale=softmax_scale,
+    ) and (out is None or hopper.tma_compatible(out))  # fmt: skip
+    return "hopper" if covered else "triton"
+
+
 @configs.on_input_device
 def flash_attn_forward(
     q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -214,8 +233,19 @@ def flash_attn_forward(
 
     Dense: q/out (B, Sq, H, D), k/v (B, Sk, Hk, D), lse (B, H, Sq).
     Packed: q/out (Tq, H, D), k/v (Tk, Hk, D), lse (H, Tq), cu_seqlens int32 (B + 1,).
-    ``window_right`` must already be 0 for causal attention.
+    ``window_right`` must already be 0 for causal attention. Calls the Gluon Hopper kernel
+    covers run on it (:func:`forward_path`); both write the same outputs.
     """
+    options = dict(
+        varlen=cu_seqlens_q is not None, causal=causal, window_left=window_left,
+        window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p, softmax_scale=softmax_scale,
+    )  # fmt: skip
+    if forward_path(q, k, v, out, **options) == "hopper":
+        from .hopper.attention_fwd import hopper_attention_forward
+
+        hopper_attention_forward(q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal)
+        return
     varlen = cu_seqlens_q is not None
     if varlen:
         batch = cu_seqlens_q.numel() - 1

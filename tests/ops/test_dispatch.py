@@ -107,3 +107,40 @@ def test_rotary_eager_path_skips_the_op_and_equals_it(monkeypatch, device):
         assert op, "a dispatch mode must see hf_flash::rotary"
         for a, b in zip(direct, via_op):
             assert torch.equal(a, b)
+
+
+def test_hopper_forward_rule(monkeypatch):
+    """The Gluon forward may run only on a compute-capability 9.0 GPU, outside the interpreter,
+    while switched on, and never while a tile override (a Triton sweep) is in force."""
+    from hf_flash.kernels import configs
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(configs, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(configs, "interpreting", lambda: False)
+    monkeypatch.setattr(configs, "_HOPPER", True)
+    assert configs.hopper_enabled(gpu)
+    assert not configs.hopper_enabled(torch.device("cpu"))
+    with configs.use_hopper(False):
+        assert not configs.hopper_enabled(gpu)
+    assert configs.hopper_enabled(gpu)
+    with configs.override(fwd={"BLOCK_M": 64}):
+        assert not configs.hopper_enabled(gpu)
+    for capability in ((8, 0), (10, 0), (12, 0)):
+        monkeypatch.setattr(configs, "_capability", lambda device, c=capability: c)
+        assert not configs.hopper_enabled(gpu), capability
+    monkeypatch.setattr(configs, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(configs, "interpreting", lambda: True)
+    assert not configs.hopper_enabled(gpu)
+
+
+def test_attention_paths_without_a_hopper_gpu(device):
+    """Every call runs the Triton kernels here (the CPU interpreter, or any non-sm_90 GPU)."""
+    from hf_flash.interface import attention_paths
+    from hf_flash.kernels import configs
+
+    q = torch.randn(1, 32, 4, 64, device=device, dtype=torch.float16)
+    k = torch.randn(1, 32, 2, 64, device=device, dtype=torch.float16)
+    paths = attention_paths(q, k, k, causal=True)
+    expected = "hopper" if configs.hopper_enabled(q.device) else "triton"
+    assert paths == {"forward": expected, "backward": "triton"}
+    assert attention_paths(q, k, k, causal=True, varlen=True)["forward"] == "triton"

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from hf_flash import flash_attn_func, flash_attn_varlen_func
-from hf_flash.interface import _new_rng_state
+from hf_flash.interface import _new_rng_state, attention_paths
+from hf_flash.kernels import configs
 from hf_flash.kernels.flash_common import dropout_keep_mask
 from hf_flash.reference import (
     FWD_FACTOR,
@@ -45,6 +46,43 @@ def _check(q, k, v, dtype, grads=True, **opts):
         g_lp = torch.autograd.grad(ref_lp, (q, k, v), dout)
         for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lp):
             assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, dtype)
+
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("seqlen", [1, 97, 1025])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_triton_forward_where_hopper_runs(dtype, d, seqlen, causal):
+    """The grid above runs the Gluon forward for these calls on an H100; the Triton forward
+    (every other GPU, and HF_FLASH_HOPPER=0) keeps its own coverage."""
+    torch.manual_seed(d + seqlen + 1)
+    q, k, v = _qkv(2, seqlen, seqlen, 8, 2, d, dtype)
+    with configs.use_hopper(False):
+        assert attention_paths(q, k, v, causal=causal)["forward"] == "triton"
+        _check(q, k, v, dtype, causal=causal)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90a")
+def test_forward_path_choice_on_hopper():
+    """Which forward a call takes: the Gluon kernel for what it covers, Triton for the rest."""
+    q, k, v = (t.detach() for t in _qkv(1, 256, 256, 8, 2, 128, torch.bfloat16))
+    assert attention_paths(q, k, v, causal=True) == {"forward": "hopper", "backward": "triton"}
+    assert attention_paths(q[..., :64], k[..., :64], v[..., :64])["forward"] == "hopper"
+    others = [
+        dict(window_size=(63, 0), causal=True), dict(softcap=30.0), dict(dropout_p=0.1),
+        dict(alibi_slopes=torch.rand(8, device=DEV)), dict(varlen=True),
+    ]  # fmt: skip
+    for opts in others:
+        assert attention_paths(q, k, v, **opts)["forward"] == "triton", opts
+    f32 = [t.float() for t in (q, k, v)]
+    assert attention_paths(*f32)["forward"] == "triton"
+    q80, k80, v80 = (t.detach() for t in _qkv(1, 64, 64, 8, 2, 80, torch.bfloat16))
+    assert attention_paths(q80, k80, v80)["forward"] == "triton"
+    with configs.use_hopper(False):
+        assert attention_paths(q, k, v, causal=True)["forward"] == "triton"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -130,7 +168,12 @@ def test_fp32_is_ieee_not_tf32():
     assert (out.double() - ref).abs().max().item() < 2e-5
 
 
-def test_compile_inductor_fullgraph():
+HOPPER_OR_NOT = [pytest.param(True, id="hopper-allowed"), pytest.param(False, id="triton")]
+
+
+@pytest.mark.parametrize("hopper", HOPPER_OR_NOT)
+def test_compile_inductor_fullgraph(hopper, monkeypatch):
+    monkeypatch.setattr(configs, "_HOPPER", hopper)
     torch.manual_seed(3)
     q, k, v = _qkv(2, 257, 257, 8, 2, 128, torch.bfloat16)
 
@@ -147,7 +190,9 @@ def test_compile_inductor_fullgraph():
     assert all(torch.equal(a, b) for a, b in zip(g, g_e))
 
 
-def test_cuda_graph_capture():
+@pytest.mark.parametrize("hopper", HOPPER_OR_NOT)
+def test_cuda_graph_capture(hopper, monkeypatch):
+    monkeypatch.setattr(configs, "_HOPPER", hopper)
     torch.manual_seed(4)
     q, k, v = (t.detach() for t in _qkv(1, 300, 300, 8, 2, 128, torch.bfloat16))
     eager = flash_attn_func(q, k, v, causal=True)

@@ -526,7 +526,7 @@ def _attn_fwd_kernel(
 _TMA_ALIGN_BYTES = 16
 
 
-def _tma_compatible(t: torch.Tensor) -> bool:
+def tma_compatible(t: torch.Tensor) -> bool:
     """A TMA descriptor needs a 16-byte aligned base and 16-byte multiples for every stride
     but the innermost, which must be 1."""
     if t.stride(-1) != 1 or t.data_ptr() % _TMA_ALIGN_BYTES:
@@ -570,7 +570,7 @@ def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
     # work items (batch x head x 64-row query tiles, an upper bound) are counted in int32
     if batch * nheads * triton.cdiv(seqlen_q, 64) >= 2**31 or k.shape[1] >= 2**31:
         return False
-    return all(_tma_compatible(t) for t in (q, k, v))
+    return all(tma_compatible(t) for t in (q, k, v))
 
 
 def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
@@ -635,7 +635,7 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
     be TMA-compatible like q. ``variant`` names an entry of ``VARIANTS`` (default: ``DEFAULT``
     for the head dim and causality)."""
     batch, seqlen_q, nheads, head_dim = q.shape
-    if out.shape != q.shape or out.dtype != q.dtype or not _tma_compatible(out):
+    if out.shape != q.shape or out.dtype != q.dtype or not tma_compatible(out):
         raise ValueError("out must have q's shape and dtype and TMA-compatible strides")
     if lse.shape != (batch, nheads, seqlen_q) or lse.dtype != torch.float32:
         raise ValueError("lse must be float32 (batch, nheads, seqlen_q)")
@@ -651,4 +651,6 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
         _attn_fwd_kernel[grid](*args, **kwargs)
 
 
-__all__ = ["hopper_attention_forward", "supports", "VARIANTS", "DEFAULT", "launch_args"]
+__all__ = [
+    "hopper_attention_forward", "supports", "tma_compatible", "VARIANTS", "DEFAULT", "launch_args",
+]
