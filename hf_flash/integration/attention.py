@@ -94,25 +94,7 @@ def hf_flash_attention_forward(
     Return:
         (out (B, Sq, Hq, D), None). Attention probabilities are never materialised.
     """
-    if s_aux is not None:
-        raise ValueError(
-            "hf_flash does not support attention sinks (s_aux); use attn_implementation='eager' "
-            "or 'sdpa' for this model"
-        )
-    if kwargs.get("output_attentions", False):
-        raise ValueError(
-            "output_attentions=True needs the attention probabilities, which hf_flash never "
-            "materialises; call model.set_attn_implementation('eager') to get them"
-        )
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        raise ValueError(
-            f"expected 4-D (batch, heads, seq, head_dim) query/key/value, got shapes "
-            f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
-        )
-    if any(n == 0 for n in query.shape) or any(n == 0 for n in key.shape):
-        raise ValueError(
-            f"hf_flash got an empty tensor: query {tuple(query.shape)}, key {tuple(key.shape)}"
-        )
+    _check_inputs(query, key, value, s_aux, kwargs)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     opts = dict(
         dropout_p=float(dropout or 0.0),
@@ -162,6 +144,29 @@ def hf_flash_attention_forward(
     if v_head_dim < head_dim:
         out = out[..., :v_head_dim]
     return out, None
+
+
+def _check_inputs(query, key, value, s_aux, kwargs) -> None:
+    """What this attention function refuses, before any kernel runs."""
+    if s_aux is not None:
+        raise ValueError(
+            "hf_flash does not support attention sinks (s_aux); use attn_implementation='eager' "
+            "or 'sdpa' for this model"
+        )
+    if kwargs.get("output_attentions", False):
+        raise ValueError(
+            "output_attentions=True needs the attention probabilities, which hf_flash never "
+            "materialises; call model.set_attn_implementation('eager') to get them"
+        )
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError(
+            f"expected 4-D (batch, heads, seq, head_dim) query/key/value, got shapes "
+            f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+        )
+    if any(n == 0 for n in query.shape) or any(n == 0 for n in key.shape):
+        raise ValueError(
+            f"hf_flash got an empty tensor: query {tuple(query.shape)}, key {tuple(key.shape)}"
+        )
 
 
 def _decode_shaped(seqlen_q: int, seqlen_k: int, mask, opts, kwargs) -> bool:
