@@ -27,6 +27,10 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "flash_attn_func": "interface",
     "flash_attn_varlen_func": "interface",
+    "flash_attn_qkvpacked_func": "interface",
+    "flash_attn_kvpacked_func": "interface",
+    "flash_attn_varlen_qkvpacked_func": "interface",
+    "flash_attn_varlen_kvpacked_func": "interface",
     "register": "integration",
     "flash_attn_with_kvcache": "kvcache",
     "apply_rotary_emb": "rotary",

@@ -35,7 +35,11 @@ from ._runtime import direct_call
 from .kernels import flash_bwd as _bwd
 from .kernels import flash_fwd as _fwd
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "attention_paths"]
+__all__ = [
+    "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func", "attention_paths",
+]  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -373,3 +377,131 @@ def varlen_attention(
                         window_size, softcap),
     )  # fmt: skip
     return (out, lse, None) if return_attn_probs else out
+
+
+# --------------------------------------------------------------------------------------------
+# Packed forms (flash-attn's qkv-packed and kv-packed functions)
+# --------------------------------------------------------------------------------------------
+
+
+def _unpack(name: str, t, parts: int, ndim: int, layout: str) -> Tuple[Tensor, ...]:
+    """Views of the ``parts`` tensors packed on ``t``'s axis ``ndim - 3`` (no copy)."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    axis = ndim - 3
+    if t.dim() != ndim or t.shape[axis] != parts:
+        raise ValueError(f"{name} must be {layout}, got shape {tuple(t.shape)}")
+    return t.unbind(axis)
+
+
+def flash_attn_qkvpacked_func(
+    qkv: Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+):
+    """:func:`flash_attn_func` with q, k and v packed in one tensor (flash-attn's layout of a
+    fused QKV projection).
+
+    Arguments:
+        qkv: (batch, seqlen, 3, nheads, headdim). q, k and v are read in place (views on axis 2,
+            one kernel launch); its gradient is one (batch, seqlen, 3, nheads, headdim) tensor.
+        Other arguments and return: as :func:`flash_attn_func` (MHA: k/v have nheads heads).
+    """
+    q, k, v = _unpack("qkv", qkv, 3, 5, "(batch, seqlen, 3, nheads, headdim)")
+    return flash_attn_func(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+        deterministic, return_attn_probs,
+    )  # fmt: skip
+
+
+def flash_attn_kvpacked_func(
+    q: Tensor,
+    kv: Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+):
+    """:func:`flash_attn_func` with k and v packed in one tensor (a fused KV projection, e.g.
+    cross-attention or a KV cache kept as one buffer).
+
+    Arguments:
+        q: (batch, seqlen_q, nheads, headdim).
+        kv: (batch, seqlen_k, 2, nheads_k, headdim); nheads a multiple of nheads_k (GQA/MQA).
+            k and v are read in place (views on axis 2).
+        Other arguments and return: as :func:`flash_attn_func`.
+    """
+    k, v = _unpack("kv", kv, 2, 5, "(batch, seqlen_k, 2, nheads_k, headdim)")
+    return flash_attn_func(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+        deterministic, return_attn_probs,
+    )  # fmt: skip
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv: Tensor,
+    cu_seqlens: Tensor,
+    max_seqlen: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+):
+    """:func:`flash_attn_varlen_func` with q, k and v packed in one tensor.
+
+    Arguments:
+        qkv: (total, 3, nheads, headdim), the sequences concatenated. q, k and v are views on
+            axis 1 (one kernel launch).
+        cu_seqlens: (batch + 1,) int32, for queries and keys alike. max_seqlen: int.
+        Other arguments and return: as :func:`flash_attn_varlen_func`.
+    """
+    q, k, v = _unpack("qkv", qkv, 3, 4, "(total, 3, nheads, headdim)")
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+    )  # fmt: skip
+
+
+def flash_attn_varlen_kvpacked_func(
+    q: Tensor,
+    kv: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+):
+    """:func:`flash_attn_varlen_func` with k and v packed in one tensor.
+
+    Arguments:
+        q: (total_q, nheads, headdim). kv: (total_k, 2, nheads_k, headdim); k and v are views on
+            axis 1.
+        Other arguments and return: as :func:`flash_attn_varlen_func`.
+    """
+    k, v = _unpack("kv", kv, 2, 4, "(total_k, 2, nheads_k, headdim)")
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+        softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        return_attn_probs,
+    )  # fmt: skip

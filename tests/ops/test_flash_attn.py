@@ -388,3 +388,61 @@ def test_default_scale_is_inverse_sqrt_headdim(device):
     a = flash_attn_func(q, k, v)
     b = flash_attn_func(q, k, v, softmax_scale=1 / math.sqrt(32))
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_forms_equal_the_unpacked_calls(causal, device):
+    """flash-attn's qkv-/kv-packed functions read q, k, v in place from the packed tensor and
+    give the packed tensor the unpacked calls' gradients (the same kernels, bit for bit); the
+    unpacked calls are held to the oracle by the tests above."""
+    from hf_flash import (
+        flash_attn_kvpacked_func,
+        flash_attn_qkvpacked_func,
+        flash_attn_varlen_kvpacked_func,
+        flash_attn_varlen_qkvpacked_func,
+    )
+
+    torch.manual_seed(11)
+    b, s, h, hk, d = 2, 37, 4, 2, 16
+    qkv = torch.randn(b, s, 3, h, d, device=device, requires_grad=True)
+    g = torch.randn(b, s, h, d, device=device)
+    out = flash_attn_qkvpacked_func(qkv, causal=causal, window_size=(5, 3))
+    (dqkv,) = torch.autograd.grad(out, qkv, g)
+    q, k, v = (t.detach().clone().requires_grad_() for t in qkv.unbind(2))
+    ref = flash_attn_func(q, k, v, causal=causal, window_size=(5, 3))
+    assert torch.equal(out, ref)
+    assert torch.equal(dqkv, torch.stack(torch.autograd.grad(ref, (q, k, v), g), dim=2))
+
+    q = torch.randn(b, s - 5, h, d, device=device, requires_grad=True)
+    kv = torch.randn(b, s, 2, hk, d, device=device, requires_grad=True)
+    out, lse, _ = flash_attn_kvpacked_func(q, kv, causal=causal, return_attn_probs=True)
+    dq, dkv = torch.autograd.grad(out, (q, kv), g[:, : s - 5])
+    q2 = q.detach().clone().requires_grad_()
+    k2, v2 = (t.detach().clone().requires_grad_() for t in kv.unbind(2))
+    ref, ref_lse, _ = flash_attn_func(q2, k2, v2, causal=causal, return_attn_probs=True)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    rq, rk, rv = torch.autograd.grad(ref, (q2, k2, v2), g[:, : s - 5])
+    assert torch.equal(dq, rq) and torch.equal(dkv, torch.stack((rk, rv), dim=2))
+
+    cu = torch.tensor([0, 9, 9, 30], dtype=torch.int32, device=device)
+    qkv = torch.randn(30, 3, h, d, device=device, requires_grad=True)
+    out = flash_attn_varlen_qkvpacked_func(qkv, cu, 21, causal=causal)
+    q, k, v = qkv.unbind(1)
+    assert torch.equal(out, flash_attn_varlen_func(q, k, v, cu, cu, 21, 21, causal=causal))
+    cu_k = torch.tensor([0, 12, 15, 40], dtype=torch.int32, device=device)
+    kv = torch.randn(40, 2, hk, d, device=device)
+    out = flash_attn_varlen_kvpacked_func(q.detach(), kv, cu, cu_k, 21, 25, causal=causal)
+    ref = flash_attn_varlen_func(q.detach(), *kv.unbind(1), cu, cu_k, 21, 25, causal=causal)
+    assert torch.equal(out, ref)
+
+
+def test_packed_forms_reject_bad_layouts(device):
+    from hf_flash import flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+
+    qkv = torch.randn(1, 8, 3, 2, 16, device=device)
+    with pytest.raises(ValueError, match=r"qkv must be \(batch, seqlen, 3, nheads, headdim\)"):
+        flash_attn_qkvpacked_func(qkv[:, :, :2])
+    with pytest.raises(ValueError, match=r"kv must be \(batch, seqlen_k, 2, nheads_k, headdim\)"):
+        flash_attn_kvpacked_func(qkv[:, :, 0], qkv)
+    with pytest.raises(TypeError, match="qkv must be a torch.Tensor"):
+        flash_attn_qkvpacked_func(qkv.tolist())
