@@ -10,7 +10,7 @@ checks that read device values on the host also skip while a CUDA graph is captu
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -24,10 +24,40 @@ MAX_HEAD_DIM = 256
 PAGE_MULTIPLE = 16
 
 
-def kernel_window(causal: bool, window_size: Sequence[int]) -> Tuple[int, int]:
-    """flash-attn's ``(left, right)`` window as the kernels take it: causal attention is the
-    window with ``right = 0`` (bottom-right aligned); -1 is unbounded."""
-    left, right = int(window_size[0]), int(window_size[1])
+def window_pair(window_size) -> Tuple[int, int]:
+    """flash-attn's ``window_size`` as two Python ints, every negative bound as -1 (unbounded,
+    as flash-attn reads any negative value). Takes a pair of ints or an integer tensor of two
+    elements (read on the host: one sync for a device tensor). ValueError for anything else."""
+    if isinstance(window_size, Tensor):
+        if window_size.numel() != 2 or window_size.is_floating_point() or window_size.is_complex():
+            raise ValueError(
+                f"window_size tensor must hold two integers (left, right), got dtype "
+                f"{window_size.dtype} and shape {tuple(window_size.shape)}"
+            )
+        window_size = window_size.reshape(2).tolist()
+    if (
+        not isinstance(window_size, (tuple, list))
+        or len(window_size) != 2
+        or not all(_integer(w) for w in window_size)
+    ):
+        raise ValueError(
+            f"window_size={window_size!r} must be a pair (left, right) of ints; a negative bound "
+            "is unbounded"
+        )
+    left, right = (int(w) for w in window_size)
+    return max(left, -1), max(right, -1)
+
+
+def _integer(w) -> bool:
+    if isinstance(w, Tensor):
+        return w.numel() == 1 and not (w.is_floating_point() or w.is_complex())
+    return isinstance(w, int) and not isinstance(w, bool)
+
+
+def kernel_window(causal: bool, window_size) -> Tuple[int, int]:
+    """flash-attn's ``(left, right)`` window as the kernels take it: negative bounds are -1
+    (unbounded), and causal attention is the window with ``right = 0`` (bottom-right aligned)."""
+    left, right = window_pair(window_size)
     return left, (0 if causal else right)
 
 
@@ -105,15 +135,7 @@ def check_options(
         raise ValueError(f"dropout_p={dropout_p} must be in [0, 1)")
     if softmax_scale is not None and not math.isfinite(float(softmax_scale)):
         raise ValueError(f"softmax_scale={softmax_scale} must be a finite number or None")
-    if (
-        not isinstance(window_size, (tuple, list))
-        or len(window_size) != 2
-        or any(int(w) < -1 for w in window_size)
-    ):
-        raise ValueError(
-            f"window_size={window_size!r} must be a pair (left, right) of ints >= -1 "
-            "(-1 = unbounded)"
-        )
+    window_pair(window_size)
     if float(softcap) < 0.0:
         raise ValueError(f"softcap={softcap} must be >= 0 (0 disables it)")
     if alibi_slopes is not None:

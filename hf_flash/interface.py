@@ -239,7 +239,8 @@ def flash_attn_func(
         softmax_scale: float. Scale of QK^T before softmax. Default 1 / sqrt(headdim).
         causal: bool. Causal mask aligned to the bottom-right corner (see module docstring).
         window_size: (left, right). Sliding window: query at key position p sees keys in
-            [p - left, p + right]; -1 means unbounded on that side. Whole key tiles outside
+            [p - left, p + right]; a negative bound (-1) is unbounded on that side. A pair of
+            ints or a two-element integer tensor. Whole key tiles outside
             the window are skipped, so cost grows with seqlen * window. Default (-1, -1).
         softcap: float. If > 0, scores become ``softcap * tanh(scores / softcap)`` (Gemma 2).
         alibi_slopes: (nheads,) or (batch, nheads), float32. Adds ``-slope * |p - j|`` to the

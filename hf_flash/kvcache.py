@@ -130,7 +130,7 @@ def flash_attn_with_kvcache(
     ):
         rotary_cos, rotary_sin = rotary_cos.contiguous(), rotary_sin.contiguous()
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    local = tuple(int(w) for w in window_size) != (-1, -1)
+    local = _checks.window_pair(window_size) != (-1, -1)
     out, lse = decode_attention(
         unit_last_stride(q), k_cache, v_cache, k_new=unit_last_stride(k),
         v_new=unit_last_stride(v), key_end=cache_seqlens, key_start=cache_leftpad,

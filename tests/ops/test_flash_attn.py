@@ -341,8 +341,9 @@ def test_bad_inputs_raise(mutate, exc, match, device):
 
 def test_bad_options_raise(device):
     q, k, v = _good(device)
-    with pytest.raises(ValueError, match="window_size"):
-        flash_attn_func(q, k, v, window_size=(-2, 0))
+    for bad in ((-1,), (4, 0, 1), (2.0, 0), (True, 0), torch.tensor([1.5, 0.0])):
+        with pytest.raises(ValueError, match="window_size"):
+            flash_attn_func(q, k, v, window_size=bad)
     with pytest.raises(ValueError, match="dropout_p"):
         flash_attn_func(q, k, v, dropout_p=1.0)
     with pytest.raises(ValueError, match="softcap"):
@@ -446,3 +447,17 @@ def test_packed_forms_reject_bad_layouts(device):
         flash_attn_kvpacked_func(qkv[:, :, 0], qkv)
     with pytest.raises(TypeError, match="qkv must be a torch.Tensor"):
         flash_attn_qkvpacked_func(qkv.tolist())
+
+
+def test_window_size_as_flash_attn_reads_it(device):
+    """Any negative bound is unbounded, and the window may come as a two-element integer tensor
+    (flash-attn accepts both); the result equals the call with the plain pair."""
+    q, k, v = _good(device)
+    for causal in (False, True):
+        plain = flash_attn_func(q, k, v, causal=causal, window_size=(-1, -1))
+        assert torch.equal(flash_attn_func(q, k, v, causal=causal, window_size=(-7, -2)), plain)
+        windowed = flash_attn_func(q, k, v, causal=causal, window_size=(3, 1))
+        as_tensor = flash_attn_func(q, k, v, causal=causal, window_size=torch.tensor([3, 1]))
+        assert torch.equal(as_tensor, windowed)
+        left_only = flash_attn_func(q, k, v, causal=causal, window_size=(3, -5))
+        assert torch.equal(left_only, flash_attn_func(q, k, v, causal=causal, window_size=(3, -1)))

@@ -312,7 +312,7 @@ def test_attend_kv_remembered_checks_still_reject_bad_inputs(monkeypatch, device
     with pytest.raises(TypeError, match="one dtype"):
         attend_kv(q, k.float(), v, key_end=end)
     with pytest.raises(ValueError, match="window_size"):
-        attend_kv(q, k, v, key_end=end, window_size=(-2, 0))
+        attend_kv(q, k, v, key_end=end, window_size=(3, 0, 1))
     with pytest.raises(ValueError, match="multiple"):
         attend_kv(q[:, :, :3], k, v, key_end=end)
     if device == "cpu":  # CPU tensors are refused once the interpreter is off
@@ -545,7 +545,7 @@ BAD = [
         ValueError, "per-token", id="per-token-rotary-shape",
     ),  # fmt: skip
     pytest.param(
-        lambda dev: _args(dev, window_size=(-2, 0)), ValueError, "window_size", id="window"
+        lambda dev: _args(dev, window_size=(2.5, 0)), ValueError, "window_size", id="window"
     ),
     pytest.param(
         lambda dev: _args(dev, q=torch.randn(2, 4, 32, device=dev, dtype=torch.float16)),
