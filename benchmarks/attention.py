@@ -160,11 +160,14 @@ def _hf_flash_builder(hopper: bool):
             kw["window_size"] = (WINDOW - 1, 0)
         leaves = (_leaf(q), _leaf(k), _leaf(v))
 
+        # hf_flash_triton switches the Gluon kernel off; hf_flash runs what hf_flash picks
+        switch = contextlib.nullcontext if hopper else (lambda: configs.use_hopper(False))
+
         def attn():
-            with configs.use_hopper(hopper and configs._HOPPER):
+            with switch():
                 return flash_attn_func(*leaves, **kw)
 
-        with configs.use_hopper(hopper and configs._HOPPER):
+        with switch():
             paths = attention_paths(*leaves, **kw)
         return attn, leaves, dout, {"paths": paths}
 

@@ -29,7 +29,7 @@ for v in $variants; do
   if timeout 90 python3 - "$v" >>"$out/smoke.log" 2>&1 <<'EOF'
 import sys, torch
 from hf_flash.kernels.hopper import attention_fwd as hk
-from hf_flash.reference import attention_ref, max_abs_err
+from hf_flash.reference import FWD_FACTOR, allowed_error, attention_ref, max_abs_err
 v = sys.argv[1]
 worst = 0.0
 for d in hk.VARIANTS[v].head_dims:
@@ -45,7 +45,7 @@ for d in hk.VARIANTS[v].head_dims:
         lp = attention_ref(q, k, vv, causal=causal, upcast=False)
         err, budget = max_abs_err(out, ref), max_abs_err(lp, ref)
         print(f"{v} d{d} causal={causal}: err {err:.2e} (bf16 reference {budget:.2e})", flush=True)
-        worst = max(worst, err / (2 * budget + 8e-3))
+        worst = max(worst, err / allowed_error(budget, FWD_FACTOR, torch.bfloat16))
 sys.exit(0 if worst <= 1.0 else 1)
 EOF
   then ok+=("$v"); echo "smoke ok: $v"; else echo "smoke FAILED: $v (rc $?)"; fi

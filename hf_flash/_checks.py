@@ -24,41 +24,38 @@ MAX_HEAD_DIM = 256
 PAGE_MULTIPLE = 16
 
 
-def window_pair(window_size) -> Tuple[int, int]:
-    """flash-attn's ``window_size`` as two Python ints, every negative bound as -1 (unbounded,
-    as flash-attn reads any negative value). Takes a pair of ints or an integer tensor of two
-    elements (read on the host: one sync for a device tensor). ValueError for anything else."""
+def kernel_window(causal: bool, window_size) -> Tuple[int, int]:
+    """flash-attn's ``(left, right)`` window as the kernels take it: every negative bound is -1
+    (unbounded, as flash-attn reads any negative value), and causal attention is the window
+    with ``right = 0`` (bottom-right aligned). ``window_size`` was checked at the public
+    boundary (:func:`check_window`); this runs on every call, so it only converts."""
+    left, right = max(int(window_size[0]), -1), max(int(window_size[1]), -1)
+    return left, (0 if causal else right)
+
+
+def check_window(window_size) -> None:
+    """A pair of ints, or a two-element integer tensor (flash-attn accepts both); any negative
+    bound is unbounded. ValueError for anything else."""
     if isinstance(window_size, Tensor):
-        if window_size.numel() != 2 or window_size.is_floating_point() or window_size.is_complex():
-            raise ValueError(
-                f"window_size tensor must hold two integers (left, right), got dtype "
-                f"{window_size.dtype} and shape {tuple(window_size.shape)}"
-            )
-        window_size = window_size.reshape(2).tolist()
-    if (
-        not isinstance(window_size, (tuple, list))
-        or len(window_size) != 2
-        or not all(_integer(w) for w in window_size)
-    ):
-        raise ValueError(
-            f"window_size={window_size!r} must be a pair (left, right) of ints; a negative bound "
-            "is unbounded"
-        )
-    left, right = (int(w) for w in window_size)
-    return max(left, -1), max(right, -1)
+        if window_size.numel() == 2 and _integer_dtype(window_size):
+            return
+    elif isinstance(window_size, (tuple, list)) and len(window_size) == 2:
+        if all(_integer(w) for w in window_size):
+            return
+    raise ValueError(
+        f"window_size={window_size!r} must be a pair (left, right) of ints or a two-element "
+        "integer tensor; a negative bound is unbounded"
+    )
+
+
+def _integer_dtype(t: Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 
 def _integer(w) -> bool:
     if isinstance(w, Tensor):
-        return w.numel() == 1 and not (w.is_floating_point() or w.is_complex())
+        return w.numel() == 1 and _integer_dtype(w)
     return isinstance(w, int) and not isinstance(w, bool)
-
-
-def kernel_window(causal: bool, window_size) -> Tuple[int, int]:
-    """flash-attn's ``(left, right)`` window as the kernels take it: negative bounds are -1
-    (unbounded), and causal attention is the window with ``right = 0`` (bottom-right aligned)."""
-    left, right = window_pair(window_size)
-    return left, (0 if causal else right)
 
 
 def unit_last_stride(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -135,7 +132,7 @@ def check_options(
         raise ValueError(f"dropout_p={dropout_p} must be in [0, 1)")
     if softmax_scale is not None and not math.isfinite(float(softmax_scale)):
         raise ValueError(f"softmax_scale={softmax_scale} must be a finite number or None")
-    window_pair(window_size)
+    check_window(window_size)
     if float(softcap) < 0.0:
         raise ValueError(f"softcap={softcap} must be >= 0 (0 disables it)")
     if alibi_slopes is not None:

@@ -4,7 +4,7 @@ One custom op, ``hf_flash::decode``, runs :mod:`hf_flash.kernels.decode` (split-
 with the append and the rotary of the new tokens fused in), and :func:`decode_attention` is its
 one entry, called by keyword. Three callers build on it:
 
-* :func:`hf_flash.flash_attn_with_kvcache` (:mod:`hf_flash.kvcache`): flash-attn's public API;
+* :func:`hf_flash.flash_attn_with_kvcache` (:mod:`hf_flash.kvcache`), flash-attn's public API;
 * :func:`attend_kv`: decode-shaped attention over keys that are already in place (the
   transformers attention function's decode steps, e.g. a DynamicCache's whole history);
 * :func:`append_attend_paged`: a paged cache with padding rows (continuous batching under CUDA
@@ -322,24 +322,18 @@ def append_attend_paged(
 def _check_append_attend_paged(q, k_cache, v_cache, k, v, block_table, seqlens_k, softmax_scale,
                                window_size, softcap) -> None:  # fmt: skip
     _checks.check_tensor_basics(q, k_cache, v_cache)
-    for name, t in (("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     _checks.check_dims(
-        4, "(q (batch, seqlen_new, nheads, headdim), k/v (batch, seqlen_new, nheads_k, "
-        "headdim), caches (num_pages, page_size, nheads_k, headdim))",
-        q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v,
+        4, "(q (batch, seqlen_new, nheads, headdim), caches (num_pages, page_size, nheads_k, "
+        "headdim))", q=q, k_cache=k_cache, v_cache=v_cache,
     )  # fmt: skip
     _checks.check_caches(k_cache, v_cache)
     batch, seqlen_new = q.shape[:2]
     _, page_size, nheads_k, head_dim = k_cache.shape
-    for name, t in (("k", k), ("v", v)):
-        if tuple(t.shape) != (batch, seqlen_new, nheads_k, head_dim):
-            raise ValueError(
-                f"{name} has shape {tuple(t.shape)}; expected ({batch}, {seqlen_new}, "
-                f"{nheads_k}, {head_dim}) (q's batch and tokens, the cache's heads)"
-            )
-    _checks.check_new_tokens(q, k, v, nheads_k, head_dim)
+    if _checks.check_new_tokens(q, k, v, nheads_k, head_dim) != seqlen_new:
+        raise ValueError(
+            f"k has shape {tuple(k.shape)}; expected ({batch}, {seqlen_new}, {nheads_k}, "
+            f"{head_dim}) (q's batch and tokens, the cache's heads)"
+        )
     _checks.check_heads(q.shape[2], nheads_k, nheads_k, q.shape[3], head_dim, head_dim)
     _checks.check_options(
         softmax_scale=softmax_scale, window_size=window_size, softcap=softcap, alibi_slopes=None,

@@ -54,7 +54,9 @@ _OPTIONS = (
     "int window_right, float softcap, float dropout_p"
 )
 # per-call tensors besides q/k/v: packed-sequence boundaries, ALiBi slopes, dropout seed
-_EXTRA_TENSORS = "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? alibi_slopes, Tensor? rng_state"
+_EXTRA_TENSORS = (
+    "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? alibi_slopes, Tensor? rng_state"
+)
 
 
 def _new_rng_state(device) -> Tensor:
@@ -258,12 +260,10 @@ def flash_attn_func(
     """
     if not torch.compiler.is_compiling():
         _checks.check_tensor_basics(q, k, v)
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if t.dim() != 4:
-                raise ValueError(
-                    f"{name} must be 4-D (batch, seqlen, nheads, headdim), got shape "
-                    f"{tuple(t.shape)}; packed sequences go to flash_attn_varlen_func"
-                )
+        _checks.check_dims(
+            4, "(batch, seqlen, nheads, headdim) (packed sequences go to flash_attn_varlen_func)",
+            q=q, k=k, v=v,
+        )  # fmt: skip
         if not (q.shape[0] == k.shape[0] == v.shape[0]):
             raise ValueError(
                 f"batch sizes differ: q={q.shape[0]}, k={k.shape[0]}, v={v.shape[0]}"
@@ -275,13 +275,10 @@ def flash_attn_func(
             dropout_p=dropout_p, softmax_scale=softmax_scale, window_size=window_size,
             softcap=softcap, alibi_slopes=alibi_slopes, nheads=q.shape[2], batch=q.shape[0],
         )  # fmt: skip
-    out, lse = attention_forward(
-        unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), alibi_slopes=alibi_slopes,
-        rng_state=_new_rng_state(q.device) if dropout_p > 0.0 else None,
-        **_call_options(q, q.shape[1], k.shape[1], dropout_p, softmax_scale, causal, window_size,
-                        softcap),
+    return _attention(
+        q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, softmax_scale, causal,
+        window_size, softcap, alibi_slopes, return_attn_probs,
     )  # fmt: skip
-    return (out, lse, None) if return_attn_probs else out
 
 
 def flash_attn_varlen_func(
@@ -341,12 +338,7 @@ def varlen_attention(
     value check and its device sync; shapes, dtypes and devices are still checked."""
     if not torch.compiler.is_compiling():
         _checks.check_tensor_basics(q, k, v)
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if t.dim() != 3:
-                raise ValueError(
-                    f"{name} must be 3-D (total_tokens, nheads, headdim) for the varlen API, got "
-                    f"shape {tuple(t.shape)}"
-                )
+        _checks.check_dims(3, "(total_tokens, nheads, headdim) for the varlen API", q=q, k=k, v=v)
         if k.shape[0] != v.shape[0]:
             raise ValueError(f"k has {k.shape[0]} tokens but v has {v.shape[0]}")
         if block_table is not None:
@@ -370,6 +362,18 @@ def varlen_attention(
             softcap=softcap, alibi_slopes=alibi_slopes, nheads=q.shape[1],
             batch=cu_seqlens_q.numel() - 1,
         )  # fmt: skip
+    return _attention(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+        softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+    )  # fmt: skip
+
+
+def _attention(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+    causal, window_size, softcap, alibi_slopes, return_attn_probs,
+):  # fmt: skip
+    """The dense and varlen functions after their checks: one forward (and its autograd), the
+    flash-attn return form."""
     out, lse = attention_forward(
         unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes,

@@ -97,7 +97,8 @@ def flash_attn_with_kvcache(
         causal: bool. Bottom-right aligned causal mask (query i sees keys up to
             ``seqlen_k - seqlen_q + i``, seqlen_k counted from the left pad, new tokens
             included).
-        window_size: (left, right). Sliding window in the same coordinates; -1 = unbounded.
+        window_size: (left, right). Sliding window in the same coordinates; a negative bound is
+            unbounded.
         softcap: float. If > 0, scores become ``softcap * tanh(scores / softcap)``.
         rotary_interleaved: bool. True: rotate pairs (2i, 2i + 1) (GPT-J); False: pairs
             (i, i + rotary_dim / 2) ("rotate half", Llama). Default True, as flash-attn.
@@ -130,7 +131,7 @@ def flash_attn_with_kvcache(
     ):
         rotary_cos, rotary_sin = rotary_cos.contiguous(), rotary_sin.contiguous()
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    local = _checks.window_pair(window_size) != (-1, -1)
+    local = _checks.kernel_window(False, window_size) != (-1, -1)
     out, lse = decode_attention(
         unit_last_stride(q), k_cache, v_cache, k_new=unit_last_stride(k),
         v_new=unit_last_stride(v), key_end=cache_seqlens, key_start=cache_leftpad,

@@ -1,15 +1,17 @@
-"""The attention and mask functions behind ``attn_implementation="hf_flash"``.
+"""The attention function behind ``attn_implementation="hf_flash"``.
 
-This module is plain PyTorch on top of :mod:`hf_flash.interface`; it never imports transformers,
-so it can be unit-tested on its own. :mod:`hf_flash.integration.registration` plugs the two
-functions into transformers' ``AttentionInterface`` and ``AttentionMaskInterface``.
+This module is plain PyTorch on top of :mod:`hf_flash.interface` and :mod:`hf_flash.decode`;
+it never imports transformers, so it can be unit-tested on its own.
+:mod:`hf_flash.integration.registration` plugs it into transformers' ``AttentionInterface``,
+and the mask function of :mod:`hf_flash.integration.masks` into ``AttentionMaskInterface``
+(re-exported here).
 
 Contract with transformers (5.17 ... 5.x)::
 
     hf_flash_attention_forward(module, query, key, value, attention_mask, dropout, scaling, ...)
         query (B, Hq, Sq, D), key/value (B, Hkv, Skv, D)  ->  (out (B, Sq, Hq, D), None)
 
-``attention_mask`` is what :func:`hf_flash_mask` returned for this forward pass: ``None`` (no
+``attention_mask`` is what :func:`~hf_flash.integration.masks.hf_flash_mask` returned for this forward pass: ``None`` (no
 padding: every key is valid) or a 2-D bool ``(B, M)`` key mask with ``M <= Skv``. Keys at index
 ``>= M`` are never valid: that is how a StaticCache's zero-padded ``max_cache_len`` buffer is
 described, exactly as transformers' FlashAttention path does. The queries are the last ``Sq``

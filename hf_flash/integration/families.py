@@ -52,11 +52,6 @@ def model_type(model) -> Optional[str]:
     return getattr(getattr(model, "config", None), "model_type", None)
 
 
-def families_with(patch: str) -> list:
-    """The model types a patch applies to, in table order."""
-    return [name for name, family in FAMILIES.items() if patch in family.patches]
-
-
 def patch_target(model, patch: str):
     """``(modeling module, family)`` when ``patch`` applies to this model's family, else None.
     Imports the modeling module (transformers' version is checked first)."""

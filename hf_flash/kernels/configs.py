@@ -34,14 +34,28 @@ def interpreting() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _capability_of(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
+def _properties(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+def _cuda_properties(device: torch.device):
+    """The CUDA device's properties, read once per device (a launcher asks on every call)."""
+    return _properties(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _capability(device: torch.device) -> tuple[int, int]:
     if device.type != "cuda":
         return (0, 0)
-    return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
+    props = _cuda_properties(device)
+    return (props.major, props.minor)
+
+
+def sm_count(device: torch.device, default: int) -> int:
+    """Streaming multiprocessors of a CUDA ``device``; ``default`` for any other device (the
+    interpreter, or a CPU-side compile check), where a launcher still sizes its grid."""
+    if device.type != "cuda":
+        return default
+    return _cuda_properties(device).multi_processor_count
 
 
 # Host-side integer helpers for launchers. triton.cdiv and triton.next_power_of_2 are constexpr

@@ -421,17 +421,10 @@ def _combine_kernel(
 # --------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of ``device``; the interpreter pretends to have 8, so tests
     exercise the split heuristic on tiny shapes."""
-    if device.type != "cuda":
-        return 8
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return configs.sm_count(device, 8)
 
 
 def decode_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
@@ -576,7 +569,7 @@ def flash_decode(
     softmax_scale, window_left, window_right, softcap, alibi_slopes, num_splits,
 ):  # fmt: skip
     """Launch the split-KV kernel (and the combine kernel when it splits). Inputs are validated
-    by hf_flash.kvcache.
+    by hf_flash.kvcache and hf_flash.decode.
 
     q/out (B, Sq, H, D); k_cache/v_cache (B_cache, S_cache, Hk, D) or, with ``block_table``
     (B, pages_per_seq), (num_pages, page_size, Hk, D); k_new/v_new (B, S_new, Hk, D) or None;

@@ -54,7 +54,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -65,6 +64,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .. import configs
 
 LOG2E = 1.4426950408889634
 LN2 = gl.constexpr(0.6931471805599453)
@@ -536,7 +537,7 @@ def tma_compatible(t: torch.Tensor) -> bool:
 
 def _on_hopper(t: torch.Tensor) -> bool:
     """The kernel is built for sm_90a: H100/H200 (compute capability 9.0) only."""
-    return t.is_cuda and torch.cuda.get_device_capability(t.device) == (9, 0)
+    return t.is_cuda and configs._capability(t.device) == (9, 0)
 
 
 def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None, dropout=0.0,
@@ -568,7 +569,7 @@ def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
     if k.shape[0] != batch or k.shape[2] == 0 or nheads % k.shape[2]:
         return False
     # work items (batch x head x 64-row query tiles, an upper bound) are counted in int32
-    if batch * nheads * triton.cdiv(seqlen_q, 64) >= 2**31 or k.shape[1] >= 2**31:
+    if batch * nheads * configs.cdiv(seqlen_q, 64) >= 2**31 or k.shape[1] >= 2**31:
         return False
     return all(tma_compatible(t) for t in (q, k, v))
 
@@ -586,20 +587,6 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
-_SM_COUNTS: dict = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    """Multiprocessors of the device (one persistent program each); 132 (an H100 SXM) for the
-    CPU compile check, where only the kernel's arguments matter."""
-    if device.type != "cuda":
-        return 132
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNTS:
-        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNTS[index]
-
-
 def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant):
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the
     CPU compile check, so both build the same kernel."""
@@ -610,8 +597,9 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant):
         raise ValueError(f"variant {variant} is built for head dims {var.head_dims}, not {head_dim}")
     if not softmax_scale > 0:
         raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
-    n_bh, n_m = batch * nheads, triton.cdiv(seqlen_q, var.rows)
-    grid = (min(n_bh * n_m, _sm_count(q.device)) if var.persistent else n_bh * n_m,)
+    n_bh, n_m = batch * nheads, configs.cdiv(seqlen_q, var.rows)
+    # a CPU compile check sizes the persistent grid for an H100 SXM's 132 SMs
+    grid = (min(n_bh * n_m, configs.sm_count(q.device, 132)) if var.persistent else n_bh * n_m,)
     args = (
         _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
         _descriptor(out, var.block_m), lse,
