@@ -1,4 +1,4 @@
-"""End-to-end LoRA training throughput: hf_flash vs sdpa vs eager inside transformers.
+"""End-to-end LoRA training throughput: hf_flash vs sdpa, flex_attention and eager in transformers.
 
 Model: a randomly initialised Llama with the 1.2B shape (hidden 2048, 16 layers, 32/8 heads,
 head_dim 64, MLP 8192, vocab 128256) and the same shape as Mistral with sliding window 4096;
@@ -8,11 +8,19 @@ the LoRA weights. One step = forward + backward + optimizer step.
 Workloads: one sequence of S = 4K, 16K, 32K, 64K tokens (batch 1); a padded batch (8 sequences of
 random lengths up to 4K, right-padded, 2-D attention mask); the same 8 sequences packed into one
 row by ``DataCollatorWithFlattening`` (position_ids restarts plus cu_seq_lens kwargs).
+Providers are transformers' attention implementations: hf_flash, sdpa, flex_attention
+(transformers' own FlexAttention path: its compiled kernel with the block mask transformers builds
+from the padding mask or the packed position_ids) and eager.
 Tokens/s counts real (unpadded) tokens. With use_cache off (as here) hf_flash runs the padded
 batch padding-free (hf_flash.integration.unpad_patch; ``--unpad-off-row`` adds a row without
 it); sdpa and eager compute the pad tokens. Peak memory is torch.cuda.max_memory_allocated over
 the measured steps. Out-of-memory is recorded, not fatal. eager materialises S x S scores per head,
 so it only runs the 4K and batch workloads unless --eager-all.
+
+After the timed steps one more step runs under torch.profiler (``--no-profile`` skips it): each
+row records that step's device time and the attention kernels' share of it (``attention_share``,
+from ``recipes.profiling.attention_share``), so a kernel gain can be read through the rest of the
+step.
 
 Every row says whether the attention outputs were kept through checkpointing (``keep_attention``,
 ``hf_flash.gradient_checkpointing_kwargs()``: the attention forward runs once per layer instead of
@@ -58,7 +66,7 @@ SMOKE_SHAPE = dict(
 )  # fmt: skip
 SMOKE_WINDOW = 16
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-PROVIDERS = ["hf_flash", "sdpa", "eager"]
+PROVIDERS = ["hf_flash", "sdpa", "flex_attention", "eager"]
 KEEP_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
 
 
@@ -146,12 +154,15 @@ def make_batch(kind: str, length: int, vocab: int) -> tuple[dict, int]:
     return batch, sum(lengths)
 
 
+def _step(model, optimizer, batch: dict) -> None:
+    model(**batch).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def measure(model, optimizer, batch: dict, warmup: int, steps: int) -> dict:
     def step():
-        loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        _step(model, optimizer, batch)
 
     for _ in range(warmup):
         step()
@@ -167,6 +178,18 @@ def measure(model, optimizer, batch: dict, warmup: int, steps: int) -> dict:
     times.sort()
     peak = torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None
     return {"step_s": times[len(times) // 2], "peak_gib": peak}
+
+
+def profile_step(model, optimizer, batch: dict) -> dict:
+    """One more step under torch.profiler: its device time and the attention kernels' share."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from recipes.profiling import attention_share
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _step(model, optimizer, batch)
+        _sync()
+    return attention_share(prof)
 
 
 def _sync():
@@ -190,6 +213,8 @@ def main(argv=None) -> int:
     parser.add_argument("--unpad-off-row", action="store_true",
                         help="padded workloads: add an hf_flash row with the unpad patch off "
                         "(attention-only unpadding), to separate the two effects")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="skip the profiled step that measures the attention share")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model and lengths: checks the script itself (runs on CPU)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -230,8 +255,13 @@ def main(argv=None) -> int:
                        "keep_attention": keep, "tokens": tokens}  # fmt: skip
                 if provider == "hf_flash":
                     row["unpad"] = unpad
+                skip = None
                 if provider == "eager" and kind == "single" and max_len > 4096 and not args.eager_all:
-                    row["status"] = "skipped (S x S scores)"
+                    skip = "skipped (S x S scores)"
+                if provider == "flex_attention" and DEVICE == "cpu":
+                    skip = "skipped (FlexAttention has no CPU backward)"
+                if skip:
+                    row["status"] = skip
                     rows.append(row)
                     continue
                 model.base_model.model.set_attn_implementation(provider)
@@ -241,6 +271,8 @@ def main(argv=None) -> int:
                 try:
                     row.update(measure(model, optimizer, batch, warmup, steps))
                     row["tok_per_s"] = tokens / row["step_s"]
+                    if DEVICE == "cuda" and not args.no_profile:
+                        row.update(profile_step(model, optimizer, batch))
                     row["status"] = "ok"
                 except torch.cuda.OutOfMemoryError:
                     row["status"] = "oom"
@@ -251,9 +283,10 @@ def main(argv=None) -> int:
                 rows.append(row)
                 save()
                 label = provider + ("+keep" if keep else "") + ("" if unpad or provider != "hf_flash" else "-nounpad")
+                share = row.get("attention_share")
                 print(f"{family:8s} {workload:14s} {label:14s} {row['status']:4s} "
-                      f"{row.get('tok_per_s') or 0:9.0f} tok/s {row.get('peak_gib') or 0:6.1f} GiB",
-                      flush=True)  # fmt: skip
+                      f"{row.get('tok_per_s') or 0:9.0f} tok/s {row.get('peak_gib') or 0:6.1f} GiB"
+                      + (f" attention {share:.0%}" if share is not None else ""), flush=True)  # fmt: skip
             del batch
         del model, optimizer
         gc.collect()
@@ -261,7 +294,7 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     path = save()
     cols = ["model", "workload", "provider", "keep_attention", "unpad", "status", "tok_per_s", "peak_gib",
-            "vs_sdpa", "vs_recompute"]  # fmt: skip
+            "attention_share", "vs_sdpa", "vs_flex", "vs_recompute"]  # fmt: skip
     print_table(rows, cols)
     if args.markdown:
         _print_markdown(rows)
@@ -271,26 +304,35 @@ def main(argv=None) -> int:
 
 def _add_ratios(rows: list[dict]) -> None:
     sdpa = {(r["model"], r["workload"]): r.get("tok_per_s") for r in rows if r["provider"] == "sdpa"}
+    flex = {(r["model"], r["workload"]): r.get("tok_per_s") for r in rows
+            if r["provider"] == "flex_attention"}  # fmt: skip
     plain = {(r["model"], r["workload"]): r.get("tok_per_s") for r in rows
              if r["provider"] == "hf_flash" and not r["keep_attention"] and r.get("unpad", True)}  # fmt: skip
     for r in rows:
         base = sdpa.get((r["model"], r["workload"]))
         if r.get("tok_per_s") and base:
             r["vs_sdpa"] = r["tok_per_s"] / base
+        base = flex.get((r["model"], r["workload"]))
+        if r.get("tok_per_s") and base:
+            r["vs_flex"] = r["tok_per_s"] / base
         base = plain.get((r["model"], r["workload"]))
         if r.get("tok_per_s") and base and r["keep_attention"]:
             r["vs_recompute"] = r["tok_per_s"] / base
 
 
 def _print_markdown(rows: list[dict]) -> None:
-    print("\n| model | workload | provider | attention kept | tokens/s | peak GiB | vs sdpa |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| model | workload | provider | attention kept | tokens/s | peak GiB | attention share "
+          "| vs sdpa | vs flex_attention |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         tok = f"{r['tok_per_s']:.0f}" if r.get("tok_per_s") else r["status"]
         peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") else "-"
         ratio = f"{r['vs_sdpa']:.2f}x" if r.get("vs_sdpa") else "-"
+        vs_flex = f"{r['vs_flex']:.2f}x" if r.get("vs_flex") else "-"
+        share = f"{r['attention_share']:.0%}" if r.get("attention_share") is not None else "-"
         kept = "yes" if r["keep_attention"] else "no"
-        print(f"| {r['model']} | {r['workload']} | {r['provider']} | {kept} | {tok} | {peak} | {ratio} |")
+        print(f"| {r['model']} | {r['workload']} | {r['provider']} | {kept} | {tok} | {peak} | {share} "
+              f"| {ratio} | {vs_flex} |")
 
 
 if __name__ == "__main__":

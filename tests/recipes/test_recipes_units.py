@@ -388,6 +388,9 @@ def test_study_corpus_keeps_every_pass_key_prompt_whole():
 @pytest.mark.parametrize("name, kind", [
     ("_flash_fwd_kernel", "attention forward (hf_flash)"),
     ("_bwd_dkdv_kernel", "attention backward (hf_flash)"),
+    ("_attn_fwd_kernel", "attention forward (hf_flash)"),
+    ("triton_tem_fused_flex_attention_backward_zeros_1", "attention (other)"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", "attention (other)"),
     ("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", "GEMM"),
     ("void at::native::elementwise_kernel<128, 2, at::native::direct_copy_kernel_cuda>", "copy / cast / fill"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>",
@@ -398,3 +401,27 @@ def test_profile_kinds(name, kind):
     from recipes.profiling import kind_of
 
     assert kind_of(name) == kind
+
+
+def test_attention_share_counts_every_attention_kind():
+    """The e2e_train rows' attention share: hf_flash's forward and backward and other providers'
+    attention kernels count, GEMMs and the rest do not; host events are ignored."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from recipes.profiling import attention_share
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [SimpleNamespace(name=n, device_type=t, device_time_total=us) for n, t, us in [
+        ("_attn_fwd_kernel", cuda, 300.0),
+        ("_bwd_dkdv_kernel", cuda, 500.0),
+        ("triton_tem_fused_flex_attention_0", cuda, 200.0),
+        ("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", cuda, 1000.0),
+        ("aten::mm", cpu, 5000.0),
+    ]]  # fmt: skip
+    prof = SimpleNamespace(events=lambda: events)
+    got = attention_share(prof)
+    assert got["device_ms"] == pytest.approx(2.0)
+    assert got["attention_ms"] == pytest.approx(1.0)
+    assert got["attention_share"] == pytest.approx(0.5)
