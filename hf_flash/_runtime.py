@@ -5,6 +5,8 @@ Every entry point of hf_flash asks these, so each question has one answer:
 * :func:`interpreter_active`: Triton's CPU interpreter is on (kernels then take CPU tensors).
 * :func:`host_reads_allowed`: a device value may be read on the host (not while torch.compile
   traces, not while a CUDA graph is captured).
+* :class:`TensorKeyedCache`: values derived from a tensor (a mask's key ranges, a position_ids
+  tensor's sequence boundaries), kept while that tensor lives unmodified, never while tracing.
 * :func:`eager_call` / :func:`direct_call`: whether an op's body may run directly instead of
   through its ``torch.library`` custom op. The custom ops exist for the tracers (torch.compile,
   FakeTensorMode, FunctionalTensorMode, selective checkpointing, torch.func); in plain eager
@@ -14,12 +16,16 @@ Every entry point of hf_flash asks these, so each question has one answer:
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
 from .kernels.configs import interpreting as interpreter_active
 
-__all__ = ["interpreter_active", "host_reads_allowed", "eager_call", "direct_call"]
+__all__ = [
+    "interpreter_active", "host_reads_allowed", "eager_call", "direct_call", "TensorKeyedCache",
+]  # fmt: skip
 
 
 def host_reads_allowed() -> bool:
@@ -56,3 +62,51 @@ def _functorch_active() -> bool:
     # autograd.Functions with setup_context: they get the custom op
     peek = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
     return peek is not None and peek() is not None
+
+
+class TensorKeyedCache:
+    """Values derived from a tensor, found again while that tensor lives and is unmodified.
+
+    An entry matches the same tensor object at the same version counter (an in-place change
+    misses) and the same ``extra`` key. Entries hold a weak reference and are dropped when their
+    tensor dies: small device tensors kept alive past their forward pass shift the caching
+    allocator's small-block pattern from one generate() call to the next, so a fresh StaticCache
+    (generate makes one per call) gets its fill-level tensors at new addresses and the compiled
+    decode step re-records its CUDA graph on every call. Only plain tensors are cached, and
+    only outside tracing and CUDA-graph capture (:meth:`usable`): tensors made there hold no
+    value outside the graph. ``slots`` bounds the entries (a model with sliding and full layers
+    alternates between two masks, hence a few).
+    """
+
+    def __init__(self, slots: int):
+        self._slots = slots
+        self._entries: list = []  # (weakref, version, extra, value), newest first
+
+    @staticmethod
+    def usable(t) -> bool:
+        # host_reads_allowed first: dynamo cannot trace is_inference(); inference tensors have
+        # no version counter to detect in-place changes
+        return type(t) is Tensor and host_reads_allowed() and not t.is_inference()
+
+    def get(self, t: Tensor, extra=None):
+        """The value stored for ``t`` (and ``extra``), or None. Call only when :meth:`usable`."""
+        version = t._version
+        for ref, ver, key, value in self._entries:
+            if ref() is t and ver == version and key == extra:
+                return value
+        return None
+
+    def put(self, t: Tensor, value, extra=None) -> None:
+        """Store ``value`` for ``t``, replacing what ``t`` had. Call only when :meth:`usable`."""
+        live = [e for e in self._entries if e[0]() is not None and e[0]() is not t]
+        ref = weakref.ref(t, self._forget)
+        self._entries = [(ref, t._version, extra, value)] + live[: self._slots - 1]
+
+    def holds(self, t: Tensor) -> bool:
+        return any(e[0]() is t for e in self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _forget(self, dead: weakref.ref) -> None:
+        self._entries = [e for e in self._entries if e[0] is not dead]

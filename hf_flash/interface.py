@@ -29,7 +29,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _checks
+from . import _checks, _packing
 from ._checks import kernel_window, unit_last_stride
 from ._runtime import direct_call
 from .kernels import flash_bwd as _bwd
@@ -53,9 +53,11 @@ _OPTIONS = (
     "int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, int window_left, "
     "int window_right, float softcap, float dropout_p"
 )
-# per-call tensors besides q/k/v: packed-sequence boundaries, ALiBi slopes, dropout seed
+# per-call tensors besides q/k/v: packed-sequence boundaries, ALiBi slopes, dropout seed, and
+# position_ids of dense rows that may hold packed sequences (found at run time, _packing)
 _EXTRA_TENSORS = (
-    "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? alibi_slopes, Tensor? rng_state"
+    "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? alibi_slopes, Tensor? rng_state, "
+    "Tensor? position_ids"
 )
 
 
@@ -73,7 +75,11 @@ def _empty_lse(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Tensor:
     return torch.empty((h, t), dtype=torch.float32, device=q.device)
 
 
-def _fwd_body(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, **options):
+def _fwd_body(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, position_ids,
+              **options):  # fmt: skip
+    packed = _packing.packed_boundaries(position_ids, q.shape[0], q.shape[1])
+    if packed is not None:
+        return _packed_fwd(q, k, v, packed, alibi_slopes, rng_state, **options)
     out = torch.empty_like(q)
     lse = _empty_lse(q, cu_seqlens_q)
     _fwd.flash_attn_forward(
@@ -84,7 +90,11 @@ def _fwd_body(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, **op
 
 
 def _bwd_body(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
-              rng_state, **options):  # fmt: skip
+              rng_state, position_ids, **options):  # fmt: skip
+    packed = _packing.packed_boundaries(position_ids, q.shape[0], q.shape[1])
+    if packed is not None:
+        return _packed_bwd(dout, dlse, q, k, v, out, lse, packed, alibi_slopes, rng_state,
+                           **options)  # fmt: skip
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _bwd.flash_attn_backward(
         unit_last_stride(dout), dlse, q, k, v, out, lse, dq, dk, dv,
@@ -92,6 +102,50 @@ def _bwd_body(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_s
         rng_state=rng_state, **options,
     )  # fmt: skip
     return dq, dk, dv
+
+
+def _flat(t: Tensor) -> Tensor:
+    """(B, S, ...) -> (B * S, ...), a view where the strides allow it."""
+    return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
+
+
+def _packed_options(q, packed, alibi_slopes, options):
+    cu, max_len = packed
+    if alibi_slopes is not None and alibi_slopes.dim() == 2:  # per row -> per sequence
+        alibi_slopes = alibi_slopes[_packing.rows_of_documents(cu, q.shape[1])]
+    varlen = dict(options, max_seqlen_q=max_len, max_seqlen_k=max_len)
+    return dict(cu_seqlens_q=cu, cu_seqlens_k=cu, alibi_slopes=alibi_slopes, **varlen)
+
+
+def _packed_fwd(q, k, v, packed, alibi_slopes, rng_state, **options):
+    """Dense (B, S, H, D) rows holding packed sequences: the varlen kernel over the flattened
+    tokens; results in the dense op's layouts (out like q, lse (B, H, S))."""
+    b, s, h, d = q.shape
+    flat_out = torch.empty((b * s, h, d), dtype=q.dtype, device=q.device)
+    flat_lse = torch.empty((h, b * s), dtype=torch.float32, device=q.device)
+    _fwd.flash_attn_forward(
+        _flat(q), _flat(k), _flat(v), flat_out, flat_lse, rng_state=rng_state,
+        **_packed_options(q, packed, alibi_slopes, options),
+    )  # fmt: skip
+    out = torch.empty_like(q)
+    out.copy_(flat_out.view(b, s, h, d))
+    return out, flat_lse.view(h, b, s).transpose(0, 1).contiguous()
+
+
+def _packed_bwd(dout, dlse, q, k, v, out, lse, packed, alibi_slopes, rng_state, **options):
+    """The backward of :func:`_packed_fwd`: the varlen kernels over the flattened tokens."""
+    b, s, h, _ = q.shape
+    to_varlen = lambda t: t.transpose(0, 1).reshape(h, b * s)  # noqa: E731  (B,H,S) -> (H, B*S)
+    flat = [torch.empty((b * s, *t.shape[2:]), dtype=t.dtype, device=t.device) for t in (q, k, v)]
+    _bwd.flash_attn_backward(
+        unit_last_stride(_flat(dout)), None if dlse is None else to_varlen(dlse), _flat(q),
+        _flat(k), _flat(v), _flat(out), to_varlen(lse), *flat, rng_state=rng_state,
+        **_packed_options(q, packed, alibi_slopes, options),
+    )  # fmt: skip
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    for g, f in zip(grads, flat):
+        g.copy_(f.view(g.shape))
+    return grads
 
 
 _attn_fwd_op = torch.library.custom_op(
@@ -118,9 +172,9 @@ def _(dout, dlse, q, k, v, *tensors, **options):
 
 
 def _setup_context(ctx, inputs, keyword_only_inputs, output):
-    q, k, v, cu_q, cu_k, alibi, rng = inputs
+    q, k, v, cu_q, cu_k, alibi, rng, position_ids = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, rng)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, rng, position_ids)
     ctx.options = dict(keyword_only_inputs)
 
 
@@ -131,7 +185,7 @@ def _backward(ctx, dout, dlse):
     # Gradients through the returned log-sum-exp are honoured: d lse_i / d s_ij = P_ij, which
     # the kernel folds into its per-row term (delta_i = rowsum(dO * O) - dlse_i).
     dq, dk, dv = _attn_bwd(dout, dlse, q, k, v, out, lse, *extra, **ctx.options)
-    return dq, dk, dv, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None
 
 
 _attn_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -142,10 +196,11 @@ class _AttnEager(torch.autograd.Function):
     :func:`hf_flash._runtime.direct_call`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, alibi, rng, options):
+    def forward(ctx, q, k, v, cu_q, cu_k, alibi, rng, position_ids, options):
         ctx.set_materialize_grads(False)  # an unused lse gets no zero-filled gradient
-        output = _fwd_body(q, k, v, cu_q, cu_k, alibi, rng, **options)
-        _setup_context(ctx, (q, k, v, cu_q, cu_k, alibi, rng), options, output)
+        tensors = (q, k, v, cu_q, cu_k, alibi, rng, position_ids)
+        output = _fwd_body(*tensors, **options)
+        _setup_context(ctx, tensors, options, output)
         return output
 
     @staticmethod
@@ -156,13 +211,15 @@ class _AttnEager(torch.autograd.Function):
 def attention_forward(
     q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Optional[Tensor] = None,
     cu_seqlens_k: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
-    rng_state: Optional[Tensor] = None, **options,
+    rng_state: Optional[Tensor] = None, position_ids: Optional[Tensor] = None, **options,
 ) -> Tuple[Tensor, Tensor]:  # fmt: skip
     """``(out, lse)`` of attention (``hf_flash::attn_fwd``'s arguments by name; ``options`` are
     the keyword-only scalars of :data:`_OPTIONS`). The one entry to the forward: the custom op
     for tracers and dispatch modes, in plain eager mode the kernels directly (through
-    :class:`_AttnEager` when a gradient is needed). Inputs are validated by the caller."""
-    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state)
+    :class:`_AttnEager` when a gradient is needed). Inputs are validated by the caller.
+    ``position_ids`` (dense q only): rows may hold packed sequences, found when the op runs
+    (:mod:`hf_flash._packing`); the results keep the dense layouts."""
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, position_ids)
     if not direct_call(q, k, v, *(t for t in tensors[3:] if t is not None)):
         return _attn_fwd_op(*tensors, **options)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
@@ -258,6 +315,20 @@ def flash_attn_func(
         None [if return_attn_probs]: hf_flash never materialises the attention probabilities;
             the third element flash-attn returns (a debugging aid) is always None.
     """
+    return dense_attention(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+        return_attn_probs,
+    )  # fmt: skip
+
+
+def dense_attention(
+    q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+    alibi_slopes=None, return_attn_probs=False, *, position_ids: Optional[Tensor] = None,
+):  # fmt: skip
+    """:func:`flash_attn_func` for hf_flash's transformers integration, which may pass the
+    model's ``position_ids`` ((1, seqlen) or (batch, seqlen); seqlen_q == seqlen_k): rows
+    whose positions restart hold packed sequences, which then attend only within themselves
+    (found when the op runs, :mod:`hf_flash._packing`, so torch.compile traces no host read)."""
     if not torch.compiler.is_compiling():
         _checks.check_tensor_basics(q, k, v)
         _checks.check_dims(
@@ -275,9 +346,14 @@ def flash_attn_func(
             dropout_p=dropout_p, softmax_scale=softmax_scale, window_size=window_size,
             softcap=softcap, alibi_slopes=alibi_slopes, nheads=q.shape[2], batch=q.shape[0],
         )  # fmt: skip
+        if position_ids is not None and q.shape[1] != k.shape[1]:
+            raise ValueError(
+                f"position_ids describe packed rows of self-attention; seqlen_q={q.shape[1]} "
+                f"and seqlen_k={k.shape[1]} differ"
+            )
     return _attention(
         q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, softmax_scale, causal,
-        window_size, softcap, alibi_slopes, return_attn_probs,
+        window_size, softcap, alibi_slopes, return_attn_probs, position_ids=position_ids,
     )  # fmt: skip
 
 
@@ -370,13 +446,13 @@ def varlen_attention(
 
 def _attention(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-    causal, window_size, softcap, alibi_slopes, return_attn_probs,
+    causal, window_size, softcap, alibi_slopes, return_attn_probs, position_ids=None,
 ):  # fmt: skip
     """The dense and varlen functions after their checks: one forward (and its autograd), the
     flash-attn return form."""
     out, lse = attention_forward(
         unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes,
+        cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes, position_ids=position_ids,
         rng_state=_new_rng_state(q.device) if dropout_p > 0.0 else None,
         **_call_options(q, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                         window_size, softcap),

@@ -46,11 +46,11 @@ from torch import Tensor
 
 from .._checks import as_int
 from ..decode import MAX_DECODE_QUERIES, attend_kv
-from ..interface import flash_attn_func, flash_attn_varlen_func, varlen_attention
+from ..interface import dense_attention, flash_attn_varlen_func, varlen_attention
 from . import ATTN_IMPLEMENTATION
 from .common import cast_to_kernel_dtype, flash_window
 from .continuous_batching import paged_cache_attention
-from .masks import hf_flash_mask, key_blocks, packed_boundaries
+from .masks import hf_flash_mask, key_blocks
 
 __all__ = ["ATTN_IMPLEMENTATION", "hf_flash_attention_forward", "hf_flash_mask"]
 
@@ -114,7 +114,7 @@ def hf_flash_attention_forward(
             )
         return paged_cache_attention(module, query, key, value, cache, opts, kwargs), None
 
-    batch, _, seqlen_q, head_dim = query.shape
+    _, _, seqlen_q, head_dim = query.shape
     seqlen_k = key.shape[2]
 
     # (B, S, H, D) views; projections are usually laid out this way already, so no copy.
@@ -133,15 +133,10 @@ def hf_flash_attention_forward(
             q, k, v, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"],
             kwargs["max_length_q"], kwargs["max_length_k"], opts,
         )  # fmt: skip
-    else:
-        packed = None
-        if seqlen_q == seqlen_k and seqlen_q > 1:
-            packed = packed_boundaries(kwargs.get("position_ids"), batch, seqlen_q)
-        if packed is not None:
-            cu, max_len = packed
-            out = _packed_attention(q, k, v, cu, cu, max_len, max_len, opts)
-        else:
-            out = flash_attn_func(q, k, v, **opts)
+    else:  # rows may hold packed sequences (position_ids restarts), found inside the op
+        self_attention = seqlen_q == seqlen_k and seqlen_q > 1
+        position_ids = kwargs.get("position_ids") if self_attention else None
+        out = dense_attention(q, k, v, **opts, position_ids=position_ids)
 
     if v_head_dim < head_dim:
         out = out[..., :v_head_dim]

@@ -1,10 +1,10 @@
-"""Padding masks and packed sequences: the mask function, each row's valid key range, and
-the one cache that keeps what is derived from a mask or a position_ids tensor.
+"""Padding masks: the mask function and each row's valid key range.
 
 Every attention layer of a forward pass gets the same mask tensor (what :func:`hf_flash_mask`
-returned) and the same ``position_ids`` tensor, so what hf_flash derives from them (each row's
-valid key block ``[start, end)``, packed-sequence boundaries) is computed once per forward pass
-and kept in a :class:`TensorKeyedCache`, not once per layer.
+returned), so what hf_flash derives from it (each row's valid key block ``[start, end)``) is
+computed once per forward pass and kept in a :class:`~hf_flash._runtime.TensorKeyedCache`
+(:data:`KEY_BLOCKS`), not once per layer. Packed sequences (position_ids restarts) are found
+inside the attention op, :mod:`hf_flash._packing`.
 
 The valid key block of a row has one definition, :func:`valid_block` (first valid index, one
 past the last; ``start = end = M`` for a row with none), computed three ways that agree:
@@ -18,73 +18,22 @@ Plain PyTorch; never imports transformers.
 
 from __future__ import annotations
 
-import weakref
 from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
-from .._runtime import host_reads_allowed, interpreter_active
+from .._runtime import TensorKeyedCache, host_reads_allowed, interpreter_active
 from ..kernels.key_mask import key_mask_rows
 
 __all__ = [
     "hf_flash_mask", "mask_rows", "MaskRows", "valid_block", "first_valid", "key_blocks",
-    "packed_boundaries", "TensorKeyedCache", "KEY_BLOCKS", "BOUNDARIES",
+    "KEY_BLOCKS",
 ]  # fmt: skip
-
-
-class TensorKeyedCache:
-    """Values derived from a tensor, found again while that tensor lives and is unmodified.
-
-    An entry matches the same tensor object at the same version counter (an in-place change
-    misses) and the same ``extra`` key. Entries hold a weak reference and are dropped when their
-    tensor dies: small device tensors kept alive past their forward pass shift the caching
-    allocator's small-block pattern from one generate() call to the next, so a fresh StaticCache
-    (generate makes one per call) gets its fill-level tensors at new addresses and the compiled
-    decode step re-records its CUDA graph on every call. Only plain tensors are cached, and
-    only outside tracing and CUDA-graph capture (:meth:`usable`): tensors made there hold no
-    value outside the graph. ``slots`` bounds the entries (a model with sliding and full layers
-    alternates between two masks, hence a few).
-    """
-
-    def __init__(self, slots: int):
-        self._slots = slots
-        self._entries: list = []  # (weakref, version, extra, value), newest first
-
-    @staticmethod
-    def usable(t) -> bool:
-        # host_reads_allowed first: dynamo cannot trace is_inference(); inference tensors have
-        # no version counter to detect in-place changes
-        return type(t) is Tensor and host_reads_allowed() and not t.is_inference()
-
-    def get(self, t: Tensor, extra=None):
-        """The value stored for ``t`` (and ``extra``), or None. Call only when :meth:`usable`."""
-        version = t._version
-        for ref, ver, key, value in self._entries:
-            if ref() is t and ver == version and key == extra:
-                return value
-        return None
-
-    def put(self, t: Tensor, value, extra=None) -> None:
-        """Store ``value`` for ``t``, replacing what ``t`` had. Call only when :meth:`usable`."""
-        live = [e for e in self._entries if e[0]() is not None and e[0]() is not t]
-        ref = weakref.ref(t, self._forget)
-        self._entries = [(ref, t._version, extra, value)] + live[: self._slots - 1]
-
-    def holds(self, t: Tensor) -> bool:
-        return any(e[0]() is t for e in self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def _forget(self, dead: weakref.ref) -> None:
-        self._entries = [e for e in self._entries if e[0] is not dead]
 
 
 # int32 (key_start, key_end) of the last few key masks
 KEY_BLOCKS = TensorKeyedCache(slots=4)
-# (cu_seqlens, max_seqlen) or None of the last position_ids tensor, keyed by (batch, seqlen)
-BOUNDARIES = TensorKeyedCache(slots=1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,42 +224,3 @@ def key_blocks(mask: Tensor) -> tuple[Tensor, Tensor]:
     if cacheable:
         KEY_BLOCKS.put(mask, blocks)
     return blocks
-
-
-# --------------------------------------------------------------------------------------------
-# Packed sequences (position_ids restarting inside a row)
-# --------------------------------------------------------------------------------------------
-
-
-def packed_boundaries(position_ids: Optional[Tensor], batch: int, seqlen: int):
-    """``(cu_seqlens, max_seqlen)`` if position_ids restart inside a row (packed sequences),
-    else None. A new sequence starts wherever the position does not follow its predecessor, the
-    rule transformers' own masks use. Reads the boundaries on the host: one sync per
-    position_ids tensor (kept in :data:`BOUNDARIES` while that tensor lives unmodified, so every
-    layer of a forward pass and its checkpointed recomputation share the read)."""
-    if position_ids is None or position_ids.dim() != 2 or position_ids.shape[-1] != seqlen:
-        return None
-    if position_ids.shape[0] not in (1, batch):
-        return None
-    if not BOUNDARIES.usable(position_ids):
-        return _find_boundaries(position_ids, batch, seqlen)
-    key = (batch, seqlen)
-    found = BOUNDARIES.get(position_ids, key)
-    if found is None:
-        found = (_find_boundaries(position_ids, batch, seqlen),)  # a tuple: None is a result
-        BOUNDARIES.put(position_ids, found, key)
-    return found[0]
-
-
-def _find_boundaries(position_ids, batch: int, seqlen: int):
-    pos = position_ids.expand(batch, seqlen)
-    starts = torch.ones_like(pos, dtype=torch.bool)
-    starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
-    idx = starts.reshape(-1).nonzero().flatten().cpu()  # the one host read
-    if idx.numel() == batch:
-        return None  # one sequence per row: the dense kernel is the fast path
-    cu = torch.cat([idx, idx.new_tensor([batch * seqlen])]).to(torch.int32)
-    max_len = int((cu[1:] - cu[:-1]).max())
-    return cu.to(position_ids.device), max_len
-
-

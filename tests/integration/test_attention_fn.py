@@ -398,7 +398,7 @@ def test_oracle_sanity():
 def test_cached_key_bounds_die_with_their_mask(device):
     """The decode path's per-mask bounds are freed when the mask is (not at the next store):
     device tensors outliving their forward pass shift the allocator's pattern between generate
-    calls (see masks.TensorKeyedCache)."""
+    calls (see hf_flash._runtime.TensorKeyedCache)."""
     import gc
     import weakref
 
@@ -420,12 +420,13 @@ def test_cached_key_bounds_die_with_their_mask(device):
 def test_cached_packed_boundaries_die_with_their_position_ids(device):
     import gc
 
-    from hf_flash.integration import masks
+    from hf_flash import _packing
 
     pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]], device=device)
-    found = masks.packed_boundaries(pos, 1, 8)
-    assert found is not None and masks.BOUNDARIES.holds(pos)
-    assert masks.packed_boundaries(pos, 1, 8) is found  # the second layer reads no boundary
+    found = _packing.packed_boundaries(pos, 1, 8)
+    assert found is not None and _packing.BOUNDARIES.holds(pos)
+    assert found[0].tolist() == [0, 3, 5, 8] and found[1] == 3
+    assert _packing.packed_boundaries(pos, 1, 8) is found  # the second layer reads no boundary
     del pos, found
     gc.collect()
-    assert len(masks.BOUNDARIES) == 0
+    assert len(_packing.BOUNDARIES) == 0

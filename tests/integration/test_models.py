@@ -157,6 +157,35 @@ def test_packed_equals_separate(family, dtype, root, device):
         assert_model_close(f"packed via {name}", got, alone["exact"], alone["lowp"], FWD_FACTOR, dtype)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["one-sequence", "packed"])
+def test_compiled_fullgraph_without_mask(packed, root, device):
+    """torch.compile(fullgraph=True) of a whole model called with attention_mask=None
+    (transformers' test_flash_attn_2_can_compile_with_attention_mask_None_without_graph_break):
+    the model passes position_ids to every layer and hf_flash finds packed sequences inside the
+    attention op when it runs, so nothing data-dependent is traced. The compiled model gives what
+    the eager one gives, packed rows included (each sequence as if alone, gradients too)."""
+    dtype = torch.float32
+    ours, lowp, exact = _trio(device, "llama", root, dtype)
+    seqs = _three_sequences()
+    ids = torch.cat(seqs)[None].to(device)
+    pos = torch.cat([torch.arange(len(s)) for s in seqs])[None].to(device)
+    kwargs = {"position_ids": pos} if packed else {}
+    compiled = torch.compile(ours, backend="aot_eager", fullgraph=True)
+    got = compiled(input_ids=ids, attention_mask=None, use_cache=False, **kwargs).logits[0]
+    with torch.no_grad():
+        if packed:
+            ref = {name: torch.cat([m(input_ids=s[None].to(device)).logits[0] for s in seqs])
+                   for name, m in (("lowp", lowp), ("exact", exact))}  # fmt: skip
+        else:
+            ref = {name: m(input_ids=ids).logits[0] for name, m in (("lowp", lowp), ("exact", exact))}
+        eager = ours(input_ids=ids, attention_mask=None, use_cache=False, **kwargs).logits[0]
+    assert_model_close("compiled logits", got.detach(), ref["exact"], ref["lowp"], FWD_FACTOR, dtype)
+    assert torch.equal(got.detach(), eager)
+    got.float().square().mean().backward()  # the compiled backward runs the same op pair
+    grads = [p.grad for p in ours.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
 def _prompts(device):
     """Left-padded batch of two prompts (lengths 9 and 6)."""
     g = torch.Generator().manual_seed(3)

@@ -461,3 +461,42 @@ def test_window_size_as_flash_attn_reads_it(device):
         assert torch.equal(as_tensor, windowed)
         left_only = flash_attn_func(q, k, v, causal=causal, window_size=(3, -5))
         assert torch.equal(left_only, flash_attn_func(q, k, v, causal=causal, window_size=(3, -1)))
+
+
+@pytest.mark.parametrize("shared_positions", [False, True], ids=["per-row", "shared"])
+def test_dense_rows_with_packed_position_ids_equal_varlen(shared_positions, device):
+    """dense_attention with position_ids that restart inside rows runs the varlen kernels on the
+    flattened tokens: out, lse (in the dense (B, H, S) layout) and the gradients of q/k/v, with
+    the lse gradient too, equal flash_attn_varlen_func's on the same boundaries, per-row ALiBi
+    slopes following their sequences; rows without restarts stay dense."""
+    from hf_flash.interface import dense_attention
+
+    b, s, h, hk, d = 2, 12, 4, 2, 16
+    q, k, v = _qkv(device, b, s, s, h, hk, d, torch.float32)
+    rows = [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4]]
+    pos = torch.tensor(rows[:1] if shared_positions else rows, device=device)
+    slopes = torch.rand(b, h, device=device, dtype=torch.float32)
+    out, lse, _ = dense_attention(q, k, v, causal=True, alibi_slopes=slopes, return_attn_probs=True,
+                                  position_ids=pos)  # fmt: skip
+    (out.square().sum() + lse.sum()).backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+
+    starts = [r * s + i for r, row in enumerate(rows[:1] * b if shared_positions else rows)
+              for i, p in enumerate(row) if p == 0]  # fmt: skip
+    cu = torch.tensor(starts + [b * s], device=device, dtype=torch.int32)
+    doc_rows = [a // s for a in starts]
+    flat = [t.detach().reshape(b * s, *t.shape[2:]).requires_grad_() for t in (q, k, v)]
+    lens = [e - a for a, e in zip(starts, starts[1:] + [b * s])]
+    ref_out, ref_lse, _ = flash_attn_varlen_func(
+        *flat, cu, cu, max(lens), max(lens), causal=True, alibi_slopes=slopes[doc_rows],
+        return_attn_probs=True,
+    )  # fmt: skip
+    (ref_out.square().sum() + ref_lse.sum()).backward()
+    assert torch.equal(out.detach(), ref_out.detach().view(b, s, h, d))
+    assert torch.equal(lse.detach(), ref_lse.detach().view(h, b, s).transpose(0, 1))
+    for g, f in zip(grads, flat):
+        assert torch.equal(g, f.grad.view(g.shape))
+
+    plain = torch.arange(s, device=device)[None]
+    dense = dense_attention(q, k, v, causal=True, position_ids=plain)
+    assert torch.equal(dense, flash_attn_func(q, k, v, causal=True))
