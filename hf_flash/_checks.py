@@ -126,7 +126,7 @@ def check_heads(q_heads: int, k_heads: int, v_heads: int, q_dim: int, k_dim: int
 
 def check_options(
     *, softmax_scale, window_size, softcap, alibi_slopes, nheads: int, batch: int,
-    dropout_p: float = 0.0,
+    dropout_p: float = 0.0, learnable_sink=None, device=None,
 ) -> None:  # fmt: skip
     if not (0.0 <= float(dropout_p) < 1.0):
         raise ValueError(f"dropout_p={dropout_p} must be in [0, 1)")
@@ -143,6 +143,19 @@ def check_options(
                 f"alibi_slopes has shape {tuple(alibi_slopes.shape)}; expected ({nheads},) or "
                 f"({batch}, {nheads})"
             )
+    if learnable_sink is not None:
+        if not isinstance(learnable_sink, Tensor) or not learnable_sink.is_floating_point():
+            raise TypeError(
+                "learnable_sink must be a floating-point tensor of one logit per query head, got "
+                f"{getattr(learnable_sink, 'dtype', type(learnable_sink).__name__)}"
+            )
+        if tuple(learnable_sink.shape) != (nheads,):
+            raise ValueError(
+                f"learnable_sink has shape {tuple(learnable_sink.shape)}; expected ({nheads},), "
+                "one logit per query head"
+            )
+        if device is not None and learnable_sink.device != device:
+            raise ValueError(f"learnable_sink is on {learnable_sink.device} but q is on {device}")
 
 
 def check_cu_seqlens(

@@ -53,11 +53,12 @@ _OPTIONS = (
     "int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, int window_left, "
     "int window_right, float softcap, float dropout_p"
 )
-# per-call tensors besides q/k/v: packed-sequence boundaries, ALiBi slopes, dropout seed, and
-# position_ids of dense rows that may hold packed sequences (found at run time, _packing)
+# per-call tensors besides q/k/v: packed-sequence boundaries, ALiBi slopes, dropout seed,
+# position_ids of dense rows that may hold packed sequences (found at run time, _packing), and
+# learnable sink logits (H,) float32
 _EXTRA_TENSORS = (
     "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? alibi_slopes, Tensor? rng_state, "
-    "Tensor? position_ids"
+    "Tensor? position_ids, Tensor? sinks"
 )
 
 
@@ -75,33 +76,40 @@ def _empty_lse(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Tensor:
     return torch.empty((h, t), dtype=torch.float32, device=q.device)
 
 
-def _fwd_body(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, position_ids,
+def _fwd_body(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, position_ids, sinks,
               **options):  # fmt: skip
     packed = _packing.packed_boundaries(position_ids, q.shape[0], q.shape[1])
     if packed is not None:
-        return _packed_fwd(q, k, v, packed, alibi_slopes, rng_state, **options)
+        return _packed_fwd(q, k, v, packed, alibi_slopes, rng_state, sinks, **options)
     out = torch.empty_like(q)
     lse = _empty_lse(q, cu_seqlens_q)
     _fwd.flash_attn_forward(
         q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        alibi_slopes=alibi_slopes, rng_state=rng_state, **options,
+        alibi_slopes=alibi_slopes, rng_state=rng_state, sinks=sinks, **options,
     )  # fmt: skip
     return out, lse
 
 
 def _bwd_body(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
-              rng_state, position_ids, **options):  # fmt: skip
+              rng_state, position_ids, sinks, **options):  # fmt: skip
+    dsinks = _empty_dsinks(q, sinks)
     packed = _packing.packed_boundaries(position_ids, q.shape[0], q.shape[1])
     if packed is not None:
-        return _packed_bwd(dout, dlse, q, k, v, out, lse, packed, alibi_slopes, rng_state,
-                           **options)  # fmt: skip
+        dq, dk, dv = _packed_bwd(dout, dlse, q, k, v, out, lse, packed, alibi_slopes, rng_state,
+                                 sinks, dsinks, **options)  # fmt: skip
+        return dq, dk, dv, dsinks
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _bwd.flash_attn_backward(
         unit_last_stride(dout), dlse, q, k, v, out, lse, dq, dk, dv,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes,
-        rng_state=rng_state, **options,
+        rng_state=rng_state, sinks=sinks, dsinks=None if sinks is None else dsinks, **options,
     )  # fmt: skip
-    return dq, dk, dv
+    return dq, dk, dv, dsinks
+
+
+def _empty_dsinks(q: Tensor, sinks: Optional[Tensor]) -> Tensor:
+    """The sinks' gradient buffer; (0,) without sinks (an op output cannot be None)."""
+    return torch.empty(0 if sinks is None else sinks.shape[0], dtype=torch.float32, device=q.device)
 
 
 def _flat(t: Tensor) -> Tensor:
@@ -117,14 +125,14 @@ def _packed_options(q, packed, alibi_slopes, options):
     return dict(cu_seqlens_q=cu, cu_seqlens_k=cu, alibi_slopes=alibi_slopes, **varlen)
 
 
-def _packed_fwd(q, k, v, packed, alibi_slopes, rng_state, **options):
+def _packed_fwd(q, k, v, packed, alibi_slopes, rng_state, sinks, **options):
     """Dense (B, S, H, D) rows holding packed sequences: the varlen kernel over the flattened
     tokens; results in the dense op's layouts (out like q, lse (B, H, S))."""
     b, s, h, d = q.shape
     flat_out = torch.empty((b * s, h, d), dtype=q.dtype, device=q.device)
     flat_lse = torch.empty((h, b * s), dtype=torch.float32, device=q.device)
     _fwd.flash_attn_forward(
-        _flat(q), _flat(k), _flat(v), flat_out, flat_lse, rng_state=rng_state,
+        _flat(q), _flat(k), _flat(v), flat_out, flat_lse, rng_state=rng_state, sinks=sinks,
         **_packed_options(q, packed, alibi_slopes, options),
     )  # fmt: skip
     out = torch.empty_like(q)
@@ -132,15 +140,16 @@ def _packed_fwd(q, k, v, packed, alibi_slopes, rng_state, **options):
     return out, flat_lse.view(h, b, s).transpose(0, 1).contiguous()
 
 
-def _packed_bwd(dout, dlse, q, k, v, out, lse, packed, alibi_slopes, rng_state, **options):
+def _packed_bwd(dout, dlse, q, k, v, out, lse, packed, alibi_slopes, rng_state, sinks, dsinks,
+                **options):  # fmt: skip
     """The backward of :func:`_packed_fwd`: the varlen kernels over the flattened tokens."""
     b, s, h, _ = q.shape
     to_varlen = lambda t: t.transpose(0, 1).reshape(h, b * s)  # noqa: E731  (B,H,S) -> (H, B*S)
     flat = [torch.empty((b * s, *t.shape[2:]), dtype=t.dtype, device=t.device) for t in (q, k, v)]
     _bwd.flash_attn_backward(
         unit_last_stride(_flat(dout)), None if dlse is None else to_varlen(dlse), _flat(q),
-        _flat(k), _flat(v), _flat(out), to_varlen(lse), *flat, rng_state=rng_state,
-        **_packed_options(q, packed, alibi_slopes, options),
+        _flat(k), _flat(v), _flat(out), to_varlen(lse), *flat, rng_state=rng_state, sinks=sinks,
+        dsinks=None if sinks is None else dsinks, **_packed_options(q, packed, alibi_slopes, options),
     )  # fmt: skip
     grads = tuple(torch.empty_like(t) for t in (q, k, v))
     for g, f in zip(grads, flat):
@@ -156,7 +165,7 @@ _attn_bwd_op = torch.library.custom_op(
     "hf_flash::attn_bwd", _bwd_body, mutates_args=(),
     schema=(
         "(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-        f"{_EXTRA_TENSORS}, *, {_OPTIONS}) -> (Tensor, Tensor, Tensor)"
+        f"{_EXTRA_TENSORS}, *, {_OPTIONS}) -> (Tensor, Tensor, Tensor, Tensor)"
     ),
 )  # fmt: skip
 
@@ -167,14 +176,15 @@ def _(q, k, v, cu_seqlens_q, *tensors, **options):
 
 
 @_attn_bwd_op.register_fake
-def _(dout, dlse, q, k, v, *tensors, **options):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(dout, dlse, q, k, v, out, lse, *tensors, **options):
+    sinks = tensors[-1]
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), _empty_dsinks(q, sinks)
 
 
 def _setup_context(ctx, inputs, keyword_only_inputs, output):
-    q, k, v, cu_q, cu_k, alibi, rng, position_ids = inputs
+    q, k, v, cu_q, cu_k, alibi, rng, position_ids, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, rng, position_ids)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, rng, position_ids, sinks)
     ctx.options = dict(keyword_only_inputs)
 
 
@@ -184,8 +194,9 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     # Gradients through the returned log-sum-exp are honoured: d lse_i / d s_ij = P_ij, which
     # the kernel folds into its per-row term (delta_i = rowsum(dO * O) - dlse_i).
-    dq, dk, dv = _attn_bwd(dout, dlse, q, k, v, out, lse, *extra, **ctx.options)
-    return dq, dk, dv, None, None, None, None, None
+    dq, dk, dv, dsinks = _attn_bwd(dout, dlse, q, k, v, out, lse, *extra, **ctx.options)
+    sinks = extra[-1]
+    return dq, dk, dv, None, None, None, None, None, None if sinks is None else dsinks
 
 
 _attn_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -196,9 +207,9 @@ class _AttnEager(torch.autograd.Function):
     :func:`hf_flash._runtime.direct_call`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, alibi, rng, position_ids, options):
+    def forward(ctx, q, k, v, cu_q, cu_k, alibi, rng, position_ids, sinks, options):
         ctx.set_materialize_grads(False)  # an unused lse gets no zero-filled gradient
-        tensors = (q, k, v, cu_q, cu_k, alibi, rng, position_ids)
+        tensors = (q, k, v, cu_q, cu_k, alibi, rng, position_ids, sinks)
         output = _fwd_body(*tensors, **options)
         _setup_context(ctx, tensors, options, output)
         return output
@@ -211,23 +222,25 @@ class _AttnEager(torch.autograd.Function):
 def attention_forward(
     q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Optional[Tensor] = None,
     cu_seqlens_k: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
-    rng_state: Optional[Tensor] = None, position_ids: Optional[Tensor] = None, **options,
+    rng_state: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None, **options,
 ) -> Tuple[Tensor, Tensor]:  # fmt: skip
     """``(out, lse)`` of attention (``hf_flash::attn_fwd``'s arguments by name; ``options`` are
     the keyword-only scalars of :data:`_OPTIONS`). The one entry to the forward: the custom op
     for tracers and dispatch modes, in plain eager mode the kernels directly (through
     :class:`_AttnEager` when a gradient is needed). Inputs are validated by the caller.
     ``position_ids`` (dense q only): rows may hold packed sequences, found when the op runs
-    (:mod:`hf_flash._packing`); the results keep the dense layouts."""
-    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, position_ids)
+    (:mod:`hf_flash._packing`); the results keep the dense layouts. ``sinks``: (H,) float32
+    learnable sink logits, differentiable."""
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, position_ids, sinks)
     if not direct_call(q, k, v, *(t for t in tensors[3:] if t is not None)):
         return _attn_fwd_op(*tensors, **options)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)):
         return _AttnEager.apply(*tensors, options)
     return _fwd_body(*tensors, **options)
 
 
-def _attn_bwd(*tensors, **options) -> Tuple[Tensor, Tensor, Tensor]:
+def _attn_bwd(*tensors, **options) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Attention backward (``hf_flash::attn_bwd``'s arguments), dispatched like the forward; it
     runs inside autograd's backward, never differentiated itself."""
     if direct_call(*(t for t in tensors if t is not None)):
@@ -284,6 +297,7 @@ def flash_attn_func(
     alibi_slopes: Optional[Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    learnable_sink: Optional[Tensor] = None,
 ):
     """Exact attention on batches of equal-length sequences (no padding), flash-attn 2.x compatible.
 
@@ -307,6 +321,11 @@ def flash_attn_func(
         deterministic: bool. Accepted for compatibility: hf_flash's backward never uses atomics
             and is always deterministic.
         return_attn_probs: bool. If True, also return the softmax log-sum-exp (see Return).
+        learnable_sink: (nheads,) floating point, or None. One more logit per query head in
+            every row's softmax, with no value (gpt-oss's attention sinks; the argument of
+            flash-attn 4's interface): rows put part of their weight on it, and a row that sees
+            no key outputs 0. In the scaled scores' units; differentiable (its gradient comes
+            from the backward's per-row term). Not with dropout.
 
     Return:
         out: (batch, seqlen_q, nheads, headdim), q's dtype.
@@ -317,13 +336,14 @@ def flash_attn_func(
     """
     return dense_attention(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-        return_attn_probs,
+        return_attn_probs, learnable_sink=learnable_sink,
     )  # fmt: skip
 
 
 def dense_attention(
     q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
     alibi_slopes=None, return_attn_probs=False, *, position_ids: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None,
 ):  # fmt: skip
     """:func:`flash_attn_func` for hf_flash's transformers integration, which may pass the
     model's ``position_ids`` ((1, seqlen) or (batch, seqlen); seqlen_q == seqlen_k): rows
@@ -345,6 +365,7 @@ def dense_attention(
         _checks.check_options(
             dropout_p=dropout_p, softmax_scale=softmax_scale, window_size=window_size,
             softcap=softcap, alibi_slopes=alibi_slopes, nheads=q.shape[2], batch=q.shape[0],
+            learnable_sink=learnable_sink, device=q.device,
         )  # fmt: skip
         if position_ids is not None and q.shape[1] != k.shape[1]:
             raise ValueError(
@@ -354,6 +375,7 @@ def dense_attention(
     return _attention(
         q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, softmax_scale, causal,
         window_size, softcap, alibi_slopes, return_attn_probs, position_ids=position_ids,
+        learnable_sink=learnable_sink,
     )  # fmt: skip
 
 
@@ -374,6 +396,7 @@ def flash_attn_varlen_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     block_table: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None,
 ):
     """Exact attention on packed sequences (no attention across sequence boundaries).
 
@@ -388,6 +411,7 @@ def flash_attn_varlen_func(
         Other arguments: as :func:`flash_attn_func`; causal alignment is bottom-right per
         sequence, and alibi_slopes may be per sequence (batch, nheads).
         block_table: paged K/V is not supported by this function yet; must be None.
+        learnable_sink: (nheads,) sink logits, as in :func:`flash_attn_func`.
 
     Return:
         out: (total_q, nheads, headdim).
@@ -400,7 +424,7 @@ def flash_attn_varlen_func(
     return varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-        block_table, check_cu_seqlens=True,
+        block_table, check_cu_seqlens=True, learnable_sink=learnable_sink,
     )  # fmt: skip
 
 
@@ -408,6 +432,7 @@ def varlen_attention(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
     return_attn_probs=False, block_table=None, *, check_cu_seqlens: bool = True,
+    learnable_sink: Optional[Tensor] = None,
 ):  # fmt: skip
     """:func:`flash_attn_varlen_func` for callers that built ``cu_seqlens`` themselves on the
     device (hf_flash's transformers integration): ``check_cu_seqlens=False`` skips the host-side
@@ -436,23 +461,28 @@ def varlen_attention(
         _checks.check_options(
             dropout_p=dropout_p, softmax_scale=softmax_scale, window_size=window_size,
             softcap=softcap, alibi_slopes=alibi_slopes, nheads=q.shape[1],
-            batch=cu_seqlens_q.numel() - 1,
+            batch=cu_seqlens_q.numel() - 1, learnable_sink=learnable_sink, device=q.device,
         )  # fmt: skip
     return _attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+        learnable_sink=learnable_sink,
     )  # fmt: skip
 
 
 def _attention(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
     causal, window_size, softcap, alibi_slopes, return_attn_probs, position_ids=None,
+    learnable_sink=None,
 ):  # fmt: skip
     """The dense and varlen functions after their checks: one forward (and its autograd), the
     flash-attn return form."""
+    if learnable_sink is not None and dropout_p > 0.0:
+        raise ValueError("learnable_sink with dropout_p > 0 is not supported; pass dropout_p=0.0")
     out, lse = attention_forward(
         unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes, position_ids=position_ids,
+        sinks=None if learnable_sink is None else learnable_sink.float(),
         rng_state=_new_rng_state(q.device) if dropout_p > 0.0 else None,
         **_call_options(q, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                         window_size, softcap),

@@ -83,6 +83,7 @@ def attention_ref(
     dropout_keep: Optional[torch.Tensor] = None,
     upcast: bool = True,
     return_lse: bool = False,
+    sinks: Optional[torch.Tensor] = None,
 ):
     """Exact attention, flash-attn semantics.
 
@@ -92,6 +93,8 @@ def attention_ref(
     alibi_slopes: (nheads,) or (batch, nheads); adds ``-slope * |pos(i) - j|``.
     dropout_keep: bool (batch, nheads, seqlen_q, seqlen_k), True = kept; kept probabilities are
     divided by ``1 - dropout_p``. The log-sum-exp is that of the undropped softmax.
+    sinks: (nheads,) learnable sink logits (gpt-oss): one more column of every row's softmax,
+    holding the sink's logit and no value; the log-sum-exp includes it.
 
     Returns out (batch, seqlen_q, nheads, headdim) (float32 if ``upcast``, else q.dtype) and,
     with ``return_lse``, the natural-log LSE (batch, nheads, seqlen_q) in float32, ``+inf`` for
@@ -122,11 +125,17 @@ def attention_ref(
         seqlen_q, seqlen_k, causal=causal, window_size=window_size, device=q.device
     )
     scores = scores.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        column = sinks.to(dtype).view(1, nheads, 1, 1).expand(batch, nheads, seqlen_q, 1)
+        scores = torch.cat([scores, column], dim=-1)
     lse = torch.logsumexp(scores.float(), dim=-1)  # (b, h, i)
     probs = torch.softmax(scores, dim=-1)
-    empty = ~visible.any(dim=-1)  # (i,)
-    probs = probs.masked_fill(empty.view(1, 1, -1, 1), 0.0)
-    lse = lse.masked_fill(empty.view(1, 1, -1), float("inf"))
+    if sinks is not None:
+        probs = probs[..., :-1]  # the sink's share goes nowhere
+    else:
+        empty = ~visible.any(dim=-1)  # (i,)
+        probs = probs.masked_fill(empty.view(1, 1, -1, 1), 0.0)
+        lse = lse.masked_fill(empty.view(1, 1, -1), float("inf"))
     if dropout_p > 0.0:
         if dropout_keep is None:
             raise ValueError("dropout_p > 0 needs the keep mask the kernel used (dropout_keep)")

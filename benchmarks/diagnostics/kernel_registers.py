@@ -68,10 +68,11 @@ def compile_kernel(kernel, cfg: dict, head_dim: int, varlen: bool, dtype: str = 
         HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg.get("BLOCK_N"),
         IS_VARLEN=varlen, MASK_LEFT=False, MASK_RIGHT=True, HAS_SOFTCAP=False, HAS_ALIBI=False,
         HAS_DROPOUT=False, REVERSE_M=True, DOT_FP32=False, PRECISION="tf32", HAS_DLSE=False,
+        HAS_SINKS=False,
     )
     flags.update(features or {})
     pointer_types = {"Lse": "*fp32", "Delta": "*fp32", "DLse": "*fp32", "Alibi": "*fp32",
-                     "CuSeqlensQ": "*i32", "CuSeqlensK": "*i32", "Rng": "*i64"}
+                     "CuSeqlensQ": "*i32", "CuSeqlensK": "*i32", "Rng": "*i64", "Sinks": "*fp32"}
     signature, constants, attrs = {}, {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in flags:
@@ -149,7 +150,7 @@ def report_all_features() -> list[dict]:
 
     head_dim, hopper = 80, torch.device("cuda", 0)
     every = dict(BLOCK_D=configs.head_dim_block(head_dim), MASK_LEFT=True, HAS_SOFTCAP=True,
-                 HAS_ALIBI=True, HAS_DROPOUT=True, HAS_DLSE=True)
+                 HAS_ALIBI=True, HAS_DROPOUT=True, HAS_DLSE=True, HAS_SINKS=True)
     configs_capability = configs._capability
     configs._capability = lambda device: (9, 0)
     try:

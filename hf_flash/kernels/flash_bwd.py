@@ -383,9 +383,14 @@ def _bwd_dq_kernel(
 def flash_attn_backward(
     dout, dlse, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-    dropout_p, rng_state,
+    dropout_p, rng_state, sinks=None, dsinks=None,
 ):  # fmt: skip
-    """Launch the three backward kernels; layouts as in flash_fwd.flash_attn_forward."""
+    """Launch the three backward kernels; layouts as in flash_fwd.flash_attn_forward. With
+    learnable ``sinks`` (H,), their gradient goes to ``dsinks`` (H,): the sink's probability in
+    row i is ``p_i = exp(sink - lse_i)`` and its value is zero, so
+    ``d sink = -sum_i p_i * delta_i`` over every row of its head (``delta_i = rowsum(dO_i * O_i)
+    - dlse_i``, the preprocess kernel's per-row term); the other gradients keep their form, the
+    sink being inside lse already."""
     varlen = cu_seqlens_q is not None
     if varlen:
         batch = cu_seqlens_q.numel() - 1
@@ -401,6 +406,8 @@ def flash_attn_backward(
         dq.zero_()
         dk.zero_()
         dv.zero_()
+        if dsinks is not None:  # rows that see no key: out = 0, so delta_i = -dlse_i
+            _sink_grad(sinks, lse, None if dlse is None else -dlse.float(), varlen, dsinks)
         return
     dkdv_cfg, dq_cfg = configs.bwd_configs(head_dim, q.dtype, q.device)
     flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p)
@@ -418,6 +425,8 @@ def flash_attn_backward(
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m, IS_VARLEN=varlen,
         HAS_DLSE=dlse is not None,
     )  # fmt: skip
+    if dsinks is not None:
+        _sink_grad(sinks, lse, delta, varlen, dsinks)
     common = (
         seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k,
     )  # fmt: skip
@@ -446,3 +455,16 @@ def flash_attn_backward(
         IS_VARLEN=varlen, REVERSE_M=window_right >= 0,
         **configs.launch_options(dq_cfg, varlen), **flags,
     )  # fmt: skip
+
+
+def _sink_grad(sinks, lse, delta, varlen: bool, dsinks) -> None:
+    """``dsinks[h] = -sum over rows of exp(sinks[h] - lse) * delta`` (see
+    :func:`flash_attn_backward`); ``delta`` None means zero. lse/delta are (B, H, S) or, packed,
+    (H, T)."""
+    if delta is None:
+        dsinks.zero_()
+        return
+    s = sinks.float()[:, None] if varlen else sinks.float()[None, :, None]
+    p = torch.exp(s - lse)
+    dims = (1,) if varlen else (0, 2)
+    dsinks.copy_(-(p * delta).sum(dims))

@@ -83,7 +83,7 @@ def _fwd_tiles(
 
 @triton.jit
 def _flash_fwd_kernel(
-    Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Alibi, Rng,
+    Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Alibi, Rng, Sinks,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -96,6 +96,7 @@ def _flash_fwd_kernel(
     IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     REVERSE_M: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -138,8 +139,14 @@ def _flash_fwd_kernel(
         rng_seed = tl.load(Rng)
         rng_offset = tl.load(Rng + 1)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINKS:
+        # a learnable sink (gpt-oss): one more logit per head, in every row's softmax, with no
+        # value; it opens the running max and sum, so a row that sees no key outputs 0
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(Sinks + h).to(tl.float32) * LOG2E
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     lo, a, bnd, hi = key_tile_runs(
@@ -168,7 +175,8 @@ def _flash_fwd_kernel(
         HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
     )  # fmt: skip
 
-    # rows that saw no key: output 0 and lse = +inf (so the backward's exp(s - lse) is 0)
+    # rows that saw no key (and no sink): output 0 and lse = +inf (the backward's exp(s - lse)
+    # is then 0)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -206,14 +214,14 @@ def kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p)
 
 
 def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, softcap,
-                 alibi_slopes, dropout_p, softmax_scale, **_) -> str:  # fmt: skip
+                 alibi_slopes, dropout_p, softmax_scale, sinks=None, **_) -> str:  # fmt: skip
     """Which kernel :func:`flash_attn_forward` runs for these arguments: ``"hopper"`` (the
     Gluon sm_90a kernel, :mod:`hf_flash.kernels.hopper`) when it covers the call and the device
     allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this module's kernel). The
     Hopper kernel covers dense fp16/bf16 calls with head dim 64 or 128, causal or not, without
-    a sliding window, softcap, ALiBi or dropout, on tensors TMA can address (``out`` None: the
-    output is still to be allocated like q, which then is addressable too)."""
-    if varlen or not configs.hopper_enabled(q.device):
+    a sliding window, softcap, ALiBi, dropout or sinks, on tensors TMA can address (``out``
+    None: the output is still to be allocated like q, which then is addressable too)."""
+    if varlen or sinks is not None or not configs.hopper_enabled(q.device):
         return "triton"
     from .hopper import attention_fwd as hopper  # Gluon: imported only where it can run
 
@@ -228,18 +236,21 @@ def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, sof
 def flash_attn_forward(
     q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state,
+    sinks=None,
 ):  # fmt: skip
     """Launch the forward kernel. Tensors are validated by the caller (hf_flash.interface).
 
     Dense: q/out (B, Sq, H, D), k/v (B, Sk, Hk, D), lse (B, H, Sq).
     Packed: q/out (Tq, H, D), k/v (Tk, Hk, D), lse (H, Tq), cu_seqlens int32 (B + 1,).
+    ``sinks``: None or (H,) float32 learnable sink logits (in the scaled scores' units); the
+    lse then includes them.
     ``window_right`` must already be 0 for causal attention. Calls the Gluon Hopper kernel
     covers run on it (:func:`forward_path`); both write the same outputs.
     """
     options = dict(
         varlen=cu_seqlens_q is not None, causal=causal, window_left=window_left,
         window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
-        dropout_p=dropout_p, softmax_scale=softmax_scale,
+        dropout_p=dropout_p, softmax_scale=softmax_scale, sinks=sinks,
     )  # fmt: skip
     if forward_path(q, k, v, out, **options) == "hopper":
         from .hopper.attention_fwd import hopper_attention_forward
@@ -261,7 +272,10 @@ def flash_attn_forward(
         return
     if max_seqlen_k == 0:
         out.zero_()
-        lse.fill_(float("inf"))
+        if sinks is None:
+            lse.fill_(float("inf"))
+        else:  # only the sink in every row's softmax
+            lse.copy_(sinks.view(1, -1, 1).expand_as(lse) if not varlen else sinks[:, None].expand_as(lse))
         return
     cfg = configs.fwd_config(head_dim, q.dtype, q.device)
     flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p)
@@ -270,7 +284,7 @@ def flash_attn_forward(
         stride_ab = alibi_slopes.stride(0)
     grid = (configs.cdiv(max_seqlen_q, cfg["BLOCK_M"]), batch * nheads)
     _flash_fwd_kernel[grid](
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, sinks,
         *_dense_or_varlen_strides(q, varlen),
         *_dense_or_varlen_strides(k, varlen),
         *_dense_or_varlen_strides(v, varlen),
@@ -280,5 +294,6 @@ def flash_attn_forward(
         float(softmax_scale), float(softcap), float(dropout_p), int(window_left), int(window_right),
         HEAD_DIM=head_dim, BLOCK_D=configs.head_dim_block(head_dim),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], IS_VARLEN=varlen,
-        REVERSE_M=window_right >= 0, **configs.launch_options(cfg, varlen), **flags,
+        REVERSE_M=window_right >= 0, HAS_SINKS=sinks is not None,
+        **configs.launch_options(cfg, varlen), **flags,
     )  # fmt: skip

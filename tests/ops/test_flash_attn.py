@@ -500,3 +500,90 @@ def test_dense_rows_with_packed_position_ids_equal_varlen(shared_positions, devi
     plain = torch.arange(s, device=device)[None]
     dense = dense_attention(q, k, v, causal=True, position_ids=plain)
     assert torch.equal(dense, flash_attn_func(q, k, v, causal=True))
+
+
+SINK_CASES = [
+    pytest.param(2, 33, 33, 4, 2, 32, {"causal": True}, id="gqa-causal"),
+    pytest.param(1, 40, 40, 2, 2, 32, {}, id="noncausal"),
+    pytest.param(1, 50, 17, 2, 1, 32, {"causal": True}, id="sq>sk-rows-without-keys"),
+    pytest.param(1, 64, 64, 2, 1, 32, {"causal": True, "window_size": (12, 0)}, id="window"),
+    pytest.param(1, 40, 40, 2, 2, 32, {"causal": True, "softcap": 1.5}, id="softcap"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("batch, sq, sk, h, hk, d, opts", SINK_CASES)
+def test_learnable_sink(batch, sq, sk, h, hk, d, opts, dtype, device):
+    """Learnable sinks (gpt-oss): out, lse and the gradients of q, k, v and the sink logits
+    against the oracle's extra softmax column, with the error rule; a row that sees no key puts
+    all its weight on the sink (output 0, lse = the sink's logit)."""
+    q, k, v = _qkv(device, batch, sq, sk, h, hk, d, dtype)
+    sinks = (torch.randn(h, device=device, dtype=dtype) * 2).requires_grad_()
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, learnable_sink=sinks, **opts)
+    ref, ref_lse = attention_ref(q, k, v, return_lse=True, upcast=True, sinks=sinks, **opts)
+    ref_lp, lp_lse = attention_ref(q, k, v, upcast=False, return_lse=True, sinks=sinks, **opts)
+    assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, dtype)
+    assert torch.isfinite(lse).all()
+    assert torch.allclose(lse, ref_lse, atol=1e-3 if dtype != torch.float32 else 1e-5)
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    inputs = (q, k, v, sinks)
+    g = torch.autograd.grad((out, lse), inputs, (dout, dlse))
+    g_ref = torch.autograd.grad((ref, ref_lse), inputs, (dout.float(), dlse))
+    g_lp = torch.autograd.grad((ref_lp, lp_lse), inputs, (dout, dlse))
+    for name, a, r, lp in zip(("dq", "dk", "dv", "dsinks"), g, g_ref, g_lp):
+        assert a.shape == r.shape and a.dtype == dtype
+        assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, dtype)
+
+
+def test_learnable_sink_varlen_and_packed_rows(device):
+    """The varlen call and dense rows with restarting position_ids take the sinks too: each
+    sequence equals its own dense call with the same sinks (out, lse, every gradient)."""
+    from hf_flash.interface import dense_attention
+
+    h, hk, d, lens = 4, 2, 32, [7, 12, 5]
+    total = sum(lens)
+    q, k, v = (t[0] for t in _qkv(device, 1, total, total, h, hk, d, torch.float32, False))
+    sinks = torch.randn(h, device=device)
+    cu = torch.tensor([0, 7, 19, 24], device=device, dtype=torch.int32)
+    pos = torch.cat([torch.arange(n) for n in lens])[None].to(device)
+
+    def grads_of(fn, *xs):
+        xs = [x.clone().requires_grad_() for x in xs]
+        out, lse = fn(*xs)
+        (out.square().sum() + lse.sum()).backward()
+        return [out.detach(), lse.detach()] + [x.grad for x in xs]
+
+    def varlen(q, k, v, s):
+        out, lse, _ = flash_attn_varlen_func(q, k, v, cu, cu, 12, 12, causal=True,
+                                             learnable_sink=s, return_attn_probs=True)  # fmt: skip
+        return out, lse
+
+    def packed(q, k, v, s):
+        out, lse, _ = dense_attention(q[None], k[None], v[None], causal=True, learnable_sink=s,
+                                      return_attn_probs=True, position_ids=pos)  # fmt: skip
+        return out[0], lse[0]
+
+    def alone(q, k, v, s):
+        outs, lses = [], []
+        for a, b in zip(cu.tolist(), cu.tolist()[1:]):
+            o, l, _ = flash_attn_func(q[None, a:b], k[None, a:b], v[None, a:b], causal=True,
+                                      learnable_sink=s, return_attn_probs=True)  # fmt: skip
+            outs.append(o[0])
+            lses.append(l[0])
+        return torch.cat(outs), torch.cat(lses, dim=1)
+
+    want = grads_of(alone, q, k, v, sinks)
+    for name, fn in (("varlen", varlen), ("packed rows", packed)):
+        got = grads_of(fn, q, k, v, sinks)
+        for what, a, b in zip(("out", "lse", "dq", "dk", "dv", "dsinks"), got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"{name} {what}")
+
+
+def test_learnable_sink_errors(device):
+    q, k, v = _qkv(device, 1, 8, 8, 4, 2, 16, torch.float32, False)
+    with pytest.raises(ValueError, match=r"learnable_sink has shape \(2,\); expected \(4,\)"):
+        flash_attn_func(q, k, v, learnable_sink=torch.zeros(2, device=device))
+    with pytest.raises(TypeError, match="learnable_sink must be a floating-point tensor"):
+        flash_attn_func(q, k, v, learnable_sink=torch.zeros(4, dtype=torch.int64, device=device))
+    with pytest.raises(ValueError, match="learnable_sink with dropout_p > 0 is not supported"):
+        flash_attn_func(q, k, v, dropout_p=0.1, learnable_sink=torch.zeros(4, device=device))
