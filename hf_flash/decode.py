@@ -97,10 +97,11 @@ def decode_attention(
     rotary_sin: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
     softmax_scale: float, causal: bool, window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0, rotary_interleaved: bool = False, rotary_q_per_row: bool = True,
-    num_splits: int = 0, cache_heads_first: bool = False,
+    num_splits: int = 0, cache_heads_first: bool = False, sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:  # fmt: skip
     """``(out, lse)`` of ``q`` over the cache rows ``[key_start, key_end + S_new)`` of each
     batch row, after writing ``k_new`` / ``v_new`` (rotated) at ``key_end`` (module docstring).
+    ``sinks``: (nheads,) learnable sink logits, folded in after the kernel (:func:`merge_sinks`).
 
     The one entry to the decode op; inputs are validated by the callers. q / k_new / v_new in
     the kernel layout ``(batch, seqlen, heads, head_dim)``; caches likewise, or
@@ -123,12 +124,30 @@ def decode_attention(
         cache_heads_first=bool(cache_heads_first),
     )  # fmt: skip
     if not eager_call(*(t for t in tensors if t is not None)):
-        return _decode_op(*tensors, **options)
-    out = _decode_body(*tensors, **options)
-    if k_new is not None:  # appended: k_cache and v_cache changed in place
-        torch.autograd.graph.increment_version(k_cache)
-        torch.autograd.graph.increment_version(v_cache)
-    return out
+        out, lse = _decode_op(*tensors, **options)
+    else:
+        out, lse = _decode_body(*tensors, **options)
+        if k_new is not None:  # appended: k_cache and v_cache changed in place
+            torch.autograd.graph.increment_version(k_cache)
+            torch.autograd.graph.increment_version(v_cache)
+    if sinks is not None:
+        out, lse = merge_sinks(out, lse, sinks)
+    return out, lse
+
+
+def merge_sinks(out: Tensor, lse: Tensor, sinks: Tensor) -> Tuple[Tensor, Tensor]:
+    """Attention over keys ``(out (B, S, H, D), lse (B, H, S))`` -> the same attention with one
+    more softmax logit per head, ``sinks`` (H,), that carries no value (gpt-oss's sinks). The
+    keys' weights shrink by ``Z / (Z + e^sink) = exp(lse - lse')`` with
+    ``lse' = logaddexp(lse, sink)``; a row that saw no key (lse = +inf) outputs 0 and gets
+    ``lse' = sink``. Exact; for decode, which needs no gradient (the prefill and training
+    kernels take the sinks inside, with their gradient)."""
+    s = sinks.float().view(1, -1, 1).expand_as(lse)
+    empty = torch.isinf(lse)
+    merged = torch.where(empty, s, torch.logaddexp(torch.where(empty, s, lse), s))
+    share = torch.where(empty, torch.zeros_like(lse), torch.exp(lse - merged))
+    out = (out.float() * share.transpose(1, 2).unsqueeze(-1)).to(out.dtype)
+    return out, merged
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,6 +187,7 @@ def attend_kv(
     causal: bool = True,
     window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Tensor:
     """A few queries over a contiguous block of keys per row, on the split-KV decode kernel.
 
@@ -180,7 +200,8 @@ def attend_kv(
     device tensors; default the whole of k), its queries bottom-right aligned at ``key_end[b]``
     (left padding: ``key_start`` is the pad length). Masks and window as
     :func:`hf_flash.flash_attn_with_kvcache`. Shapes are checked; the index values are not read
-    (no host sync), so the caller vouches for ``0 <= key_start <= key_end <= seqlen_k``. Returns
+    (no host sync), so the caller vouches for ``0 <= key_start <= key_end <= seqlen_k``.
+    ``learnable_sink``: (nheads,) sink logits (:func:`merge_sinks`). Returns
     (batch, seqlen_q, nheads, headdim).
 
     Host cost (it runs once per layer of every decode step): the checks run in full for each
@@ -198,13 +219,19 @@ def attend_kv(
                 _ATTEND_KV_CHECKED.add(key)
         elif k.shape != v.shape:  # the one check that reads seqlen_k, left out of the key
             _check_attend_kv(q, k, v, key_start, key_end, softmax_scale, window_size, softcap)
+        if learnable_sink is not None:
+            _checks.check_options(
+                softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                nheads=q.shape[2], batch=q.shape[0], learnable_sink=learnable_sink,
+                device=q.device,
+            )  # fmt: skip
     q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
     if key_end is None:
         key_end = full_lengths(q.shape[0], k.shape[1], q.device, eager_call(q, k, v))
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     out, _ = decode_attention(
         q, k, v, key_end=key_end, key_start=key_start, softmax_scale=scale, causal=causal,
-        window_size=window_size, softcap=softcap,
+        window_size=window_size, softcap=softcap, sinks=learnable_sink,
     )  # fmt: skip
     return out
 

@@ -57,6 +57,7 @@ def flash_attn_with_kvcache(
     alibi_slopes: Optional[Tensor] = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    learnable_sink: Optional[Tensor] = None,
 ):
     """Attention of ``q`` over a KV cache, appending ``k``/``v`` to it in place first.
 
@@ -107,6 +108,8 @@ def flash_attn_with_kvcache(
         num_splits: int. Number of key-range splits (flash-decoding). 0 picks one from the
             batch, heads, cache size and SM count; 1 disables the combine step.
         return_softmax_lse: bool. Also return the log-sum-exp.
+        learnable_sink: (nheads,) sink logits, as in :func:`hf_flash.flash_attn_func` (gpt-oss);
+            the log-sum-exp includes them. Default None.
 
     Return:
         out: (batch, seqlen_q, nheads, headdim), q's dtype.
@@ -117,7 +120,7 @@ def flash_attn_with_kvcache(
         _validate(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes,
-            num_splits,
+            num_splits, learnable_sink,
         )  # fmt: skip
     _checks.check_cache_strides(k_cache, v_cache)
     batch = q.shape[0]
@@ -138,7 +141,7 @@ def flash_attn_with_kvcache(
         cache_batch_idx=cache_batch_idx, block_table=block_table, rotary_cos=rotary_cos,
         rotary_sin=rotary_sin, alibi_slopes=alibi_slopes, softmax_scale=scale, causal=causal,
         window_size=window_size, softcap=softcap, rotary_interleaved=rotary_interleaved,
-        rotary_q_per_row=causal or local, num_splits=num_splits,
+        rotary_q_per_row=causal or local, num_splits=num_splits, sinks=learnable_sink,
     )  # fmt: skip
     return (out, lse) if return_softmax_lse else out
 
@@ -150,7 +153,7 @@ def flash_attn_with_kvcache(
 
 def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
               cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes,
-              num_splits) -> None:  # fmt: skip
+              num_splits, learnable_sink=None) -> None:  # fmt: skip
     _checks.check_tensor_basics(q, k_cache, v_cache)
     _checks.check_dims(
         4, "(q (batch, seqlen_q, nheads, headdim), caches (batch_cache, seqlen_cache, nheads_k, "
@@ -163,7 +166,8 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
     _checks.check_heads(nheads, nheads_k, nheads_k, head_dim, cache_dim, cache_dim)
     _checks.check_options(
         softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
-        alibi_slopes=alibi_slopes, nheads=nheads, batch=batch,
+        alibi_slopes=alibi_slopes, nheads=nheads, batch=batch, learnable_sink=learnable_sink,
+        device=q.device,
     )  # fmt: skip
     capacity = _check_cache_layout(q, k_cache, cache_batch_idx, block_table)
     seqlen_new = _checks.check_new_tokens(q, k, v, nheads_k, head_dim)

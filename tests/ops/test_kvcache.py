@@ -17,6 +17,7 @@ from hf_flash.kernels import decode
 from hf_flash.reference import (
     FWD_FACTOR,
     assert_close_to_ref,
+    attention_ref,
     kvcache_attention_ref,
     max_abs_err,
     poisoned_like,
@@ -646,3 +647,47 @@ def test_hopper_plan_uses_three_stages_only_for_one_wave(monkeypatch):
     with configs.override(decode={"num_stages": 2}):
         forced = decode._Plan(128, torch.bfloat16, torch.device("cpu"), 4, flags)
     assert {m.kwargs["num_stages"] for m in forced.meta.values()} == {2}
+
+
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["one-split", "three-splits"])
+def test_learnable_sink_in_decode(num_splits, device):
+    """flash_attn_with_kvcache and attend_kv with learnable sinks: appended tokens, causal,
+    GQA, a row whose queries see no key (left padding past its keys) against the oracle's extra
+    softmax column, out and lse, with the error rule; one split or several (combine)."""
+    from hf_flash.decode import attend_kv
+
+    torch.manual_seed(0)
+    b, cache, h, hk, d, sq = 2, 40, 4, 2, 32, 3
+    dtype = torch.float16
+    q = torch.randn(b, sq, h, d, device=device, dtype=dtype)
+    k_cache = torch.randn(b, cache, hk, d, device=device, dtype=dtype)
+    v_cache = torch.randn(b, cache, hk, d, device=device, dtype=dtype)
+    k_new = torch.randn(b, sq, hk, d, device=device, dtype=dtype)
+    v_new = torch.randn(b, sq, hk, d, device=device, dtype=dtype)
+    sinks = torch.randn(h, device=device) * 2
+    lens = torch.tensor([20, 33], device=device, dtype=torch.int32)
+    out, lse = flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, causal=True,
+        num_splits=num_splits, return_softmax_lse=True, learnable_sink=sinks,
+    )  # fmt: skip
+    for row, n in enumerate(lens.tolist()):
+        keys, vals = k_cache[row : row + 1, : n + sq], v_cache[row : row + 1, : n + sq]
+        ref, ref_lse = attention_ref(q[row : row + 1], keys, vals, causal=True, sinks=sinks,
+                                     return_lse=True)  # fmt: skip
+        ref_lp = attention_ref(q[row : row + 1], keys, vals, causal=True, sinks=sinks, upcast=False)
+        assert_close_to_ref(f"out row {row}", out[row : row + 1], ref, ref_lp, FWD_FACTOR, dtype)
+        torch.testing.assert_close(lse[row : row + 1], ref_lse, rtol=0, atol=1e-3)
+        got = attend_kv(q[row : row + 1], keys, vals, causal=True, learnable_sink=sinks)
+        assert_close_to_ref(f"attend_kv row {row}", got, ref, ref_lp, FWD_FACTOR, dtype)
+
+    # a query that sees no key puts all its weight on the sink: output 0, lse = the sink
+    start = torch.tensor([30], device=device, dtype=torch.int32)
+    end = torch.tensor([30], device=device, dtype=torch.int32)
+    from hf_flash.decode import decode_attention
+
+    o, l = decode_attention(q[:1, :1], k_cache[:1], v_cache[:1], key_end=end, key_start=start,
+                            softmax_scale=d**-0.5, causal=True, sinks=sinks)  # fmt: skip
+    assert torch.equal(o, torch.zeros_like(o))
+    torch.testing.assert_close(l[0, :, 0], sinks, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="learnable_sink has shape"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, learnable_sink=sinks[:2])
