@@ -306,6 +306,7 @@ def append_attend_paged(
     causal: bool = True,
     window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Tensor:
     """Append new keys/values to a paged cache and attend, for batches padded with dummy rows
     (transformers' continuous-batching decode step under CUDA graphs).
@@ -325,12 +326,12 @@ def append_attend_paged(
     seqlens_k: (batch,) int32 on q's device. Shapes are checked; the values are not read (no
     host sync, CUDA-graph capturable), so the caller vouches that every real row fits its pages
     (``seqlen_new <= seqlens_k[b] <= max_pages * page_size``) and that those pages exist.
-    Masks and window as :func:`hf_flash.flash_attn_with_kvcache`. Returns (batch, seqlen_new,
-    nheads, headdim).
+    Masks, window and ``learnable_sink`` as :func:`hf_flash.flash_attn_with_kvcache`. Returns
+    (batch, seqlen_new, nheads, headdim).
     """
     if not torch.compiler.is_compiling():
         _check_append_attend_paged(q, k_cache, v_cache, k, v, block_table, seqlens_k,
-                                   softmax_scale, window_size, softcap)  # fmt: skip
+                                   softmax_scale, window_size, softcap, learnable_sink)  # fmt: skip
     _checks.check_cache_strides(k_cache, v_cache)
     # A padding row becomes an inactive row (module docstring): key_start = key_end = capacity.
     capacity = block_table.shape[1] * k_cache.shape[1]
@@ -342,12 +343,13 @@ def append_attend_paged(
         unit_last_stride(q), k_cache, v_cache, k_new=unit_last_stride(k),
         v_new=unit_last_stride(v), key_end=key_end, key_start=key_start, block_table=block_table,
         softmax_scale=scale, causal=causal, window_size=window_size, softcap=softcap,
+        sinks=learnable_sink,
     )  # fmt: skip
     return out
 
 
 def _check_append_attend_paged(q, k_cache, v_cache, k, v, block_table, seqlens_k, softmax_scale,
-                               window_size, softcap) -> None:  # fmt: skip
+                               window_size, softcap, learnable_sink=None) -> None:  # fmt: skip
     _checks.check_tensor_basics(q, k_cache, v_cache)
     _checks.check_dims(
         4, "(q (batch, seqlen_new, nheads, headdim), caches (num_pages, page_size, nheads_k, "
@@ -364,7 +366,7 @@ def _check_append_attend_paged(q, k_cache, v_cache, k, v, block_table, seqlens_k
     _checks.check_heads(q.shape[2], nheads_k, nheads_k, q.shape[3], head_dim, head_dim)
     _checks.check_options(
         softmax_scale=softmax_scale, window_size=window_size, softcap=softcap, alibi_slopes=None,
-        nheads=q.shape[2], batch=batch,
+        nheads=q.shape[2], batch=batch, learnable_sink=learnable_sink, device=q.device,
     )  # fmt: skip
     _checks.check_paged_cache(block_table, batch, page_size, q.device)
     _checks.check_index_tensor("seqlens_k", seqlens_k, batch, q.device)

@@ -86,7 +86,8 @@ def hf_flash_attention_forward(
         sliding_window: int. Key j is visible to query i iff ``i - w < j <= i`` (causal).
         softcap: float. Logit soft-capping (Gemma 2); None or 0 disables it.
         is_causal: bool. Defaults to ``module.is_causal``.
-        s_aux: attention sinks; not supported (raises).
+        s_aux: None or (Hq,) learnable attention sinks (gpt-oss): one more logit per head in
+            every row's softmax, with no value; every path takes them (``learnable_sink``).
         kwargs: ``position_ids`` (packed sequences are detected from restarts), and
             ``cu_seq_lens_q/k``, ``max_length_q/k`` from ``DataCollatorWithFlattening``.
             ``cache`` (a ``PagedAttentionCache``) with its batch keywords comes from
@@ -96,7 +97,7 @@ def hf_flash_attention_forward(
     Return:
         (out (B, Sq, Hq, D), None). Attention probabilities are never materialised.
     """
-    _check_inputs(query, key, value, s_aux, kwargs)
+    _check_inputs(query, key, value, kwargs)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     opts = dict(
         dropout_p=float(dropout or 0.0),
@@ -104,6 +105,7 @@ def hf_flash_attention_forward(
         causal=causal,
         window_size=flash_window(sliding_window),
         softcap=float(softcap or 0.0),
+        learnable_sink=s_aux,
     )
     cache = kwargs.pop("cache", None)
     if cache is not None:  # transformers' continuous batching (generate_batch)
@@ -143,13 +145,8 @@ def hf_flash_attention_forward(
     return out, None
 
 
-def _check_inputs(query, key, value, s_aux, kwargs) -> None:
+def _check_inputs(query, key, value, kwargs) -> None:
     """What this attention function refuses, before any kernel runs."""
-    if s_aux is not None:
-        raise ValueError(
-            "hf_flash does not support attention sinks (s_aux); use attn_implementation='eager' "
-            "or 'sdpa' for this model"
-        )
     if kwargs.get("output_attentions", False):
         raise ValueError(
             "output_attentions=True needs the attention probabilities, which hf_flash never "
@@ -188,6 +185,7 @@ def _decode_attention(q, k, v, mask, opts) -> Tensor:
     return attend_kv(
         q, k, v, key_start=key_start, key_end=key_end, softmax_scale=opts["softmax_scale"],
         causal=opts["causal"], window_size=opts["window_size"], softcap=opts["softcap"],
+        learnable_sink=opts["learnable_sink"],
     )  # fmt: skip
 
 

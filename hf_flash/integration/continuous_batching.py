@@ -185,6 +185,7 @@ def paged_cache_attention(
             q, k, v, cu_q.to(torch.int32), cu_k, as_int(max_q), as_int(max_k),
             softmax_scale=opts["softmax_scale"], causal=opts["causal"],
             window_size=opts["window_size"], softcap=opts["softcap"], check_cu_seqlens=False,
+            learnable_sink=opts["learnable_sink"],
         )  # fmt: skip
     return out.unsqueeze(0)
 
@@ -220,6 +221,7 @@ def _decode_fast_path(q, k, v, pages, block_table, cu_k, opts) -> Tensor:
         q.unsqueeze(1), k_cache, v_cache, k.unsqueeze(1), v.unsqueeze(1),
         block_table.to(torch.int32), seqlens_k, softmax_scale=opts["softmax_scale"],
         causal=opts["causal"], window_size=opts["window_size"], softcap=opts["softcap"],
+        learnable_sink=opts["learnable_sink"],
     )  # fmt: skip
     return out.squeeze(1)
 

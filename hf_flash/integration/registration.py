@@ -35,6 +35,7 @@ import functools
 import inspect
 import logging
 import threading
+from typing import Optional
 
 import torch
 
@@ -230,6 +231,12 @@ def _wrap_check_and_adjust(original):
     def _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs):
         if attn_implementation in (ATTN_IMPLEMENTATION, PAGED_NAME):
             check_model_supported(type(self))
+            compatible = getattr(self, "_compatible_flash_implementations", None)
+            if compatible is not None and attn_implementation not in compatible:
+                # a sink model (check_model_supported let it through): its kernel list is
+                # there for the sinks, which hf_flash implements; list hf_flash on this
+                # instance so transformers keeps it instead of swapping in the first listed
+                self._compatible_flash_implementations = [*compatible, attn_implementation]
         return original(self, attn_implementation, *args, **kwargs)
 
     _check_and_adjust_attn_implementation.__hf_flash_original__ = original
@@ -246,9 +253,11 @@ def check_model_supported(model_cls) -> None:
             "(_supports_flash_attn is False), so attn_implementation='hf_flash' cannot run it; "
             "use 'sdpa' or 'eager'"
         )
-    # Models that list the flash kernels they need (e.g. for attention sinks) would otherwise
-    # swap "hf_flash" for the first of those, behind the user's back.
+    # Models that list the flash kernels they need would otherwise swap "hf_flash" for the first
+    # of those, behind the user's back; the ones whose list is there for attention sinks run.
     compatible = getattr(model_cls, "_compatible_flash_implementations", None)
+    if compatible is not None and _model_type(model_cls) in SINK_MODEL_TYPES:
+        return
     if compatible is not None and ATTN_IMPLEMENTATION not in compatible:
         raise ValueError(
             f"{model_cls.__name__} runs only the flash kernels it lists ({list(compatible)}), "
@@ -296,13 +305,27 @@ def on_hf_flash_model(model) -> None:
     apply_family_patches(model)
 
 
+# Model types with attention sinks (``s_aux``, one logit per head in every softmax, no value)
+# that hf_flash runs: their fixed flash-kernel list is there for the sinks, which hf_flash's
+# kernels take (``learnable_sink``); each is tested with a tiny random model against eager.
+SINK_MODEL_TYPES = frozenset({"gpt_oss"})
+
+
+def _model_type(model_cls) -> Optional[str]:
+    return getattr(getattr(model_cls, "config_class", None), "model_type", None)
+
+
 def reject_unsupported(model) -> None:
-    """Raise at load time for features hf_flash does not implement."""
+    """Raise at load time for features hf_flash does not implement: attention sinks of a model
+    type hf_flash has not been checked against (their meaning is the model's own)."""
+    if _model_type(type(model)) in SINK_MODEL_TYPES:
+        return
     for name, module in model.named_modules():
         if isinstance(getattr(module, "sinks", None), torch.Tensor):
             raise ValueError(
-                f"{type(model).__name__} uses attention sinks ({name}.sinks), which hf_flash does "
-                "not support; load it with attn_implementation='eager' or 'sdpa'"
+                f"{type(model).__name__} uses attention sinks ({name}.sinks) in a model type "
+                f"hf_flash has not been checked against (it runs {sorted(SINK_MODEL_TYPES)}); "
+                "load it with attn_implementation='eager' or 'sdpa'"
             )
 
 

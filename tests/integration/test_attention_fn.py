@@ -210,12 +210,11 @@ def test_fp32_inputs_run_in_the_module_half_dtype(device):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"s_aux": torch.zeros(2)}, "sinks"),
         ({"output_attentions": True}, "output_attentions"),
         ({"cache": object()}, "PagedAttentionCache"),
         ({"sliding_window": 0}, "sliding_window"),
     ],
-    ids=["sinks", "output_attentions", "unknown-paged-cache", "bad-window"],
+    ids=["output_attentions", "unknown-paged-cache", "bad-window"],
 )
 def test_unsupported_requests_raise(kwargs, match, device):
     q = torch.randn(1, 2, 4, 16, device=device)
