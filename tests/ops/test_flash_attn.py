@@ -511,7 +511,9 @@ SINK_CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("dtype", [
+    torch.float16, torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.gpu),
+], ids=["fp16", "fp32", "bf16"])  # fmt: skip
 @pytest.mark.parametrize("batch, sq, sk, h, hk, d, opts", SINK_CASES)
 def test_learnable_sink(batch, sq, sk, h, hk, d, opts, dtype, device):
     """Learnable sinks (gpt-oss): out, lse and the gradients of q, k, v and the sink logits

@@ -649,7 +649,9 @@ def test_hopper_plan_uses_three_stages_only_for_one_wave(monkeypatch):
     assert {m.kwargs["num_stages"] for m in forced.meta.values()} == {2}
 
 
-@pytest.mark.parametrize("num_splits", [1, 3], ids=["one-split", "three-splits"])
+@pytest.mark.parametrize("num_splits", [
+    1, 3, pytest.param(0, marks=pytest.mark.gpu),
+], ids=["one-split", "three-splits", "chosen-splits"])  # fmt: skip
 def test_learnable_sink_in_decode(num_splits, device):
     """flash_attn_with_kvcache and attend_kv with learnable sinks: appended tokens, causal,
     GQA, a row whose queries see no key (left padding past its keys) against the oracle's extra
