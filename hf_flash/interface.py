@@ -438,15 +438,16 @@ def varlen_attention(
     device (hf_flash's transformers integration): ``check_cu_seqlens=False`` skips the host-side
     value check and its device sync; shapes, dtypes and devices are still checked."""
     if not torch.compiler.is_compiling():
+        if block_table is not None:  # first: paged k/v would fail the shape checks below
+            raise ValueError(
+                "block_table (paged K/V) is not supported by flash_attn_varlen_func yet; pass "
+                "contiguous (total_k, nheads_k, headdim) k/v with block_table=None, or use "
+                "flash_attn_with_kvcache(..., block_table=...) for up to 16 queries per sequence"
+            )
         _checks.check_tensor_basics(q, k, v)
         _checks.check_dims(3, "(total_tokens, nheads, headdim) for the varlen API", q=q, k=k, v=v)
         if k.shape[0] != v.shape[0]:
             raise ValueError(f"k has {k.shape[0]} tokens but v has {v.shape[0]}")
-        if block_table is not None:
-            raise ValueError(
-                "block_table (paged KV) is not supported by flash_attn_varlen_func; pass "
-                "block_table=None"
-            )
         _checks.check_heads(q.shape[1], k.shape[1], v.shape[1], q.shape[2], k.shape[2], v.shape[2])
         for name, cu, total, max_len in (
             ("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),

@@ -373,6 +373,12 @@ def test_bad_cu_seqlens_raise(device):
         flash_attn_varlen_func(q, q, q, good, good, 5, 6)
     with pytest.raises(ValueError, match="block_table"):
         flash_attn_varlen_func(q, q, q, good, good, 6, 6, block_table=good)
+    # paged k/v as flash-attn takes them (num_pages, page_size, nheads_k, d): the block_table
+    # message comes first, not a shape complaint about k
+    pages = torch.zeros(2, 16, q.shape[1], q.shape[2], device=device, dtype=q.dtype)
+    table = torch.zeros(2, 1, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="block_table .paged K/V. is not supported"):
+        flash_attn_varlen_func(q, pages, pages, good, good, 6, 6, block_table=table)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-specific message")
