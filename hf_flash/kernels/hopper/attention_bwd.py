@@ -1,0 +1,352 @@
+"""FlashAttention backward for Hopper (sm_90a) in Gluon: the dK/dV kernel, after FlashAttention-3.
+
+A program owns ``CONSUMERS * BLOCK_N`` keys of one (batch, K/V head) and walks every query head
+of the GQA group (K/V are never expanded) and, for each, the query tiles that can see its keys:
+
+* a producer partition (one warp) loads the program's K and V tiles once (TMA, one mbarrier),
+  then streams the Q and dO tiles of each step into a ``STAGES``-deep shared-memory ring
+  (``q_ready`` / ``do_ready``; the consumers hand each slot back through ``q_empty`` /
+  ``do_empty``), so the loads of later steps run under the math of earlier ones;
+* consumer warpgroups own ``BLOCK_N`` (64) keys each and work in the transposed frame, keys along
+  the wgmma M axis, so every product has its accumulator in registers and both register operands
+  are already in place (no shared-memory round trip):
+
+      S^T  = K Q^T                     (K and Q from shared memory)
+      P^T  = exp2(S^T * scale * log2(e) - lse * log2(e))   (lse: the forward's natural-log LSE)
+      dP^T = V dO^T                    (V and dO from shared memory)
+      dS^T = P^T * (dP^T - delta)      (delta = rowsum(dO * O) - dlse, from the preprocess)
+      dV  += P^T dO                    (P^T from registers, dO from shared memory)
+      dK  += dS^T Q                    (dS^T from registers, Q from shared memory)
+
+  all as asynchronous wgmma: S^T and dP^T are issued back to back and P^T is computed while
+  dP^T runs; dS^T is computed while the dV product runs. Registers move from the producer (24)
+  to the consumers through ``setmaxnreg``.
+
+dQ is not computed here: :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton
+dQ kernel beside this one (no atomics, so the backward stays bitwise deterministic).
+
+Masking: causal attention is bottom-right aligned (query row i sees keys ``j <= i + seqlen_k -
+seqlen_q``). Query tiles that see none of the program's keys are skipped, tiles that see all of
+them run without a mask. Rows past the end of the queries need no mask: TMA zero-fills Q and dO
+there and their lse is read as +inf, so P = 0 and dS = 0. Keys past the end of the sequence are
+zero-filled K/V rows whose dK/dV rows are clipped by the TMA store. Rows that saw no key in the
+forward (lse +inf) get P = 0 the same way.
+
+Programs are numbered with the (batch, K/V head) pair fastest and the key tile slowest, so under
+causal masking the key tiles that see the most queries start first. Addressing goes through TMA
+descriptors with the tensors' own strides (int64) and int64 pointer arithmetic for lse/delta.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .. import configs
+from .attention_fwd import LOG2E, _descriptor, _mma_layout, _on_hopper, tma_compatible
+
+PRODUCER_REGS = 24
+LOG2E_C = gl.constexpr(LOG2E)
+HEAD_DIMS = (64, 128)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled form of the dK/dV kernel; a program owns ``keys`` keys."""
+
+    name: str
+    block_m: int  # query rows per step (the N of S^T = K Q^T)
+    block_n: int  # keys per consumer partition (one warpgroup: 64)
+    stages: int  # Q/dO ring depth
+    consumers: int  # consumer partitions
+    consumer_regs: int
+    head_dims: tuple = (64, 128)
+
+    @property
+    def keys(self) -> int:
+        return self.block_n * self.consumers
+
+
+# Every variant the package compiles and tests (CPU compile report, H100 timings in
+# .notes/hopper-bwd.md). 128 query rows per step (d64) spills ~1 KB per thread at 240 registers.
+VARIANTS = {
+    v.name: v
+    for v in (
+        Variant("kv2x64-m64-s2", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240),
+        Variant("kv2x64-m64-s3", block_m=64, block_n=64, stages=3, consumers=2, consumer_regs=240),
+    )
+}  # fmt: skip
+DEFAULT = {64: "kv2x64-m64-s2", 128: "kv2x64-m64-s2"}
+
+
+@gluon.jit
+def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+           KEYS: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
+    """The program's (b, kv_h, n0) and its query-tile range: tiles [m_lo, n_m) of every head of
+    the group can see keys [n0, n0 + KEYS); from tile m_full on they see all of them."""
+    bhk = pid % n_bhk
+    b = bhk // nheads_k
+    kv_h = bhk % nheads_k
+    n0 = (pid // n_bhk) * KEYS
+    n_m = gl.cdiv(seqlen_q, BLOCK_M)
+    m_lo = 0
+    m_full = 0
+    if CAUSAL:
+        shift = seqlen_k - seqlen_q  # bottom-right alignment: row i sees keys j <= i + shift
+        m_lo = gl.minimum(gl.maximum(n0 - shift, 0) // BLOCK_M, n_m)
+        m_full = gl.cdiv(gl.maximum(n0 + KEYS - 1 - shift, 0), BLOCK_M)
+    return b, kv_h, n0, n_m, m_lo, m_full
+
+
+@gluon.jit
+def _producer(
+    q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
+    kv_bar, q_ready, do_ready, q_empty, do_empty,
+    n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr,
+):  # fmt: skip
+    b, kv_h, n0, n_m, m_lo, m_full = _steps(
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL
+    )
+    mbarrier.expect(kv_bar, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+    for c in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(
+            k_desc, [b, kv_h, n0 + c * BLOCK_N, 0], kv_bar, k_smem.index(c).reshape([1, 1, BLOCK_N, HEAD_DIM])
+        )
+        tma.async_copy_global_to_shared(
+            v_desc, [b, kv_h, n0 + c * BLOCK_N, 0], kv_bar, v_smem.index(c).reshape([1, 1, BLOCK_N, HEAD_DIM])
+        )
+    per_head = n_m - m_lo
+    for it in range(group * per_head):
+        h = kv_h * group + it // per_head
+        m0 = (m_lo + it % per_head) * BLOCK_M
+        slot = it % STAGES
+        # a fresh barrier counts as having completed the phase before 0: the first pass through
+        # the ring does not wait
+        phase = ((it // STAGES) & 1) ^ 1
+        mbarrier.wait(q_empty.index(slot), phase)
+        mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            q_desc, [b, h, m0, 0], q_ready.index(slot), q_smem.index(slot).reshape([1, 1, BLOCK_M, HEAD_DIM])
+        )
+        mbarrier.wait(do_empty.index(slot), phase)
+        mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            do_desc, [b, h, m0, 0], do_ready.index(slot), do_smem.index(slot).reshape([1, 1, BLOCK_M, HEAD_DIM])
+        )
+
+
+@gluon.jit
+def _consumer(
+    q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
+    dk_desc, dv_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
+    n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, CAUSAL: gl.constexpr,
+):  # fmt: skip
+    dtype: gl.constexpr = dk_desc.dtype
+    st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
+    acc_layout: gl.constexpr = _mma_layout(HEAD_DIM, NUM_WARPS)  # [BLOCK_N keys, HEAD_DIM]
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # along the queries
+    row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)  # along the keys
+    b, kv_h, n0, n_m, m_lo, m_full = _steps(
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL
+    )
+    k_tile = k_smem.index(INDEX)
+    v_tile = v_smem.index(INDEX)
+    key0 = n0 + INDEX * BLOCK_N
+    # keys shifted into the query frame: key j is visible to row i iff j - shift <= i
+    keys = key0 + gl.arange(0, BLOCK_N, layout=row_layout) - (seqlen_k - seqlen_q)
+    cols = gl.arange(0, BLOCK_M, layout=col_layout)
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
+    b64 = b.to(gl.int64)
+
+    mbarrier.wait(kv_bar, 0)
+    per_head = n_m - m_lo
+    for it in range(group * per_head):
+        h = kv_h * group + it // per_head
+        mt = m_lo + it % per_head
+        rows = mt * BLOCK_M + cols
+        slot = it % STAGES
+        phase = (it // STAGES) & 1
+        # lse/delta of the step's rows: loaded before the products so the loads run under them;
+        # rows past the end read lse = +inf, so their P (and dS) is 0
+        l_off = b64 * stride_lb + h.to(gl.int64) * stride_lh + rows.to(gl.int64) * stride_lm
+        lse2 = gl.load(Lse + l_off, mask=rows < seqlen_q, other=float("inf")) * LOG2E_C
+        q_tile = q_smem.index(slot)
+        do_tile = do_smem.index(slot)
+        mbarrier.wait(q_ready.index(slot), phase)
+        st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(slot), phase)
+        dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=(st,))
+        s2 = st * qk_scale
+        if CAUSAL:
+            if mt < m_full:
+                vis = gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0)
+                s2 = gl.where(vis, s2, float("-inf"))
+        pt = gl.exp2(s2 - gl.expand_dims(lse2, 0))
+        p_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dpt = warpgroup_mma_wait(0, deps=(dpt,))
+        dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+        # delta is read here, under the dV product, to keep it out of the registers before
+        delta = gl.load(Delta + l_off, mask=rows < seqlen_q, other=0.0)
+        dst = pt * (dpt - gl.expand_dims(delta, 0))
+        ds_op = gl.convert_layout(dst.to(dtype), op_layout)
+        dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
+        dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
+        mbarrier.arrive(do_empty.index(slot))
+        dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
+        mbarrier.arrive(q_empty.index(slot))
+
+    # K and V are no longer read: their tiles stage this partition's dK and dV for the store
+    dk = dk * sm_scale  # dS is taken w.r.t. the scaled scores
+    k_tile.store(dk.to(dtype))
+    v_tile.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [b, kv_h, key0, 0], k_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))
+    tma.async_copy_shared_to_global(dv_desc, [b, kv_h, key0, 0], v_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_bwd_dkdv_kernel(
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta,
+    stride_lb, stride_lh, stride_lm,
+    n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr,
+):  # fmt: skip
+    dtype: gl.constexpr = q_desc.dtype
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], kv_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        # every consumer partition hands each slot back once per use
+        mbarrier.init(q_empty.index(i), count=CONSUMERS)
+        mbarrier.init(do_empty.index(i), count=CONSUMERS)
+
+    gl.static_assert(CONSUMERS == 2, "two consumer partitions")
+    gl.warp_specialize(
+        [
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
+                         dk_desc, dv_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
+                         n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                         0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL)),
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
+                         dk_desc, dv_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
+                         n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                         1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
+                         kv_bar, q_ready, do_ready, q_empty, do_empty,
+                         n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+                         BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
+        ],
+        [CONSUMER_WARPS, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------
+
+
+def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
+             dropout=0.0, varlen=False, softmax_scale=None) -> bool:  # fmt: skip
+    """True when :func:`hopper_attention_backward_dkdv` covers this call: the calls the Gluon
+    forward covers (:func:`hopper.attention_fwd.supports`: dense fp16/bf16, D 64 or 128, causal
+    or not, no window, softcap, ALiBi or dropout, on sm_90), with out, dout, dk and dv shaped
+    like q / k and addressable by TMA too."""
+    from .attention_fwd import supports as fwd_supports
+
+    if not fwd_supports(q, k, v, causal=causal, window=window, softcap=softcap, alibi=alibi,
+                        dropout=dropout, varlen=varlen, softmax_scale=softmax_scale):  # fmt: skip
+        return False
+    for t, like in ((out, q), (dout, q), (dk, k), (dv, k)):
+        if not isinstance(t, torch.Tensor) or t.shape != like.shape or t.dtype != like.dtype:
+            return False
+        if t.device != like.device or not tma_compatible(t):
+            return False
+    # programs (key tiles x batch x K/V heads) are counted in int32
+    return configs.cdiv(k.shape[1], 64) * k.shape[0] * k.shape[2] < 2**31
+
+
+def launch_args(q, k, v, dout, lse, delta, dk, dv, *, softmax_scale, causal, variant):
+    """(grid, positional args, keyword args) of one dK/dV launch; shared by the launcher and the
+    CPU compile check, so both build the same kernel."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    var = VARIANTS[variant]
+    if head_dim not in var.head_dims:
+        raise ValueError(f"variant {variant} is built for head dims {var.head_dims}, not {head_dim}")
+    if not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
+    if lse.stride() != delta.stride():
+        raise ValueError("lse and delta must share strides")
+    n_bhk = batch * nheads_k
+    grid = (n_bhk * configs.cdiv(seqlen_k, var.keys),)
+    args = (
+        _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
+        _descriptor(dout, var.block_m), _descriptor(dk, var.block_n), _descriptor(dv, var.block_n),
+        lse, delta, lse.stride(0), lse.stride(1), lse.stride(2),
+        n_bhk, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k,
+        float(softmax_scale) * LOG2E, float(softmax_scale),
+    )  # fmt: skip
+    kwargs = dict(
+        BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
+        CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
+        PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), num_warps=4,
+    )  # fmt: skip
+    return grid, args, kwargs
+
+
+def hopper_attention_backward_dkdv(q, k, v, dout, lse, delta, dk, dv, *, softmax_scale, causal,
+                                   variant=None) -> None:  # fmt: skip
+    """dK and dV on Hopper. Layouts as ``hf_flash.kernels.flash_bwd.flash_attn_backward``
+    (dense): q/dout (B, Sq, H, D), k/v/dk/dv (B, Sk, Hk, D); lse (the forward's natural-log
+    log-sum-exp) and delta (rowsum(dO * O) - dlse, from the Triton preprocess) float32
+    (B, H, Sq) with the same strides. Only calls for which :func:`supports` is true (checked by
+    the caller). ``variant`` names an entry of ``VARIANTS`` (default: ``DEFAULT`` for the head
+    dim)."""
+    if k.shape[1] == 0:
+        return
+    if q.shape[1] == 0 or q.shape[0] == 0:
+        dk.zero_()
+        dv.zero_()
+        return
+    variant = variant or DEFAULT[q.shape[-1]]
+    grid, args, kwargs = launch_args(
+        q, k, v, dout, lse, delta, dk, dv, softmax_scale=softmax_scale, causal=causal, variant=variant
+    )
+    with torch.cuda.device(q.device):
+        _attn_bwd_dkdv_kernel[grid](*args, **kwargs)
+
+
+__all__ = ["hopper_attention_backward_dkdv", "supports", "launch_args", "VARIANTS", "DEFAULT"]
