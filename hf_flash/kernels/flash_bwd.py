@@ -454,11 +454,12 @@ def flash_attn_backward(
         softmax_scale=softmax_scale,
     )  # fmt: skip
     if path == "hopper":
-        from .hopper.attention_bwd import hopper_attention_backward_dkdv
+        from .hopper.attention_bwd import hopper_attention_backward
 
-        hopper_attention_backward_dkdv(
-            q, k, v, dout, lse, delta, dk, dv, softmax_scale=softmax_scale, causal=causal
-        )
+        if hopper_attention_backward(
+            q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=softmax_scale, causal=causal
+        ):
+            return  # the variant computed dQ too
     else:
         _bwd_dkdv_kernel[(configs.cdiv(max_seqlen_k, dkdv_cfg["BLOCK_N"]), batch * nheads_k)](
             q, k, v, dout, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,

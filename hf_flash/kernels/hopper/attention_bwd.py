@@ -51,13 +51,26 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from triton._C.libtriton import ir as _ir
+from triton.experimental.gluon.language._core import builtin as _builtin
 
 from .. import configs
-from .attention_fwd import LOG2E, _descriptor, _mma_layout, _on_hopper, tma_compatible
+from .attention_fwd import LOG2E, _descriptor, _mma_layout, tma_compatible
 
 PRODUCER_REGS = 24
 LOG2E_C = gl.constexpr(LOG2E)
 HEAD_DIMS = (64, 128)
+
+
+@_builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """``cp.reduce.async.bulk.tensor ... .add``: add a shared-memory tile into global memory
+    through a TMA descriptor (completes like a TMA store: ``tma.store_wait``). Triton 3.6's
+    Gluon builds the op (``ttng.async_tma_reduce``) but has no Python wrapper for it yet."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,10 @@ class Variant:
     consumers: int  # consumer partitions
     consumer_regs: int
     head_dims: tuple = (64, 128)
+    # dQ in this kernel: dQ_part = dS K per step, added into a float32 accumulator by TMA
+    # reduce-add (the order of the additions varies: not bitwise deterministic). Without it the
+    # Triton dQ kernel recomputes S and dP (7 products instead of 5) but is deterministic.
+    dq_atomic: bool = False
 
     @property
     def keys(self) -> int:
@@ -84,6 +101,8 @@ VARIANTS = {
     for v in (
         Variant("kv2x64-m64-s2", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240),
         Variant("kv2x64-m64-s3", block_m=64, block_n=64, stages=3, consumers=2, consumer_regs=240),
+        Variant("kv2x64-m64-s2-dqa", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True),
     )
 }  # fmt: skip
 DEFAULT = {64: "kv2x64-m64-s2", 128: "kv2x64-m64-s2"}
@@ -149,11 +168,12 @@ def _producer(
 
 @gluon.jit
 def _consumer(
-    q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
-    dk_desc, dv_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
+    q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
+    dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, CAUSAL: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -166,6 +186,9 @@ def _consumer(
     )
     k_tile = k_smem.index(INDEX)
     v_tile = v_smem.index(INDEX)
+    ds_tile = ds_smem.index(INDEX)
+    dq_tile = dq_smem.index(INDEX)
+    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=acc_layout)
     key0 = n0 + INDEX * BLOCK_N
     # keys shifted into the query frame: key j is visible to row i iff j - shift <= i
     keys = key0 + gl.arange(0, BLOCK_N, layout=row_layout) - (seqlen_k - seqlen_q)
@@ -206,13 +229,31 @@ def _consumer(
         # delta is read here, under the dV product, to keep it out of the registers before
         delta = gl.load(Delta + l_off, mask=rows < seqlen_q, other=0.0)
         dst = pt * (dpt - gl.expand_dims(delta, 0))
-        ds_op = gl.convert_layout(dst.to(dtype), op_layout)
+        ds = dst.to(dtype)
+        ds_op = gl.convert_layout(ds, op_layout)
         dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
-        dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
-        mbarrier.arrive(do_empty.index(slot))
-        dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
-        mbarrier.arrive(q_empty.index(slot))
+        if DQ_ATOMIC:
+            # dQ_part = dS K: dS^T goes through shared memory to be read transposed
+            ds_tile.store(ds)
+            fence_async_shared()
+            dq_tok = warpgroup_mma(ds_tile.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)
+            dv, p_op = warpgroup_mma_wait(2, deps=(dv_tok, p_op))
+            mbarrier.arrive(do_empty.index(slot))
+            dk, ds_op = warpgroup_mma_wait(1, deps=(dk_tok, ds_op))
+            mbarrier.arrive(q_empty.index(slot))
+            dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+            # the previous step's reduce must have read the staging tile before it is rewritten
+            tma.store_wait(0)
+            dq_tile.store(dq * sm_scale)
+            fence_async_shared()
+            _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, 0], dq_tile.reshape([1, 1, BLOCK_M, HEAD_DIM]))
+        else:
+            dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
+            mbarrier.arrive(do_empty.index(slot))
+            dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
+            mbarrier.arrive(q_empty.index(slot))
 
+    tma.store_wait(0)
     # K and V are no longer read: their tiles stage this partition's dK and dV for the store
     dk = dk * sm_scale  # dS is taken w.r.t. the scaled scores
     k_tile.store(dk.to(dtype))
@@ -225,12 +266,12 @@ def _consumer(
 
 @gluon.jit
 def _attn_bwd_dkdv_kernel(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta,
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
     stride_lb, stride_lh, stride_lm,
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -239,6 +280,14 @@ def _attn_bwd_dkdv_kernel(
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], kv_layout)
+    if DQ_ATOMIC:
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+        dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], gl.float32)
+        ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_N, BLOCK_M], ds_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [CONSUMERS, BLOCK_M, HEAD_DIM], dq_layout)
+    else:
+        ds_smem = k_smem  # unused
+        dq_smem = k_smem
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -255,14 +304,14 @@ def _attn_bwd_dkdv_kernel(
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
     gl.warp_specialize(
         [
-            (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
-                         dk_desc, dv_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                         do_empty, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
                          n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
-                         0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL)),
-            (_consumer, (q_smem, do_smem, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
-                         dk_desc, dv_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
+                         0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC)),
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                         do_empty, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
                          n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
-                         1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL)),
+                         1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                          kv_bar, q_ready, do_ready, q_empty, do_empty,
                          n_bhk, nheads_k, group, seqlen_q, seqlen_k,
@@ -280,7 +329,7 @@ def _attn_bwd_dkdv_kernel(
 
 def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
              dropout=0.0, varlen=False, softmax_scale=None) -> bool:  # fmt: skip
-    """True when :func:`hopper_attention_backward_dkdv` covers this call: the calls the Gluon
+    """True when :func:`hopper_attention_backward` covers this call: the calls the Gluon
     forward covers (:func:`hopper.attention_fwd.supports`: dense fp16/bf16, D 64 or 128, causal
     or not, no window, softcap, ALiBi or dropout, on sm_90), with out, dout, dk and dv shaped
     like q / k and addressable by TMA too."""
@@ -298,9 +347,20 @@ def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softc
     return configs.cdiv(k.shape[1], 64) * k.shape[0] * k.shape[2] < 2**31
 
 
-def launch_args(q, k, v, dout, lse, delta, dk, dv, *, softmax_scale, causal, variant):
-    """(grid, positional args, keyword args) of one dK/dV launch; shared by the launcher and the
-    CPU compile check, so both build the same kernel."""
+def _descriptor_f32(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A float32 (B, S, H, D) view as (B, H, S, D) tiles of rows x D (the dQ accumulator)."""
+    batch, seqlen, heads, head_dim = t.shape
+    block = [1, 1, rows, head_dim]
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
+    return TensorDescriptor(
+        t, [batch, heads, seqlen, head_dim], [t.stride(0), t.stride(2), t.stride(1), 1], block, layout
+    )
+
+
+def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, *, softmax_scale, causal, variant):
+    """(grid, positional args, keyword args) of one launch; shared by the launcher and the CPU
+    compile check, so both build the same kernel. ``dq_accum``: the float32 (B, Sq, H, D)
+    accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller)."""
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     var = VARIANTS[variant]
@@ -310,11 +370,17 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, *, softmax_scale, causal, var
         raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
     if lse.stride() != delta.stride():
         raise ValueError("lse and delta must share strides")
+    if var.dq_atomic:
+        if dq_accum is None or dq_accum.shape != q.shape or dq_accum.dtype != torch.float32:
+            raise ValueError(f"variant {variant} needs a float32 dq_accum shaped like q")
+        dq_desc = _descriptor_f32(dq_accum, var.block_m)
+    else:
+        dq_desc = _descriptor(dk, var.block_n)  # not read: the kernel is built without dQ
     n_bhk = batch * nheads_k
     grid = (n_bhk * configs.cdiv(seqlen_k, var.keys),)
     args = (
         _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
-        _descriptor(dout, var.block_m), _descriptor(dk, var.block_n), _descriptor(dv, var.block_n),
+        _descriptor(dout, var.block_m), _descriptor(dk, var.block_n), _descriptor(dv, var.block_n), dq_desc,
         lse, delta, lse.stride(0), lse.stride(1), lse.stride(2),
         n_bhk, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k,
         float(softmax_scale) * LOG2E, float(softmax_scale),
@@ -322,31 +388,41 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, *, softmax_scale, causal, var
     kwargs = dict(
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
-        PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), num_warps=4,
+        PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
 
-def hopper_attention_backward_dkdv(q, k, v, dout, lse, delta, dk, dv, *, softmax_scale, causal,
-                                   variant=None) -> None:  # fmt: skip
-    """dK and dV on Hopper. Layouts as ``hf_flash.kernels.flash_bwd.flash_attn_backward``
-    (dense): q/dout (B, Sq, H, D), k/v/dk/dv (B, Sk, Hk, D); lse (the forward's natural-log
-    log-sum-exp) and delta (rowsum(dO * O) - dlse, from the Triton preprocess) float32
-    (B, H, Sq) with the same strides. Only calls for which :func:`supports` is true (checked by
-    the caller). ``variant`` names an entry of ``VARIANTS`` (default: ``DEFAULT`` for the head
-    dim)."""
+def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale, causal,
+                              variant=None) -> bool:  # fmt: skip
+    """dK and dV (and, for the ``dq_atomic`` variants, dQ) on Hopper. Layouts as
+    ``hf_flash.kernels.flash_bwd.flash_attn_backward`` (dense): q/dout/dq (B, Sq, H, D),
+    k/v/dk/dv (B, Sk, Hk, D); lse (the forward's natural-log log-sum-exp) and delta
+    (rowsum(dO * O) - dlse, from the Triton preprocess) float32 (B, H, Sq) with the same
+    strides. Only calls for which :func:`supports` is true (checked by the caller). ``variant``
+    names an entry of ``VARIANTS`` (default: ``DEFAULT`` for the head dim). Returns whether dq
+    was written (else the caller runs a dQ kernel)."""
+    variant = variant or DEFAULT[q.shape[-1]]
+    var = VARIANTS[variant]
     if k.shape[1] == 0:
-        return
+        return False
     if q.shape[1] == 0 or q.shape[0] == 0:
         dk.zero_()
         dv.zero_()
-        return
-    variant = variant or DEFAULT[q.shape[-1]]
+        return False
+    dq_accum = None
+    if var.dq_atomic:
+        # (B, H, Sq, D) storage: a query tile of one head is one contiguous block
+        b, s, h, d = q.shape
+        dq_accum = torch.zeros(b, h, s, d, device=q.device, dtype=torch.float32).transpose(1, 2)
     grid, args, kwargs = launch_args(
-        q, k, v, dout, lse, delta, dk, dv, softmax_scale=softmax_scale, causal=causal, variant=variant
+        q, k, v, dout, lse, delta, dk, dv, dq_accum, softmax_scale=softmax_scale, causal=causal, variant=variant
     )
     with torch.cuda.device(q.device):
         _attn_bwd_dkdv_kernel[grid](*args, **kwargs)
+    if var.dq_atomic:
+        dq.copy_(dq_accum)  # already scaled; float32 -> q's dtype
+    return var.dq_atomic
 
 
-__all__ = ["hopper_attention_backward_dkdv", "supports", "launch_args", "VARIANTS", "DEFAULT"]
+__all__ = ["hopper_attention_backward", "supports", "launch_args", "VARIANTS", "DEFAULT"]

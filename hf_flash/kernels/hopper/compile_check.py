@@ -81,7 +81,8 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
         var = attention_bwd.VARIANTS[variant[len(BWD_PREFIX):]]
         _, args, kwargs = attention_bwd.launch_args(
             q, k, v, out, lse, torch.empty_like(lse), torch.empty_like(k), torch.empty_like(k),
-            softmax_scale=head_dim**-0.5, causal=causal, variant=var.name,
+            torch.empty(q.shape, dtype=torch.float32), softmax_scale=head_dim**-0.5, causal=causal,
+            variant=var.name,
         )  # fmt: skip
         compiled = compile_sm90(attention_bwd._attn_bwd_dkdv_kernel, args, kwargs)
         rows, block_n = var.keys, var.block_m
@@ -108,6 +109,7 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
         "shared_bytes": shared, "programs_per_sm_by_shared": SHARED_PER_SM // max(shared, 1),
         "setmaxnreg": setmaxnreg,
         "wgmma": ptx.count("wgmma.mma_async"), "tma_loads": ptx.count("cp.async.bulk.tensor"),
+        "tma_reduces": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\S*\.add", ptx)),
     }  # fmt: skip
 
 
