@@ -18,7 +18,7 @@ SHARED_LIMIT = 227 * 1024
 # variants a few loop-invariant scalars, the dQ variant more (.notes/hopper-bwd.md). Bounds, so a
 # change that spills more fails here; d64 must not spill.
 SPILL_BYTES = {64: 0, 128: 160}
-SPILL_BYTES_DQ = {64: 0, 128: 320}
+SPILL_BYTES_DQ = {64: 0, 128: 384}
 
 # every variant causal in bfloat16 (the branch with the most code); the defaults non-causal in
 # float16

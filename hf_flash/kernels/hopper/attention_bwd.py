@@ -1,4 +1,4 @@
-"""FlashAttention backward for Hopper (sm_90a) in Gluon: the dK/dV kernel, after FlashAttention-3.
+"""FlashAttention backward for Hopper (sm_90a) in Gluon: the dK/dV (and dQ) kernel, after FlashAttention-3.
 
 A program owns ``CONSUMERS * BLOCK_N`` keys of one (batch, K/V head) and walks every query head
 of the GQA group (K/V are never expanded) and, for each, the query tiles that can see its keys:
@@ -22,15 +22,20 @@ of the GQA group (K/V are never expanded) and, for each, the query tiles that ca
   dP^T runs; dS^T is computed while the dV product runs. Registers move from the producer (24)
   to the consumers through ``setmaxnreg``.
 
-dQ is not computed here: :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton
-dQ kernel beside this one (no atomics, so the backward stays bitwise deterministic).
+dQ: by default not computed here: :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs
+its Triton dQ kernel beside this one (no atomics, so the backward stays bitwise deterministic; it
+recomputes S and dP, 7 products for the 5 counted). The ``dq_atomic`` variants (not the default)
+also compute ``dQ_part = dS K`` per step (dS^T staged in shared memory, read transposed) and add
+it, scaled, into a float32 (B, H, Sq, D) accumulator with a TMA reduce-add
+(``cp.reduce.async.bulk.tensor .add``); the launcher then casts it into dq. The order of those
+additions varies from run to run.
 
 Masking: causal attention is bottom-right aligned (query row i sees keys ``j <= i + seqlen_k -
 seqlen_q``). Query tiles that see none of the program's keys are skipped, tiles that see all of
 them run without a mask. Rows past the end of the queries need no mask: TMA zero-fills Q and dO
-there and their lse is read as +inf, so P = 0 and dS = 0. Keys past the end of the sequence are
-zero-filled K/V rows whose dK/dV rows are clipped by the TMA store. Rows that saw no key in the
-forward (lse +inf) get P = 0 the same way.
+there and their lse is read as +inf, so P = 0 and dS = 0. Keys past the end of the sequence
+(zero-filled K/V rows, whose dK/dV rows the TMA store clips) are masked in the one key tile that
+has them, so they add nothing to dQ. Rows that saw no key in the forward (lse +inf) get P = 0.
 
 Programs are numbered with the (batch, K/V head) pair fastest and the key tile slowest, so under
 causal masking the key tiles that see the most queries start first. Addressing goes through TMA
@@ -190,8 +195,12 @@ def _consumer(
     dq_tile = dq_smem.index(INDEX)
     dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=acc_layout)
     key0 = n0 + INDEX * BLOCK_N
+    key_pos = key0 + gl.arange(0, BLOCK_N, layout=row_layout)
     # keys shifted into the query frame: key j is visible to row i iff j - shift <= i
-    keys = key0 + gl.arange(0, BLOCK_N, layout=row_layout) - (seqlen_k - seqlen_q)
+    keys = key_pos - (seqlen_k - seqlen_q)
+    # the last key tile sticks out of the sequence: its zero-filled keys would get P = exp(-lse),
+    # harmless for dK/dV (rows clipped on store) but not for dQ, so they are masked
+    key_tail = key0 + BLOCK_N > seqlen_k
     cols = gl.arange(0, BLOCK_M, layout=col_layout)
     st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
@@ -219,9 +228,12 @@ def _consumer(
         st = warpgroup_mma_wait(1, deps=(st,))
         s2 = st * qk_scale
         if CAUSAL:
-            if mt < m_full:
-                vis = gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0)
+            if (mt < m_full) | key_tail:
+                vis = (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0)) & gl.expand_dims(key_pos < seqlen_k, 1)
                 s2 = gl.where(vis, s2, float("-inf"))
+        else:
+            if key_tail:
+                s2 = gl.where(gl.expand_dims(key_pos < seqlen_k, 1), s2, float("-inf"))
         pt = gl.exp2(s2 - gl.expand_dims(lse2, 0))
         p_op = gl.convert_layout(pt.to(dtype), op_layout)
         dpt = warpgroup_mma_wait(0, deps=(dpt,))
