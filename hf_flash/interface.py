@@ -205,9 +205,9 @@ def attention_paths(
     :func:`flash_attn_varlen_func`) runs for these arguments: ``{"forward": "hopper" or
     "triton", "backward": "hopper" or "triton"}``. ``"hopper"`` is the Gluon
     FlashAttention-3-style code for H100/H200 (:mod:`hf_flash.kernels.hopper`), taken for dense
-    fp16/bf16 calls with head dim 64 or 128, causal or not, without window, softcap, ALiBi or
-    dropout: the forward kernel, and in the backward the dK/dV kernel (the delta preprocess and
-    the dQ kernel stay Triton). Everything else runs the portable Triton kernels.
+    fp16/bf16 calls, causal or not, without window, softcap, ALiBi or dropout: the forward at
+    head dim 64 or 128, the backward's dK/dV kernel at head dim 128 (the delta preprocess and the
+    dQ kernel stay Triton). Everything else runs the portable Triton kernels.
     ``HF_FLASH_HOPPER=0`` keeps every call on Triton. The backward's answer assumes the incoming
     gradient is laid out like q (as autograd usually hands it); one TMA cannot address sends
     that call's backward to Triton. Arguments as :func:`flash_attn_func`; nothing is launched."""

@@ -385,8 +385,8 @@ def backward_path(q, k, v, out, dout, dk, dv, *, varlen, causal, window_left, wi
     (the Gluon sm_90a kernel, :mod:`hf_flash.kernels.hopper.attention_bwd`) when it covers the
     call and the device allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this
     module's kernels). The Hopper kernel covers what the Hopper forward covers (dense fp16/bf16,
-    head dim 64 or 128, causal or not, no window, softcap, ALiBi or dropout) with out, dout, dk
-    and dv addressable by TMA too (``None``: still to be allocated like q / k, which then are).
+    causal or not, no window, softcap, ALiBi or dropout) at head dim 128 (64: no measured gain,
+    Triton) with out, dout, dk and dv addressable by TMA too (``None``: still to be allocated like q / k, which then are).
     The preprocess and dQ kernels are this module's on both paths."""
     if varlen or not configs.hopper_backward_enabled(q.device):
         return "triton"

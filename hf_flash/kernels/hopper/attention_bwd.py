@@ -93,6 +93,11 @@ class Variant:
     # reduce-add (the order of the additions varies: not bitwise deterministic). Without it the
     # Triton dQ kernel recomputes S and dP (7 products instead of 5) but is deterministic.
     dq_atomic: bool = False
+    # dq_atomic with both consumers' dS in one dQ product (FA3): each consumer computes D / 2
+    # columns of dQ over all the program's keys, so one tile per 2 x 64 keys is added (half the
+    # reduce traffic); the consumers meet at two mbarriers per step. d128 only (the K tiles are
+    # read in 64-column halves).
+    dq_shared: bool = False
 
     @property
     def keys(self) -> int:
@@ -100,17 +105,23 @@ class Variant:
 
 
 # Every variant the package compiles and tests (CPU compile report, H100 timings in
-# .notes/hopper-bwd.md). 128 query rows per step (d64) spills ~1 KB per thread at 240 registers.
+# .notes/hopper-bwd.md). 128 query rows per step (d64) spills ~1 KB per thread at 240 registers;
+# a 3-stage Q/dO ring measured no faster than 2 (call 1) and was dropped.
 VARIANTS = {
     v.name: v
     for v in (
         Variant("kv2x64-m64-s2", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240),
-        Variant("kv2x64-m64-s3", block_m=64, block_n=64, stages=3, consumers=2, consumer_regs=240),
         Variant("kv2x64-m64-s2-dqa", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True),
+        Variant("kv2x64-m64-s2-dqs", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, head_dims=(128,)),
     )
 }  # fmt: skip
-DEFAULT = {64: "kv2x64-m64-s2", 128: "kv2x64-m64-s2"}
+# DEFAULT maps a head dim to the variant the backward runs; head dims without an entry keep the
+# Triton backward. H100, 2026-11-24 (.notes/hopper-bwd.md, call 1): at d128 kv2x64-m64-s2 (with
+# the Triton dQ kernel) ran 6-21% faster than the Triton backward at every point; at d64 it was
+# level with it (-4%..+10%), so d64 stays on Triton.
+DEFAULT = {128: "kv2x64-m64-s2"}
 
 
 @gluon.jit
@@ -174,11 +185,11 @@ def _producer(
 @gluon.jit
 def _consumer(
     q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
-    dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
+    ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, CAUSAL: gl.constexpr,
-    DQ_ATOMIC: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -193,7 +204,9 @@ def _consumer(
     v_tile = v_smem.index(INDEX)
     ds_tile = ds_smem.index(INDEX)
     dq_tile = dq_smem.index(INDEX)
-    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=acc_layout)
+    # DQ_SHARED: this consumer's dQ columns [INDEX * DQ_N, (INDEX + 1) * DQ_N)
+    DQ_N: gl.constexpr = HEAD_DIM // CONSUMERS if DQ_SHARED else HEAD_DIM
+    dq_zero = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=_mma_layout(DQ_N, NUM_WARPS))
     key0 = n0 + INDEX * BLOCK_N
     key_pos = key0 + gl.arange(0, BLOCK_N, layout=row_layout)
     # keys shifted into the query frame: key j is visible to row i iff j - shift <= i
@@ -244,7 +257,34 @@ def _consumer(
         ds = dst.to(dtype)
         ds_op = gl.convert_layout(ds, op_layout)
         dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
-        if DQ_ATOMIC:
+        if DQ_SHARED:
+            # dS^T of both consumers through shared memory (double-buffered by step parity):
+            # dQ[:, cols] = sum over the consumers c of dS_c K_c[:, cols]
+            par = it % 2
+            dph = (it // 2) & 1
+            mbarrier.wait(ds_free.index(par), dph ^ 1)  # both consumers are done with step it - 2
+            ds_smem.index(par * CONSUMERS + INDEX).store(ds)
+            fence_async_shared()
+            mbarrier.arrive(ds_ready.index(par))
+            dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
+            mbarrier.arrive(do_empty.index(slot))
+            mbarrier.wait(ds_ready.index(par), dph)
+            dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS).permute((1, 0)),
+                                   k_smem.index(0).slice(INDEX * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False,
+                                   is_async=True)  # fmt: skip
+            for c in gl.static_range(1, CONSUMERS):
+                dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS + c).permute((1, 0)),
+                                       k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok,
+                                       is_async=True)  # fmt: skip
+            dk, ds_op = warpgroup_mma_wait(1, deps=(dk_tok, ds_op))
+            mbarrier.arrive(q_empty.index(slot))
+            dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+            mbarrier.arrive(ds_free.index(par))
+            tma.store_wait(0)
+            dq_tile.store(dq * sm_scale)
+            fence_async_shared()
+            _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, INDEX * DQ_N], dq_tile.reshape([1, 1, BLOCK_M, DQ_N]))
+        elif DQ_ATOMIC:
             # dQ_part = dS K: dS^T goes through shared memory to be read transposed
             ds_tile.store(ds)
             fence_async_shared()
@@ -266,6 +306,12 @@ def _consumer(
             mbarrier.arrive(q_empty.index(slot))
 
     tma.store_wait(0)
+    if DQ_SHARED:
+        # the other consumers read this K tile in their dQ products: wait until the last step's
+        # products of all of them are done before it is overwritten
+        n_steps = group * per_head
+        if n_steps > 0:
+            mbarrier.wait(ds_free.index((n_steps - 1) % 2), ((n_steps - 1) // 2) & 1)
     # K and V are no longer read: their tiles stage this partition's dK and dV for the store
     dk = dk * sm_scale  # dS is taken w.r.t. the scaled scores
     k_tile.store(dk.to(dtype))
@@ -283,7 +329,7 @@ def _attn_bwd_dkdv_kernel(
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -293,10 +339,12 @@ def _attn_bwd_dkdv_kernel(
     k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], kv_layout)
     if DQ_ATOMIC:
+        DQ_N: gl.constexpr = HEAD_DIM // CONSUMERS if DQ_SHARED else HEAD_DIM
+        DS_BUFS: gl.constexpr = 2 * CONSUMERS if DQ_SHARED else CONSUMERS
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-        dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], gl.float32)
-        ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_N, BLOCK_M], ds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [CONSUMERS, BLOCK_M, HEAD_DIM], dq_layout)
+        dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_N], gl.float32)
+        ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_N, BLOCK_M], ds_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [CONSUMERS, BLOCK_M, DQ_N], dq_layout)
     else:
         ds_smem = k_smem  # unused
         dq_smem = k_smem
@@ -305,6 +353,8 @@ def _attn_bwd_dkdv_kernel(
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
@@ -312,18 +362,26 @@ def _attn_bwd_dkdv_kernel(
         # every consumer partition hands each slot back once per use
         mbarrier.init(q_empty.index(i), count=CONSUMERS)
         mbarrier.init(do_empty.index(i), count=CONSUMERS)
+    for i in gl.static_range(2):
+        # DQ_SHARED: every consumer arrives once per step on each
+        mbarrier.init(ds_ready.index(i), count=CONSUMERS)
+        mbarrier.init(ds_free.index(i), count=CONSUMERS)
 
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
     gl.warp_specialize(
         [
             (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
-                         do_empty, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
+                         do_empty, ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                         stride_lb, stride_lh, stride_lm,
                          n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
-                         0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC)),
+                         0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
+                         DQ_SHARED)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
-                         do_empty, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
+                         do_empty, ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                         stride_lb, stride_lh, stride_lm,
                          n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
-                         1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC)),
+                         1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
+                         DQ_SHARED)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                          kv_bar, q_ready, do_ready, q_empty, do_empty,
                          n_bhk, nheads_k, group, seqlen_q, seqlen_k,
@@ -342,13 +400,15 @@ def _attn_bwd_dkdv_kernel(
 def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
              dropout=0.0, varlen=False, softmax_scale=None) -> bool:  # fmt: skip
     """True when :func:`hopper_attention_backward` covers this call: the calls the Gluon
-    forward covers (:func:`hopper.attention_fwd.supports`: dense fp16/bf16, D 64 or 128, causal
-    or not, no window, softcap, ALiBi or dropout, on sm_90), with out, dout, dk and dv shaped
-    like q / k and addressable by TMA too."""
+    forward covers (:func:`hopper.attention_fwd.supports`: dense fp16/bf16, causal or not, no
+    window, softcap, ALiBi or dropout, on sm_90) whose head dim has a ``DEFAULT`` variant (128),
+    with out, dout, dk and dv shaped like q / k and addressable by TMA too."""
     from .attention_fwd import supports as fwd_supports
 
     if not fwd_supports(q, k, v, causal=causal, window=window, softcap=softcap, alibi=alibi,
                         dropout=dropout, varlen=varlen, softmax_scale=softmax_scale):  # fmt: skip
+        return False
+    if q.shape[-1] not in DEFAULT:
         return False
     for t, like in ((out, q), (dout, q), (dk, k), (dv, k)):
         if not isinstance(t, torch.Tensor) or t.shape != like.shape or t.dtype != like.dtype:
@@ -359,10 +419,10 @@ def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softc
     return configs.cdiv(k.shape[1], 64) * k.shape[0] * k.shape[2] < 2**31
 
 
-def _descriptor_f32(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """A float32 (B, S, H, D) view as (B, H, S, D) tiles of rows x D (the dQ accumulator)."""
+def _descriptor_f32(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
+    """A float32 (B, S, H, D) view as (B, H, S, D) tiles of rows x cols (the dQ accumulator)."""
     batch, seqlen, heads, head_dim = t.shape
-    block = [1, 1, rows, head_dim]
+    block = [1, 1, rows, cols]
     layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
     return TensorDescriptor(
         t, [batch, heads, seqlen, head_dim], [t.stride(0), t.stride(2), t.stride(1), 1], block, layout
@@ -385,7 +445,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, *, softmax_sca
     if var.dq_atomic:
         if dq_accum is None or dq_accum.shape != q.shape or dq_accum.dtype != torch.float32:
             raise ValueError(f"variant {variant} needs a float32 dq_accum shaped like q")
-        dq_desc = _descriptor_f32(dq_accum, var.block_m)
+        dq_desc = _descriptor_f32(dq_accum, var.block_m, head_dim // var.consumers if var.dq_shared else head_dim)
     else:
         dq_desc = _descriptor(dk, var.block_n)  # not read: the kernel is built without dQ
     n_bhk = batch * nheads_k
@@ -400,7 +460,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, *, softmax_sca
     kwargs = dict(
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
-        PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic, num_warps=4,
+        PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic,
+        DQ_SHARED=var.dq_shared, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
