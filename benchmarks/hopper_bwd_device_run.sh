@@ -7,7 +7,7 @@
 #
 # Writes OUT_DIR/{env.txt,smoke.log,tests.log,bench.json,bench.log}. HOPPER_BWD_VARIANTS="a b"
 # limits the smoke check and the benchmark to those variants; HOPPER_BWD_TESTS overrides the
-# pytest selection.
+# pytest selection; HOPPER_BWD_BENCH_ARGS adds benchmark arguments.
 set -u
 out=${1:?usage: hopper_bwd_device_run.sh OUT_DIR [TEST_TIMEOUT_S] [BENCH_TIMEOUT_S]}
 test_timeout=${2:-200}
@@ -67,6 +67,7 @@ timeout "$test_timeout" python3 -m pytest $tests -q -m gpu -p no:cacheprovider -
 echo "tests rc $?"; tail -n 15 "$out/tests.log"
 
 if [ ${#ok[@]} -gt 0 ]; then
+  # HOPPER_BWD_BENCH_ARGS: extra benchmark arguments (e.g. "--head-dims 128 --rounds 3")
   timeout "$bench_timeout" python3 benchmarks/hopper_attention_bwd.py "$out/bench.json" --variants "${ok[@]}" \
-    2>&1 | tee "$out/bench.log" | tail -n 40
+    ${HOPPER_BWD_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log" | tail -n 40
 fi

@@ -27,6 +27,10 @@ _HOPPER = os.environ.get("HF_FLASH_HOPPER", "1") not in ("0", "", "false", "Fals
 # The Gluon backward alone: HF_FLASH_HOPPER_BWD=0 (or use_hopper_backward(False)) keeps the
 # backward on the Triton kernels while the Gluon forward runs.
 _HOPPER_BWD = os.environ.get("HF_FLASH_HOPPER_BWD", "1") not in ("0", "", "false", "False")
+# Bitwise-deterministic gradients (the default). HF_FLASH_DETERMINISTIC=0 (or
+# use_deterministic(False)) lets the Gluon Hopper backward add dQ with atomic reductions where that
+# measured faster; the gradients then differ between runs by float32 rounding.
+_DETERMINISTIC = os.environ.get("HF_FLASH_DETERMINISTIC", "1") not in ("0", "", "false", "False")
 
 
 def interpreting() -> bool:
@@ -141,6 +145,24 @@ def use_hopper_backward(enabled: bool):
         yield
     finally:
         _HOPPER_BWD = previous
+
+
+@contextlib.contextmanager
+def use_deterministic(enabled: bool):
+    """Require bitwise-deterministic gradients (True, the default) or allow the backward's atomic
+    dQ accumulation (False) for a block."""
+    global _DETERMINISTIC
+    previous, _DETERMINISTIC = _DETERMINISTIC, bool(enabled)
+    try:
+        yield
+    finally:
+        _DETERMINISTIC = previous
+
+
+def deterministic() -> bool:
+    """Whether the backward must be bitwise deterministic (``HF_FLASH_DETERMINISTIC``,
+    :func:`use_deterministic`)."""
+    return _DETERMINISTIC
 
 
 def hopper_backward_enabled(device: torch.device) -> bool:

@@ -237,3 +237,25 @@ def test_compile_fullgraph_forward_backward():
     lp_g = torch.autograd.grad(attention_ref(*leaves, causal=True, upcast=False), leaves, dout)
     for name, a, r, lp in zip(("dq", "dk", "dv"), g, ref_g, lp_g):
         assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, torch.bfloat16)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_nondeterministic_choice_through_the_public_function(causal):
+    """With deterministic gradients not required, flash_attn_func's backward runs the variant
+    NONDETERMINISTIC lists (an atomic dQ) where there is one, and its gradients match the oracle."""
+    from hf_flash import flash_attn_func
+    from hf_flash.kernels import configs
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 1000, 1000, 16, 4, 128, torch.bfloat16, seed=9))
+    dout = torch.randn_like(q)
+    with configs.use_deterministic(False):
+        assert hb.variant_for(128, causal) == hb.NONDETERMINISTIC.get((128, causal), hb.DEFAULT[128])
+        g = torch.autograd.grad(flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref_g = torch.autograd.grad(attention_ref(*leaves, causal=causal), leaves, dout.float())
+    lp_g = torch.autograd.grad(attention_ref(*leaves, causal=causal, upcast=False), leaves, dout)
+    for name, a, r, lp in zip(("dq", "dk", "dv"), g, ref_g, lp_g):
+        assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, torch.bfloat16)
+

@@ -42,11 +42,14 @@ def test_bwd_variant_builds_for_sm90a(reports, spec):
     assert r["shared_bytes"] <= SHARED_LIMIT, r
     # per consumer: S^T = K Q^T and dP^T = V dO^T have D/16 k-steps each, dV += P^T dO and
     # dK += dS^T Q have BLOCK_M/16 each, dQ = dS K has BLOCK_N/16 (dq_shared: one product per
-    # consumer's dS, each on half the columns)
+    # consumer's dS, each on half the columns; dq_lag: the products appear twice, in the loop and
+    # after it for the last step)
     dq_steps = (var.block_n // 16) * (var.consumers if var.dq_shared else 1) if var.dq_atomic else 0
+    dq_steps *= 2 if var.dq_lag else 1
     assert r["wgmma"] == (2 * head_dim // 16 + 2 * var.block_m // 16 + dq_steps) * var.consumers, r
     assert r["tma_loads"] > 0, r
-    assert r["tma_reduces"] == (var.consumers if var.dq_atomic else 0), r  # one per consumer
+    # one reduce per consumer (dq_lag: also after the loop)
+    assert r["tma_reduces"] == (var.consumers * (2 if var.dq_lag else 1) if var.dq_atomic else 0), r
     assert hb.PRODUCER_REGS in r["setmaxnreg"] and var.consumer_regs in r["setmaxnreg"], r
 
 
@@ -148,3 +151,17 @@ def test_backward_path_switches(on_hopper, monkeypatch):
 def test_backward_needs_an_sm90_cuda_tensor():
     # nothing stubbed: CPU tensors are never covered
     assert _path(_call()) == "triton"
+
+
+def test_variant_choice_is_deterministic_unless_allowed():
+    """The default variants never use atomics; the atomic dQ variants run only once
+    deterministic gradients are not required, and only where they are listed."""
+    for d in hb.DEFAULT:
+        for causal in (False, True):
+            assert not hb.VARIANTS[hb.variant_for(d, causal)].dq_atomic
+    with configs.use_deterministic(False):
+        for (d, causal), name in hb.NONDETERMINISTIC.items():
+            assert hb.variant_for(d, causal) == name and d in hb.VARIANTS[name].head_dims
+        assert hb.variant_for(128, True) == hb.DEFAULT[128]
+    assert configs.deterministic()
+

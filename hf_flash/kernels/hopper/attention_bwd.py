@@ -98,6 +98,10 @@ class Variant:
     # reduce traffic); the consumers meet at two mbarriers per step. d128 only (the K tiles are
     # read in 64-column halves).
     dq_shared: bool = False
+    # dq_shared with the dQ product of step j issued in step j + 1 (after that step's dK/dV
+    # products), so a consumer never waits for the other's dS of the step it is in: the two can
+    # drift apart by up to a step and hide each other's elementwise work, as without dQ
+    dq_lag: bool = False
 
     @property
     def keys(self) -> int:
@@ -115,6 +119,8 @@ VARIANTS = {
                 dq_atomic=True),
         Variant("kv2x64-m64-s2-dqs", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqsl", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, head_dims=(128,)),
     )
 }  # fmt: skip
 # DEFAULT maps a head dim to the variant the backward runs; head dims without an entry keep the
@@ -122,6 +128,17 @@ VARIANTS = {
 # the Triton dQ kernel) ran 6-21% faster than the Triton backward at every point; at d64 it was
 # level with it (-4%..+10%), so d64 stays on Triton.
 DEFAULT = {128: "kv2x64-m64-s2"}
+# (head dim, causal) -> the variant run when deterministic gradients are not required
+# (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
+# DEFAULT: d128 non-causal dqs +10-25% (call 2); causal dqs was slower than the split.
+NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqs"}
+
+
+def variant_for(head_dim: int, causal: bool) -> str:
+    """The variant :func:`hopper_attention_backward` runs by default for this call."""
+    if not configs.deterministic() and (head_dim, bool(causal)) in NONDETERMINISTIC:
+        return NONDETERMINISTIC[(head_dim, bool(causal))]
+    return DEFAULT[head_dim]
 
 
 @gluon.jit
@@ -183,13 +200,35 @@ def _producer(
 
 
 @gluon.jit
+def _dq_shared_step(j, h, mt, b, ds_smem, k_smem, dq_tile, ds_ready, ds_free, dq_desc, dq_zero, sm_scale,
+                    INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr):  # fmt: skip
+    """dQ[rows of (h, mt), this consumer's DQ_N columns] += sum over the consumers c of
+    dS_c K_c[:, columns], for step ``j`` (its dS tiles in buffer j % 2), added by TMA reduce."""
+    par = j % 2
+    mbarrier.wait(ds_ready.index(par), (j // 2) & 1)  # every consumer's dS of step j is stored
+    dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS).permute((1, 0)),
+                           k_smem.index(0).slice(INDEX * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False,
+                           is_async=True)  # fmt: skip
+    for c in gl.static_range(1, CONSUMERS):
+        dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS + c).permute((1, 0)),
+                               k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok, is_async=True)
+    dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+    mbarrier.arrive(ds_free.index(par))
+    # the previous reduce must have read the staging tile before it is rewritten
+    tma.store_wait(0)
+    dq_tile.store(dq * sm_scale)
+    fence_async_shared()
+    _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, INDEX * DQ_N], dq_tile.reshape([1, 1, BLOCK_M, DQ_N]))
+
+
+@gluon.jit
 def _consumer(
     q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
     ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, CAUSAL: gl.constexpr,
-    DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr, DQ_LAG: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -222,6 +261,9 @@ def _consumer(
 
     mbarrier.wait(kv_bar, 0)
     per_head = n_m - m_lo
+    # DQ_LAG: the (head, query tile) of the previous step, whose dQ product is still to run
+    prev_h = kv_h * group
+    prev_mt = gl.to_tensor(m_lo)
     for it in range(group * per_head):
         h = kv_h * group + it // per_head
         mt = m_lo + it % per_head
@@ -230,8 +272,10 @@ def _consumer(
         phase = (it // STAGES) & 1
         # lse/delta of the step's rows: loaded before the products so the loads run under them;
         # rows past the end read lse = +inf, so their P (and dS) is 0
-        l_off = b64 * stride_lb + h.to(gl.int64) * stride_lh + rows.to(gl.int64) * stride_lm
-        lse2 = gl.load(Lse + l_off, mask=rows < seqlen_q, other=float("inf")) * LOG2E_C
+        # int64 (batch, head) offset, int32 row offsets (the rows are unit-stride, checked on the
+        # host): no 64-bit offset vector stays live across the products
+        l_base = b64 * stride_lb + h.to(gl.int64) * stride_lh
+        lse2 = gl.load(Lse + l_base + rows, mask=rows < seqlen_q, other=float("inf")) * LOG2E_C
         q_tile = q_smem.index(slot)
         do_tile = do_smem.index(slot)
         mbarrier.wait(q_ready.index(slot), phase)
@@ -252,12 +296,27 @@ def _consumer(
         dpt = warpgroup_mma_wait(0, deps=(dpt,))
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
         # delta is read here, under the dV product, to keep it out of the registers before
-        delta = gl.load(Delta + l_off, mask=rows < seqlen_q, other=0.0)
+        delta = gl.load(Delta + l_base + rows, mask=rows < seqlen_q, other=0.0)
         dst = pt * (dpt - gl.expand_dims(delta, 0))
         ds = dst.to(dtype)
         ds_op = gl.convert_layout(ds, op_layout)
         dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
-        if DQ_SHARED:
+        if DQ_LAG:
+            par = it % 2
+            mbarrier.wait(ds_free.index(par), ((it // 2) & 1) ^ 1)  # all dQ products of step it - 2 ran
+            ds_smem.index(par * CONSUMERS + INDEX).store(ds)
+            fence_async_shared()
+            mbarrier.arrive(ds_ready.index(par))
+            dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
+            mbarrier.arrive(do_empty.index(slot))
+            dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
+            mbarrier.arrive(q_empty.index(slot))
+            if it > 0:
+                _dq_shared_step(it - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_tile, ds_ready, ds_free, dq_desc,
+                                dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N)  # fmt: skip
+            prev_h = h
+            prev_mt = mt
+        elif DQ_SHARED:
             # dS^T of both consumers through shared memory (double-buffered by step parity):
             # dQ[:, cols] = sum over the consumers c of dS_c K_c[:, cols]
             par = it % 2
@@ -305,11 +364,15 @@ def _consumer(
             dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
             mbarrier.arrive(q_empty.index(slot))
 
+    n_steps = group * per_head
+    if DQ_LAG:
+        if n_steps > 0:
+            _dq_shared_step(n_steps - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_tile, ds_ready, ds_free, dq_desc,
+                            dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N)  # fmt: skip
     tma.store_wait(0)
     if DQ_SHARED:
         # the other consumers read this K tile in their dQ products: wait until the last step's
         # products of all of them are done before it is overwritten
-        n_steps = group * per_head
         if n_steps > 0:
             mbarrier.wait(ds_free.index((n_steps - 1) % 2), ((n_steps - 1) // 2) & 1)
     # K and V are no longer read: their tiles stage this partition's dK and dV for the store
@@ -330,6 +393,7 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
+    DQ_LAG: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -375,13 +439,13 @@ def _attn_bwd_dkdv_kernel(
                          stride_lb, stride_lh, stride_lm,
                          n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                          0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                         DQ_SHARED)),
+                         DQ_SHARED, DQ_LAG)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                          do_empty, ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse, Delta,
                          stride_lb, stride_lh, stride_lm,
                          n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                          1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                         DQ_SHARED)),
+                         DQ_SHARED, DQ_LAG)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                          kv_bar, q_ready, do_ready, q_empty, do_empty,
                          n_bhk, nheads_k, group, seqlen_q, seqlen_k,
@@ -440,8 +504,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, *, softmax_sca
         raise ValueError(f"variant {variant} is built for head dims {var.head_dims}, not {head_dim}")
     if not softmax_scale > 0:
         raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
-    if lse.stride() != delta.stride():
-        raise ValueError("lse and delta must share strides")
+    if lse.stride() != delta.stride() or lse.stride(2) != 1:
+        raise ValueError("lse and delta must share strides, unit along the rows")
     if var.dq_atomic:
         if dq_accum is None or dq_accum.shape != q.shape or dq_accum.dtype != torch.float32:
             raise ValueError(f"variant {variant} needs a float32 dq_accum shaped like q")
@@ -461,7 +525,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, *, softmax_sca
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic,
-        DQ_SHARED=var.dq_shared, num_warps=4,
+        DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
@@ -473,9 +537,9 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     k/v/dk/dv (B, Sk, Hk, D); lse (the forward's natural-log log-sum-exp) and delta
     (rowsum(dO * O) - dlse, from the Triton preprocess) float32 (B, H, Sq) with the same
     strides. Only calls for which :func:`supports` is true (checked by the caller). ``variant``
-    names an entry of ``VARIANTS`` (default: ``DEFAULT`` for the head dim). Returns whether dq
-    was written (else the caller runs a dQ kernel)."""
-    variant = variant or DEFAULT[q.shape[-1]]
+    names an entry of ``VARIANTS`` (default: :func:`variant_for`). Returns whether dq was written
+    (else the caller runs a dQ kernel)."""
+    variant = variant or variant_for(q.shape[-1], causal)
     var = VARIANTS[variant]
     if k.shape[1] == 0:
         return False
@@ -498,4 +562,6 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     return var.dq_atomic
 
 
-__all__ = ["hopper_attention_backward", "supports", "launch_args", "VARIANTS", "DEFAULT"]
+__all__ = [
+    "hopper_attention_backward", "supports", "launch_args", "variant_for", "VARIANTS", "DEFAULT", "NONDETERMINISTIC",
+]
