@@ -130,8 +130,9 @@ VARIANTS = {
 DEFAULT = {128: "kv2x64-m64-s2"}
 # (head dim, causal) -> the variant run when deterministic gradients are not required
 # (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
-# DEFAULT: d128 non-causal dqs +10-25% (call 2); causal dqs was slower than the split.
-NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqs"}
+# DEFAULT (H100, call 3, 3 rounds): d128 non-causal dqs 435-474 TFLOP/s against s2's 370-396
+# (+17-20%); d128 causal dqsl 359-434 against 360-420 (0 to +8%; dqs is slower there).
+NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqs", (128, True): "kv2x64-m64-s2-dqsl"}
 
 
 def variant_for(head_dim: int, causal: bool) -> str:
