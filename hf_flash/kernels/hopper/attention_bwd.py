@@ -24,11 +24,14 @@ of the GQA group (K/V are never expanded) and, for each, the query tiles that ca
 
 dQ: by default not computed here: :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs
 its Triton dQ kernel beside this one (no atomics, so the backward stays bitwise deterministic; it
-recomputes S and dP, 7 products for the 5 counted). The ``dq_atomic`` variants (not the default)
-also compute ``dQ_part = dS K`` per step (dS^T staged in shared memory, read transposed) and add
-it, scaled, into a float32 (B, H, Sq, D) accumulator with a TMA reduce-add
-(``cp.reduce.async.bulk.tensor .add``); the launcher then casts it into dq. The order of those
-additions varies from run to run.
+recomputes S and dP, 7 products for the 5 counted). The ``dq_atomic`` variants (not the default;
+``NONDETERMINISTIC`` picks them once deterministic gradients are not required) also compute
+``dQ_part = dS K`` per step (dS^T staged in shared memory, read transposed) and add it, scaled,
+into a float32 (B, H, Sq, D) accumulator with a TMA reduce-add (``cp.reduce.async.bulk.tensor
+.add``); the launcher then casts it into dq. The order of those additions varies from run to run.
+``dq_shared`` (FA3's form) puts both consumers' dS in one product, each consumer adding half of
+dQ's columns over all 128 keys (half the reduce traffic of one tile per consumer); ``dq_lag``
+runs that product one step late, so the consumers need not move in lockstep.
 
 Masking: causal attention is bottom-right aligned (query row i sees keys ``j <= i + seqlen_k -
 seqlen_q``). Query tiles that see none of the program's keys are skipped, tiles that see all of
@@ -39,7 +42,8 @@ has them, so they add nothing to dQ. Rows that saw no key in the forward (lse +i
 
 Programs are numbered with the (batch, K/V head) pair fastest and the key tile slowest, so under
 causal masking the key tiles that see the most queries start first. Addressing goes through TMA
-descriptors with the tensors' own strides (int64) and int64 pointer arithmetic for lse/delta.
+descriptors with the tensors' own strides (int64); lse/delta are read at an int64 (batch, head)
+offset plus int32 row offsets (their rows are unit-stride).
 """
 
 from __future__ import annotations
@@ -109,8 +113,9 @@ class Variant:
 
 
 # Every variant the package compiles and tests (CPU compile report, H100 timings in
-# .notes/hopper-bwd.md). 128 query rows per step (d64) spills ~1 KB per thread at 240 registers;
-# a 3-stage Q/dO ring measured no faster than 2 (call 1) and was dropped.
+# .notes/hopper-bwd.md). dqa (one dQ tile per consumer) is the reference point of the dQ
+# variants: twice dqs's reduce traffic, slower everywhere. 128 query rows per step (d64) spills
+# ~1 KB per thread at 240 registers; a 3-stage Q/dO ring measured no faster than 2 (call 1).
 VARIANTS = {
     v.name: v
     for v in (
@@ -124,9 +129,9 @@ VARIANTS = {
     )
 }  # fmt: skip
 # DEFAULT maps a head dim to the variant the backward runs; head dims without an entry keep the
-# Triton backward. H100, 2026-11-24 (.notes/hopper-bwd.md, call 1): at d128 kv2x64-m64-s2 (with
-# the Triton dQ kernel) ran 6-21% faster than the Triton backward at every point; at d64 it was
-# level with it (-4%..+10%), so d64 stays on Triton.
+# Triton backward. H100, 2026-11-24 (.notes/hopper-bwd.md): at d128 kv2x64-m64-s2 (with the
+# Triton dQ kernel) ran 2-8% faster than the Triton backward at every point (call 3, 3 rounds);
+# at d64 it was level with it (-4%..+10%, calls 1-2), so d64 stays on Triton.
 DEFAULT = {128: "kv2x64-m64-s2"}
 # (head dim, causal) -> the variant run when deterministic gradients are not required
 # (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
