@@ -24,6 +24,13 @@ _OVERRIDE: Optional[dict] = None
 # Whether forward calls the Gluon Hopper kernel covers run on it (kernels/hopper); read once,
 # HF_FLASH_HOPPER=0 keeps every call on the Triton kernels. use_hopper() switches it for a block.
 _HOPPER = os.environ.get("HF_FLASH_HOPPER", "1") not in ("0", "", "false", "False")
+# The Gluon backward alone: HF_FLASH_HOPPER_BWD=0 (or use_hopper_backward(False)) keeps the
+# backward on the Triton kernels while the Gluon forward runs.
+_HOPPER_BWD = os.environ.get("HF_FLASH_HOPPER_BWD", "1") not in ("0", "", "false", "False")
+# Bitwise-deterministic gradients (the default). HF_FLASH_DETERMINISTIC=0 (or
+# use_deterministic(False)) lets the Gluon Hopper backward add dQ with atomic reductions where that
+# measured faster; the gradients then differ between runs by float32 rounding.
+_DETERMINISTIC = os.environ.get("HF_FLASH_DETERMINISTIC", "1") not in ("0", "", "false", "False")
 
 
 def interpreting() -> bool:
@@ -126,6 +133,42 @@ def use_hopper(enabled: bool):
         yield
     finally:
         _HOPPER = previous
+
+
+@contextlib.contextmanager
+def use_hopper_backward(enabled: bool):
+    """Switch the Gluon Hopper backward alone on or off for a block (the forward follows
+    :func:`use_hopper`); benchmarks time the Triton backward behind the Gluon forward."""
+    global _HOPPER_BWD
+    previous, _HOPPER_BWD = _HOPPER_BWD, bool(enabled)
+    try:
+        yield
+    finally:
+        _HOPPER_BWD = previous
+
+
+@contextlib.contextmanager
+def use_deterministic(enabled: bool):
+    """Require bitwise-deterministic gradients (True, the default) or allow the backward's atomic
+    dQ accumulation (False) for a block."""
+    global _DETERMINISTIC
+    previous, _DETERMINISTIC = _DETERMINISTIC, bool(enabled)
+    try:
+        yield
+    finally:
+        _DETERMINISTIC = previous
+
+
+def deterministic() -> bool:
+    """Whether the backward must be bitwise deterministic (``HF_FLASH_DETERMINISTIC``,
+    :func:`use_deterministic`)."""
+    return _DETERMINISTIC
+
+
+def hopper_backward_enabled(device: torch.device) -> bool:
+    """The Gluon Hopper backward may run on ``device``: :func:`hopper_enabled` and not switched
+    off on its own (``HF_FLASH_HOPPER_BWD``, :func:`use_hopper_backward`)."""
+    return _HOPPER_BWD and hopper_enabled(device)
 
 
 def hopper_enabled(device: torch.device) -> bool:

@@ -379,18 +379,41 @@ def _bwd_dq_kernel(
     )  # fmt: skip
 
 
+def backward_path(q, k, v, out, dout, dk, dv, *, varlen, causal, window_left, window_right, softcap,
+                  alibi_slopes, dropout_p, softmax_scale, sinks=None, **_) -> str:  # fmt: skip
+    """Which dK/dV kernel :func:`flash_attn_backward` runs for these arguments: ``"hopper"``
+    (the Gluon sm_90a kernel, :mod:`hf_flash.kernels.hopper.attention_bwd`) when it covers the
+    call and the device allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this
+    module's kernels). The Hopper kernel covers what the Hopper forward covers (dense fp16/bf16,
+    causal or not, no window, softcap, ALiBi, dropout or sinks) at head dim 128 (64: no measured gain,
+    Triton) with out, dout, dk and dv addressable by TMA too (``None``: still to be allocated like q / k, which then are).
+    The preprocess and dQ kernels are this module's on both paths."""
+    if varlen or sinks is not None or not configs.hopper_backward_enabled(q.device):
+        return "triton"
+    from .hopper import attention_bwd as hopper  # Gluon: imported only where it can run
+
+    out, dout = (q if t is None else t for t in (out, dout))
+    dk, dv = (k if t is None else t for t in (dk, dv))
+    covered = hopper.supports(
+        q, k, v, out, dout, dk, dv, causal=causal, window=(window_left, window_right),
+        softcap=softcap, alibi=alibi_slopes, dropout=dropout_p, softmax_scale=softmax_scale,
+    )  # fmt: skip
+    return "hopper" if covered else "triton"
+
+
 @configs.on_input_device
 def flash_attn_backward(
     dout, dlse, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
     dropout_p, rng_state, sinks=None, dsinks=None,
 ):  # fmt: skip
-    """Launch the three backward kernels; layouts as in flash_fwd.flash_attn_forward. With
-    learnable ``sinks`` (H,), their gradient goes to ``dsinks`` (H,): the sink's probability in
-    row i is ``p_i = exp(sink - lse_i)`` and its value is zero, so
-    ``d sink = -sum_i p_i * delta_i`` over every row of its head (``delta_i = rowsum(dO_i * O_i)
-    - dlse_i``, the preprocess kernel's per-row term); the other gradients keep their form, the
-    sink being inside lse already."""
+    """Launch the three backward kernels; layouts as in flash_fwd.flash_attn_forward. Calls
+    the Gluon Hopper dK/dV kernel covers run it in place of the Triton one
+    (:func:`backward_path`); both write the same gradients. With learnable ``sinks`` (H,),
+    their gradient goes to ``dsinks`` (H,): the sink's probability in row i is
+    ``p_i = exp(sink - lse_i)`` and its value is zero, so ``d sink = -sum_i p_i * delta_i`` over
+    every row of its head (``delta_i = rowsum(dO_i * O_i) - dlse_i``, the preprocess kernel's
+    per-row term); the other gradients keep their form, the sink being inside lse already."""
     varlen = cu_seqlens_q is not None
     if varlen:
         batch = cu_seqlens_q.numel() - 1
@@ -433,17 +456,30 @@ def flash_attn_backward(
     scalars = (
         float(softmax_scale), float(softcap), float(dropout_p), int(window_left), int(window_right),
     )  # fmt: skip
-    _bwd_dkdv_kernel[(configs.cdiv(max_seqlen_k, dkdv_cfg["BLOCK_N"]), batch * nheads_k)](
-        q, k, v, dout, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
-        *_dense_or_varlen_strides(q, varlen), *_dense_or_varlen_strides(k, varlen),
-        *_dense_or_varlen_strides(v, varlen), *_dense_or_varlen_strides(dout, varlen),
-        *_dense_or_varlen_strides(dk, varlen), *_dense_or_varlen_strides(dv, varlen),
-        stride_lb, stride_lh, stride_ab,
-        *common, nheads, nheads_k, nheads // nheads_k, *scalars,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=dkdv_cfg["BLOCK_M"],
-        BLOCK_N=dkdv_cfg["BLOCK_N"], IS_VARLEN=varlen,
-        **configs.launch_options(dkdv_cfg, varlen), **flags,
+    path = backward_path(
+        q, k, v, out, dout, dk, dv, varlen=varlen, causal=causal, window_left=window_left,
+        window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        softmax_scale=softmax_scale, sinks=sinks,
     )  # fmt: skip
+    if path == "hopper":
+        from .hopper.attention_bwd import hopper_attention_backward
+
+        if hopper_attention_backward(
+            q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=softmax_scale, causal=causal
+        ):
+            return  # the variant computed dQ too
+    else:
+        _bwd_dkdv_kernel[(configs.cdiv(max_seqlen_k, dkdv_cfg["BLOCK_N"]), batch * nheads_k)](
+            q, k, v, dout, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
+            *_dense_or_varlen_strides(q, varlen), *_dense_or_varlen_strides(k, varlen),
+            *_dense_or_varlen_strides(v, varlen), *_dense_or_varlen_strides(dout, varlen),
+            *_dense_or_varlen_strides(dk, varlen), *_dense_or_varlen_strides(dv, varlen),
+            stride_lb, stride_lh, stride_ab,
+            *common, nheads, nheads_k, nheads // nheads_k, *scalars,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=dkdv_cfg["BLOCK_M"],
+            BLOCK_N=dkdv_cfg["BLOCK_N"], IS_VARLEN=varlen,
+            **configs.launch_options(dkdv_cfg, varlen), **flags,
+        )  # fmt: skip
     _bwd_dq_kernel[(configs.cdiv(max_seqlen_q, dq_cfg["BLOCK_M"]), batch * nheads)](
         q, k, v, dout, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
         *_dense_or_varlen_strides(q, varlen), *_dense_or_varlen_strides(k, varlen),

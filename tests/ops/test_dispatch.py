@@ -138,9 +138,9 @@ def test_attention_paths_without_a_hopper_gpu(device):
     from hf_flash.interface import attention_paths
     from hf_flash.kernels import configs
 
-    q = torch.randn(1, 32, 4, 64, device=device, dtype=torch.float16)
-    k = torch.randn(1, 32, 2, 64, device=device, dtype=torch.float16)
+    q = torch.randn(1, 32, 4, 128, device=device, dtype=torch.float16)
+    k = torch.randn(1, 32, 2, 128, device=device, dtype=torch.float16)
     paths = attention_paths(q, k, k, causal=True)
     expected = "hopper" if configs.hopper_enabled(q.device) else "triton"
-    assert paths == {"forward": expected, "backward": "triton"}
-    assert attention_paths(q, k, k, causal=True, varlen=True)["forward"] == "triton"
+    assert paths == {"forward": expected, "backward": expected}
+    assert attention_paths(q, k, k, causal=True, varlen=True) == {"forward": "triton", "backward": "triton"}

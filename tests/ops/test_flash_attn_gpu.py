@@ -69,20 +69,22 @@ def test_triton_forward_where_hopper_runs(dtype, d, seqlen, causal):
 def test_forward_path_choice_on_hopper():
     """Which forward a call takes: the Gluon kernel for what it covers, Triton for the rest."""
     q, k, v = (t.detach() for t in _qkv(1, 256, 256, 8, 2, 128, torch.bfloat16))
-    assert attention_paths(q, k, v, causal=True) == {"forward": "hopper", "backward": "triton"}
+    assert attention_paths(q, k, v, causal=True) == {"forward": "hopper", "backward": "hopper"}
+    with configs.use_hopper_backward(False):
+        assert attention_paths(q, k, v, causal=True) == {"forward": "hopper", "backward": "triton"}
     assert attention_paths(q[..., :64], k[..., :64], v[..., :64])["forward"] == "hopper"
     others = [
         dict(window_size=(63, 0), causal=True), dict(softcap=30.0), dict(dropout_p=0.1),
         dict(alibi_slopes=torch.rand(8, device=DEV)), dict(varlen=True),
     ]  # fmt: skip
     for opts in others:
-        assert attention_paths(q, k, v, **opts)["forward"] == "triton", opts
+        assert attention_paths(q, k, v, **opts) == {"forward": "triton", "backward": "triton"}, opts
     f32 = [t.float() for t in (q, k, v)]
     assert attention_paths(*f32)["forward"] == "triton"
     q80, k80, v80 = (t.detach() for t in _qkv(1, 64, 64, 8, 2, 80, torch.bfloat16))
     assert attention_paths(q80, k80, v80)["forward"] == "triton"
     with configs.use_hopper(False):
-        assert attention_paths(q, k, v, causal=True)["forward"] == "triton"
+        assert attention_paths(q, k, v, causal=True) == {"forward": "triton", "backward": "triton"}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

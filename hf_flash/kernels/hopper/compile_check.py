@@ -1,4 +1,4 @@
-"""Build every Gluon attention variant for sm_90a on a machine without a GPU.
+"""Build every Gluon attention variant (forward and backward) for sm_90a on a machine without a GPU.
 
     python -m hf_flash.kernels.hopper.compile_check [--json PATH]
 
@@ -28,7 +28,7 @@ from triton.compiler import make_backend
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import create_function_from_signature
 
-from . import attention_fwd
+from . import attention_bwd, attention_fwd
 
 SHARED_PER_SM = 227 * 1024
 REGISTERS_PER_SM = 65536
@@ -65,18 +65,34 @@ def _ptxas_report(ptx: str) -> str:
         ).stderr  # fmt: skip
 
 
+BWD_PREFIX = "bwd:"
+
+
 def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat16) -> dict:
-    """Compile one variant and return its resource report."""
+    """Compile one variant and return its resource report. ``variant`` names an entry of
+    ``attention_fwd.VARIANTS``, or of ``attention_bwd.VARIANTS`` behind ``"bwd:"``."""
     batch, nheads, nheads_k = 2, 8, 2
     q = torch.empty(batch, SEQLEN, nheads, head_dim, dtype=dtype)
     k = torch.empty(batch, SEQLEN, nheads_k, head_dim, dtype=dtype)
     v = torch.empty_like(k)
     out = torch.empty_like(q)
     lse = torch.empty(batch, nheads, SEQLEN, dtype=torch.float32)
-    _, args, kwargs = attention_fwd.launch_args(
-        q, k, v, out, lse, softmax_scale=head_dim**-0.5, causal=causal, variant=variant
-    )
-    compiled = compile_sm90(attention_fwd._attn_fwd_kernel, args, kwargs)
+    if variant.startswith(BWD_PREFIX):
+        var = attention_bwd.VARIANTS[variant[len(BWD_PREFIX):]]
+        _, args, kwargs = attention_bwd.launch_args(
+            q, k, v, out, lse, torch.empty_like(lse), torch.empty_like(k), torch.empty_like(k),
+            torch.empty(q.shape, dtype=torch.float32), softmax_scale=head_dim**-0.5, causal=causal,
+            variant=var.name,
+        )  # fmt: skip
+        compiled = compile_sm90(attention_bwd._attn_bwd_dkdv_kernel, args, kwargs)
+        rows, block_n = var.keys, var.block_m
+    else:
+        var = attention_fwd.VARIANTS[variant]
+        _, args, kwargs = attention_fwd.launch_args(
+            q, k, v, out, lse, softmax_scale=head_dim**-0.5, causal=causal, variant=variant
+        )
+        compiled = compile_sm90(attention_fwd._attn_fwd_kernel, args, kwargs)
+        rows, block_n = var.rows, var.block_n
     ptx = compiled.asm["ptx"]
     report = _ptxas_report(ptx)
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
@@ -85,15 +101,15 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
     stack = int(re.search(r"(\d+) bytes stack frame", report).group(1))
     shared = int(compiled.metadata.shared)
     setmaxnreg = sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
-    var = attention_fwd.VARIANTS[variant]
     return {
         "variant": variant, "head_dim": head_dim, "causal": causal, "dtype": str(dtype).replace("torch.", ""),
-        "rows_per_program": var.rows, "block_n": var.block_n, "stages": var.stages,
+        "rows_per_program": rows, "block_n": block_n, "stages": var.stages,
         "warps": int(compiled.metadata.num_warps), "registers": registers,
         "spill_store_bytes": spill_stores, "spill_load_bytes": spill_loads, "stack_bytes": stack,
         "shared_bytes": shared, "programs_per_sm_by_shared": SHARED_PER_SM // max(shared, 1),
         "setmaxnreg": setmaxnreg,
         "wgmma": ptx.count("wgmma.mma_async"), "tma_loads": ptx.count("cp.async.bulk.tensor"),
+        "tma_reduces": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\S*\.add", ptx)),
     }  # fmt: skip
 
 
@@ -125,12 +141,23 @@ def check_many(specs, processes: int = 2) -> list[dict]:
             os.environ["TRITON_INTERPRET"] = saved
 
 
+def _head_dims(name):
+    if name.startswith(BWD_PREFIX):
+        return attention_bwd.VARIANTS[name[len(BWD_PREFIX):]].head_dims
+    return attention_fwd.VARIANTS[name].head_dims
+
+
+def all_variants():
+    """Every forward variant, then every backward (dK/dV) variant as ``"bwd:<name>"``."""
+    return [*attention_fwd.VARIANTS, *(BWD_PREFIX + name for name in attention_bwd.VARIANTS)]
+
+
 def all_specs(variants=None, head_dims=attention_fwd.HEAD_DIMS, dtypes=("bfloat16", "float16")):
     return [
         (name, d, causal, dt)
-        for name in variants or attention_fwd.VARIANTS
+        for name in variants or all_variants()
         for d in head_dims
-        if d in attention_fwd.VARIANTS[name].head_dims
+        if d in _head_dims(name)
         for causal in (False, True)
         for dt in dtypes
     ]
@@ -147,7 +174,7 @@ def main(argv=None) -> None:
     rows = check_many(all_specs(args.variants, dtypes=dtypes), processes=args.processes)
     for r in rows:
         print(
-            f"{r['variant']:16s} d{r['head_dim']:<4d} {'causal' if r['causal'] else 'full':6s} {r['dtype']:9s} "
+            f"{r['variant']:26s} d{r['head_dim']:<4d} {'causal' if r['causal'] else 'full':6s} {r['dtype']:9s} "
             f"regs {r['registers']:3d} spill {r['spill_store_bytes']:4d}/{r['spill_load_bytes']:<4d} "
             f"stack {r['stack_bytes']:4d} smem {r['shared_bytes']:6d} setmaxnreg {r['setmaxnreg']} "
             f"wgmma {r['wgmma']} tma {r['tma_loads']}"

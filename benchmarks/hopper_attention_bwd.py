@@ -1,0 +1,235 @@
+"""Attention backward on Hopper: the Gluon dK/dV kernel beside hf_flash's Triton backward and SDPA.
+
+    PYTHONPATH=. python benchmarks/hopper_attention_bwd.py OUT.json [--variants ...] [--seqlens ...]
+
+One run, same GPU, same inputs (the shapes of benchmarks/hopper_attention.py: bf16, Hq=32,
+Hkv=8, head dims 128 and 64, causal and not, S = 4K, 8K, 16K, 32K with batch 16K // S). For each
+provider it times the backward alone (``torch.autograd.grad`` on a kept graph: the delta
+preprocess, dK/dV and dQ) and forward + backward:
+
+  hopper:<variant>  flash_attn_func, Gluon forward, Gluon dK/dV kernel ``variant`` + Triton dQ
+  hf_flash_tbwd     flash_attn_func, Gluon forward, Triton backward (use_hopper_backward(False))
+  sdpa              F.scaled_dot_product_attention(..., enable_gqa=True), no backend forced
+                    (cuDNN on an H100)
+
+and, per Gluon variant, its kernel alone (``dkdv:<variant>``; TFLOP/s over the products it runs:
+4 for dK/dV, 2x the forward's, 5 with dQ). TFLOP/s: forward = 4 B Hq S^2 D (halved when causal),
+backward = 2.5x forward, forward + backward = 3.5x forward, as benchmarks/attention.py counts.
+Timing: triton.testing.do_bench (CUDA events, L2 flush, median), ``--rounds`` rounds with the
+providers taking turns; the median of the rounds. Each Gluon row records its max |difference|
+to the Triton backward's gradients (a spot check; the tests do the real checking).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.hopper_attention import NHEADS_KV, NHEADS_Q, TOKENS, bench, env_info, flops  # noqa: E402
+
+
+def providers(q, k, v, dout, causal, variants):
+    """name -> (forward, backward-context): forward() returns the output in (B, S, H, D) with a
+    graph to (q, k, v); the backward runs inside backward-context()."""
+    from hf_flash import flash_attn_func
+    from hf_flash.kernels import configs
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    fns = {}
+    for name in variants:
+        if q.shape[-1] not in hb.VARIANTS[name].head_dims:
+            continue
+
+        @contextlib.contextmanager
+        def pick(name=name):
+            saved = dict(hb.DEFAULT)
+            hb.DEFAULT[q.shape[-1]] = name
+            try:
+                yield
+            finally:
+                hb.DEFAULT.clear()
+                hb.DEFAULT.update(saved)
+
+        fns[f"hopper:{name}"] = (lambda: flash_attn_func(q, k, v, causal=causal), pick)
+    fns["hf_flash_tbwd"] = (
+        lambda: flash_attn_func(q, k, v, causal=causal), lambda: configs.use_hopper_backward(False)
+    )
+    qh, kh, vh = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+
+    def sdpa():
+        return F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, enable_gqa=True).transpose(1, 2)
+
+    sdpa.leaves = (qh, kh, vh)
+    fns["sdpa"] = (sdpa, contextlib.nullcontext)
+    return fns
+
+
+def dkdv_only(q, k, v, dout, causal, variant):
+    """A closure timing the Gluon kernel alone (delta and lse computed once before; for a
+    ``dq_atomic`` variant with its accumulator's zeroing and the final dQ copy)."""
+    from hf_flash.kernels import configs, flash_bwd, flash_fwd
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    scale = q.shape[-1] ** -0.5
+    q, k, v = (t.detach() for t in (q, k, v))
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)
+    flash_fwd.flash_attn_forward(
+        q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=q.shape[1],
+        max_seqlen_k=k.shape[1], softmax_scale=scale, causal=causal, window_left=-1,
+        window_right=0 if causal else -1, softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None,
+    )  # fmt: skip
+    delta = torch.empty_like(lse)
+    flash_bwd._bwd_preprocess[(configs.cdiv(q.shape[1], 64), q.shape[0] * q.shape[2])](
+        out, dout, None, delta, None, *flash_bwd._dense_or_varlen_strides(out, False),
+        *flash_bwd._dense_or_varlen_strides(dout, False), lse.stride(0), lse.stride(1), q.shape[1], q.shape[2],
+        HEAD_DIM=q.shape[-1], BLOCK_D=q.shape[-1], BLOCK_M=64, IS_VARLEN=False, HAS_DLSE=False,
+    )  # fmt: skip
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def run():
+        hb.hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=scale, causal=causal,
+                                     variant=variant)  # fmt: skip
+
+    return run
+
+
+def run_point(head_dim, causal, seqlen, variants, rounds) -> list[dict]:
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    batch = max(1, TOKENS // seqlen)
+    g = torch.Generator(device="cuda").manual_seed(seqlen + head_dim)
+
+    def mk(h):
+        return torch.randn(batch, seqlen, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    q, k, v = (mk(h).requires_grad_() for h in (NHEADS_Q, NHEADS_KV, NHEADS_KV))
+    dout = mk(NHEADS_Q)
+    fns = providers(q, k, v, dout, causal, variants)
+    f_fwd = flops(batch, seqlen, head_dim, causal)
+    rows, timers = {}, {}
+    ref = None
+    for name, (fwd, ctx) in fns.items():
+        leaves = getattr(fwd, "leaves", (q, k, v))
+        row = {"provider": name, "head_dim": head_dim, "causal": causal, "seqlen": seqlen, "batch": batch,
+               "nheads_q": NHEADS_Q, "nheads_kv": NHEADS_KV, "dtype": "bfloat16", "round_ms": [],
+               "round_fb_ms": []}  # fmt: skip
+        try:
+            if name != "sdpa":
+                from hf_flash.interface import attention_paths
+
+                with ctx():
+                    row["paths"] = attention_paths(q, k, v, causal=causal)
+            out = fwd()
+
+            def bwd(out=out, ctx=ctx, leaves=leaves):
+                with ctx():
+                    return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+            def fb(fwd=fwd, ctx=ctx, leaves=leaves):
+                o = fwd()
+                with ctx():
+                    return torch.autograd.grad(o, leaves, dout)
+
+            grads = bwd()
+            torch.cuda.synchronize()
+            if name == "hf_flash_tbwd":
+                ref = grads
+            timers[name] = (bwd, fb, grads)
+        except Exception as e:  # recorded, not hidden
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            traceback.print_exc()
+        rows[name] = row
+    for name, (_, _, grads) in timers.items():
+        if name.startswith("hopper:") and ref is not None:
+            rows[name]["max_abs_diff_vs_triton_bwd"] = max((a.float() - b.float()).abs().max().item()
+                                                           for a, b in zip(grads, ref))  # fmt: skip
+    for name in variants:
+        if f"hopper:{name}" in timers:
+            rows[f"dkdv:{name}"] = {"provider": f"dkdv:{name}", "head_dim": head_dim, "causal": causal,
+                                    "seqlen": seqlen, "batch": batch, "round_ms": []}  # fmt: skip
+            timers[f"dkdv:{name}"] = (dkdv_only(q, k, v, dout, causal, name), None, None)
+    names = list(timers)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            bwd, fb, _ = timers[name]
+            rows[name]["round_ms"].append(bench(bwd)["ms"])
+            if fb is not None:
+                rows[name]["round_fb_ms"].append(bench(fb)["ms"])
+
+    def mid(xs):
+        return float(torch.tensor(xs).median().item()) if len(xs) % 2 else sum(xs) / len(xs)
+
+    for name in names:
+        row = rows[name]
+        row["bwd_ms"] = mid(row.pop("round_ms"))
+        if name.startswith("dkdv:"):
+            # the products the kernel runs: 4 (dK, dV) or 5 (with dQ) of the forward's 2
+            products = 5 if hb.VARIANTS[name[5:]].dq_atomic else 4
+            row["dkdv_tflops"] = products / 2 * f_fwd / (row["bwd_ms"] * 1e-3) / 1e12
+            continue
+        row["fwd_bwd_ms"] = mid(row.pop("round_fb_ms"))
+        row["bwd_tflops"] = 2.5 * f_fwd / (row["bwd_ms"] * 1e-3) / 1e12
+        row["fwd_bwd_tflops"] = 3.5 * f_fwd / (row["fwd_bwd_ms"] * 1e-3) / 1e12
+    base = rows.get("sdpa", {})
+    for row in rows.values():
+        if "bwd_tflops" in row and "bwd_tflops" in base:
+            row["bwd_vs_sdpa"] = row["bwd_tflops"] / base["bwd_tflops"]
+            row["fwd_bwd_vs_sdpa"] = row["fwd_bwd_tflops"] / base["fwd_bwd_tflops"]
+    return list(rows.values())
+
+
+def main(argv=None) -> None:
+    from hf_flash.kernels.hopper.attention_bwd import VARIANTS
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="JSON file to write")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--seqlens", nargs="+", type=int, default=[4096, 8192, 16384, 32768])
+    ap.add_argument("--head-dims", nargs="+", type=int, default=[128, 64])
+    ap.add_argument("--rounds", type=int, default=1, help="timings per provider and point (median)")
+    args = ap.parse_args(argv)
+    meta = env_info()
+    print(json.dumps(meta), flush=True)
+    rows = []
+    for d in args.head_dims:
+        for causal in (True, False):
+            for s in args.seqlens:
+                point = run_point(d, causal, s, args.variants, args.rounds)
+                rows += point
+                cells = "  ".join(
+                    f"{r['provider']}={r.get('bwd_tflops', r.get('dkdv_tflops', 0)):.0f}"
+                    + (f"/{r['fwd_bwd_tflops']:.0f}" if "fwd_bwd_tflops" in r else "")
+                    if "bwd_ms" in r else f"{r['provider']}=ERR"
+                    for r in point
+                )  # fmt: skip
+                print(f"d{d} {'causal' if causal else 'full  '} S={s:5d} B={point[0]['batch']}  {cells}", flush=True)
+                Path(args.out).write_text(json.dumps({"env": meta, "rows": rows}, indent=1))
+    print("\nbwd / fwd+bwd TFLOP/s | point | best gluon | hf_flash (triton bwd) | sdpa | best/sdpa (fwd+bwd)")
+    points = sorted({(r["head_dim"], r["causal"], r["seqlen"]) for r in rows}, key=lambda p: (-p[0], not p[1], p[2]))
+    for p in points:
+        pr = {r["provider"]: r for r in rows if (r["head_dim"], r["causal"], r["seqlen"]) == p}
+        hop = [r for n, r in pr.items() if n.startswith("hopper:") and "fwd_bwd_tflops" in r]
+        best = max(hop, key=lambda r: r["fwd_bwd_tflops"]) if hop else None
+
+        def cell(r):
+            return f"{r['bwd_tflops']:.0f}/{r['fwd_bwd_tflops']:.0f}" if r and "fwd_bwd_tflops" in r else "-"
+
+        ratio = f"{best['fwd_bwd_vs_sdpa']:.2f}" if best and "fwd_bwd_vs_sdpa" in best else "-"
+        bname = f"{cell(best)} {best['provider'][7:]}" if best else "-"
+        print(f"d{p[0]} {'causal' if p[1] else 'full':6s} {p[2]:6d} | {bname:28s} | {cell(pr.get('hf_flash_tbwd')):9s} | "
+              f"{cell(pr.get('sdpa')):9s} | {ratio}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

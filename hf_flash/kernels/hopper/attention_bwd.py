@@ -1,0 +1,573 @@
+"""FlashAttention backward for Hopper (sm_90a) in Gluon: the dK/dV (and dQ) kernel, after FlashAttention-3.
+
+A program owns ``CONSUMERS * BLOCK_N`` keys of one (batch, K/V head) and walks every query head
+of the GQA group (K/V are never expanded) and, for each, the query tiles that can see its keys:
+
+* a producer partition (one warp) loads the program's K and V tiles once (TMA, one mbarrier),
+  then streams the Q and dO tiles of each step into a ``STAGES``-deep shared-memory ring
+  (``q_ready`` / ``do_ready``; the consumers hand each slot back through ``q_empty`` /
+  ``do_empty``), so the loads of later steps run under the math of earlier ones;
+* consumer warpgroups own ``BLOCK_N`` (64) keys each and work in the transposed frame, keys along
+  the wgmma M axis, so every product has its accumulator in registers and both register operands
+  are already in place (no shared-memory round trip):
+
+      S^T  = K Q^T                     (K and Q from shared memory)
+      P^T  = exp2(S^T * scale * log2(e) - lse * log2(e))   (lse: the forward's natural-log LSE)
+      dP^T = V dO^T                    (V and dO from shared memory)
+      dS^T = P^T * (dP^T - delta)      (delta = rowsum(dO * O) - dlse, from the preprocess)
+      dV  += P^T dO                    (P^T from registers, dO from shared memory)
+      dK  += dS^T Q                    (dS^T from registers, Q from shared memory)
+
+  all as asynchronous wgmma: S^T and dP^T are issued back to back and P^T is computed while
+  dP^T runs; dS^T is computed while the dV product runs. Registers move from the producer (24)
+  to the consumers through ``setmaxnreg``.
+
+dQ: by default not computed here: :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs
+its Triton dQ kernel beside this one (no atomics, so the backward stays bitwise deterministic; it
+recomputes S and dP, 7 products for the 5 counted). The ``dq_atomic`` variants (not the default;
+``NONDETERMINISTIC`` picks them once deterministic gradients are not required) also compute
+``dQ_part = dS K`` per step (dS^T staged in shared memory, read transposed) and add it, scaled,
+into a float32 (B, H, Sq, D) accumulator with a TMA reduce-add (``cp.reduce.async.bulk.tensor
+.add``); the launcher then casts it into dq. The order of those additions varies from run to run.
+``dq_shared`` (FA3's form) puts both consumers' dS in one product, each consumer adding half of
+dQ's columns over all 128 keys (half the reduce traffic of one tile per consumer); ``dq_lag``
+runs that product one step late, so the consumers need not move in lockstep.
+
+Masking: causal attention is bottom-right aligned (query row i sees keys ``j <= i + seqlen_k -
+seqlen_q``). Query tiles that see none of the program's keys are skipped, tiles that see all of
+them run without a mask. Rows past the end of the queries need no mask: TMA zero-fills Q and dO
+there and their lse is read as +inf, so P = 0 and dS = 0. Keys past the end of the sequence
+(zero-filled K/V rows, whose dK/dV rows the TMA store clips) are masked in the one key tile that
+has them, so they add nothing to dQ. Rows that saw no key in the forward (lse +inf) get P = 0.
+
+Programs are numbered with the (batch, K/V head) pair fastest and the key tile slowest, so under
+causal masking the key tiles that see the most queries start first. Addressing goes through TMA
+descriptors with the tensors' own strides (int64); lse/delta are read at an int64 (batch, head)
+offset plus int32 row offsets (their rows are unit-stride).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from triton._C.libtriton import ir as _ir
+from triton.experimental.gluon.language._core import builtin as _builtin
+
+from .. import configs
+from .attention_fwd import LOG2E, _descriptor, _mma_layout, tma_compatible
+
+PRODUCER_REGS = 24
+LOG2E_C = gl.constexpr(LOG2E)
+HEAD_DIMS = (64, 128)
+
+
+@_builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """``cp.reduce.async.bulk.tensor ... .add``: add a shared-memory tile into global memory
+    through a TMA descriptor (completes like a TMA store: ``tma.store_wait``). Triton 3.6's
+    Gluon builds the op (``ttng.async_tma_reduce``) but has no Python wrapper for it yet."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled form of the dK/dV kernel; a program owns ``keys`` keys."""
+
+    name: str
+    block_m: int  # query rows per step (the N of S^T = K Q^T)
+    block_n: int  # keys per consumer partition (one warpgroup: 64)
+    stages: int  # Q/dO ring depth
+    consumers: int  # consumer partitions
+    consumer_regs: int
+    head_dims: tuple = (64, 128)
+    # dQ in this kernel: dQ_part = dS K per step, added into a float32 accumulator by TMA
+    # reduce-add (the order of the additions varies: not bitwise deterministic). Without it the
+    # Triton dQ kernel recomputes S and dP (7 products instead of 5) but is deterministic.
+    dq_atomic: bool = False
+    # dq_atomic with both consumers' dS in one dQ product (FA3): each consumer computes D / 2
+    # columns of dQ over all the program's keys, so one tile per 2 x 64 keys is added (half the
+    # reduce traffic); the consumers meet at two mbarriers per step. d128 only (the K tiles are
+    # read in 64-column halves).
+    dq_shared: bool = False
+    # dq_shared with the dQ product of step j issued in step j + 1 (after that step's dK/dV
+    # products), so a consumer never waits for the other's dS of the step it is in: the two can
+    # drift apart by up to a step and hide each other's elementwise work, as without dQ
+    dq_lag: bool = False
+
+    @property
+    def keys(self) -> int:
+        return self.block_n * self.consumers
+
+
+# Every variant the package compiles and tests (CPU compile report, H100 timings in
+# .notes/hopper-bwd.md). dqa (one dQ tile per consumer) is the reference point of the dQ
+# variants: twice dqs's reduce traffic, slower everywhere. 128 query rows per step (d64) spills
+# ~1 KB per thread at 240 registers; a 3-stage Q/dO ring measured no faster than 2 (call 1).
+VARIANTS = {
+    v.name: v
+    for v in (
+        Variant("kv2x64-m64-s2", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240),
+        Variant("kv2x64-m64-s2-dqa", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True),
+        Variant("kv2x64-m64-s2-dqs", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqsl", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, head_dims=(128,)),
+    )
+}  # fmt: skip
+# DEFAULT maps a head dim to the variant the backward runs; head dims without an entry keep the
+# Triton backward. H100, 2026-11-24 (.notes/hopper-bwd.md): at d128 kv2x64-m64-s2 (with the
+# Triton dQ kernel) ran 2-8% faster than the Triton backward at every point (call 3, 3 rounds);
+# at d64 it was level with it (-4%..+10%, calls 1-2), so d64 stays on Triton.
+DEFAULT = {128: "kv2x64-m64-s2"}
+# (head dim, causal) -> the variant run when deterministic gradients are not required
+# (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
+# DEFAULT (H100, call 3, 3 rounds): d128 non-causal dqs 435-474 TFLOP/s against s2's 370-396
+# (+17-20%); d128 causal dqsl 359-434 against 360-420 (0 to +8%; dqs is slower there).
+NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqs", (128, True): "kv2x64-m64-s2-dqsl"}
+
+
+def variant_for(head_dim: int, causal: bool) -> str:
+    """The variant :func:`hopper_attention_backward` runs by default for this call."""
+    if not configs.deterministic() and (head_dim, bool(causal)) in NONDETERMINISTIC:
+        return NONDETERMINISTIC[(head_dim, bool(causal))]
+    return DEFAULT[head_dim]
+
+
+@gluon.jit
+def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+           KEYS: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
+    """The program's (b, kv_h, n0) and its query-tile range: tiles [m_lo, n_m) of every head of
+    the group can see keys [n0, n0 + KEYS); from tile m_full on they see all of them."""
+    bhk = pid % n_bhk
+    b = bhk // nheads_k
+    kv_h = bhk % nheads_k
+    n0 = (pid // n_bhk) * KEYS
+    n_m = gl.cdiv(seqlen_q, BLOCK_M)
+    m_lo = 0
+    m_full = 0
+    if CAUSAL:
+        shift = seqlen_k - seqlen_q  # bottom-right alignment: row i sees keys j <= i + shift
+        m_lo = gl.minimum(gl.maximum(n0 - shift, 0) // BLOCK_M, n_m)
+        m_full = gl.cdiv(gl.maximum(n0 + KEYS - 1 - shift, 0), BLOCK_M)
+    return b, kv_h, n0, n_m, m_lo, m_full
+
+
+@gluon.jit
+def _producer(
+    q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
+    kv_bar, q_ready, do_ready, q_empty, do_empty,
+    n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr,
+):  # fmt: skip
+    b, kv_h, n0, n_m, m_lo, m_full = _steps(
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL
+    )
+    mbarrier.expect(kv_bar, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+    for c in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(
+            k_desc, [b, kv_h, n0 + c * BLOCK_N, 0], kv_bar, k_smem.index(c).reshape([1, 1, BLOCK_N, HEAD_DIM])
+        )
+        tma.async_copy_global_to_shared(
+            v_desc, [b, kv_h, n0 + c * BLOCK_N, 0], kv_bar, v_smem.index(c).reshape([1, 1, BLOCK_N, HEAD_DIM])
+        )
+    per_head = n_m - m_lo
+    for it in range(group * per_head):
+        h = kv_h * group + it // per_head
+        m0 = (m_lo + it % per_head) * BLOCK_M
+        slot = it % STAGES
+        # a fresh barrier counts as having completed the phase before 0: the first pass through
+        # the ring does not wait
+        phase = ((it // STAGES) & 1) ^ 1
+        mbarrier.wait(q_empty.index(slot), phase)
+        mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            q_desc, [b, h, m0, 0], q_ready.index(slot), q_smem.index(slot).reshape([1, 1, BLOCK_M, HEAD_DIM])
+        )
+        mbarrier.wait(do_empty.index(slot), phase)
+        mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            do_desc, [b, h, m0, 0], do_ready.index(slot), do_smem.index(slot).reshape([1, 1, BLOCK_M, HEAD_DIM])
+        )
+
+
+@gluon.jit
+def _dq_shared_step(j, h, mt, b, ds_smem, k_smem, dq_tile, ds_ready, ds_free, dq_desc, dq_zero, sm_scale,
+                    INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr):  # fmt: skip
+    """dQ[rows of (h, mt), this consumer's DQ_N columns] += sum over the consumers c of
+    dS_c K_c[:, columns], for step ``j`` (its dS tiles in buffer j % 2), added by TMA reduce."""
+    par = j % 2
+    mbarrier.wait(ds_ready.index(par), (j // 2) & 1)  # every consumer's dS of step j is stored
+    dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS).permute((1, 0)),
+                           k_smem.index(0).slice(INDEX * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False,
+                           is_async=True)  # fmt: skip
+    for c in gl.static_range(1, CONSUMERS):
+        dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS + c).permute((1, 0)),
+                               k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok, is_async=True)
+    dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+    mbarrier.arrive(ds_free.index(par))
+    # the previous reduce must have read the staging tile before it is rewritten
+    tma.store_wait(0)
+    dq_tile.store(dq * sm_scale)
+    fence_async_shared()
+    _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, INDEX * DQ_N], dq_tile.reshape([1, 1, BLOCK_M, DQ_N]))
+
+
+@gluon.jit
+def _consumer(
+    q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
+    ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
+    n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, CAUSAL: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr, DQ_LAG: gl.constexpr,
+):  # fmt: skip
+    dtype: gl.constexpr = dk_desc.dtype
+    st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
+    acc_layout: gl.constexpr = _mma_layout(HEAD_DIM, NUM_WARPS)  # [BLOCK_N keys, HEAD_DIM]
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # along the queries
+    row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)  # along the keys
+    b, kv_h, n0, n_m, m_lo, m_full = _steps(
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL
+    )
+    k_tile = k_smem.index(INDEX)
+    v_tile = v_smem.index(INDEX)
+    ds_tile = ds_smem.index(INDEX)
+    dq_tile = dq_smem.index(INDEX)
+    # DQ_SHARED: this consumer's dQ columns [INDEX * DQ_N, (INDEX + 1) * DQ_N)
+    DQ_N: gl.constexpr = HEAD_DIM // CONSUMERS if DQ_SHARED else HEAD_DIM
+    dq_zero = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=_mma_layout(DQ_N, NUM_WARPS))
+    key0 = n0 + INDEX * BLOCK_N
+    key_pos = key0 + gl.arange(0, BLOCK_N, layout=row_layout)
+    # keys shifted into the query frame: key j is visible to row i iff j - shift <= i
+    keys = key_pos - (seqlen_k - seqlen_q)
+    # the last key tile sticks out of the sequence: its zero-filled keys would get P = exp(-lse),
+    # harmless for dK/dV (rows clipped on store) but not for dQ, so they are masked
+    key_tail = key0 + BLOCK_N > seqlen_k
+    cols = gl.arange(0, BLOCK_M, layout=col_layout)
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
+    b64 = b.to(gl.int64)
+
+    mbarrier.wait(kv_bar, 0)
+    per_head = n_m - m_lo
+    # DQ_LAG: the (head, query tile) of the previous step, whose dQ product is still to run
+    prev_h = kv_h * group
+    prev_mt = gl.to_tensor(m_lo)
+    for it in range(group * per_head):
+        h = kv_h * group + it // per_head
+        mt = m_lo + it % per_head
+        rows = mt * BLOCK_M + cols
+        slot = it % STAGES
+        phase = (it // STAGES) & 1
+        # lse/delta of the step's rows: loaded before the products so the loads run under them;
+        # rows past the end read lse = +inf, so their P (and dS) is 0
+        # int64 (batch, head) offset, int32 row offsets (the rows are unit-stride, checked on the
+        # host): no 64-bit offset vector stays live across the products
+        l_base = b64 * stride_lb + h.to(gl.int64) * stride_lh
+        lse2 = gl.load(Lse + l_base + rows, mask=rows < seqlen_q, other=float("inf")) * LOG2E_C
+        q_tile = q_smem.index(slot)
+        do_tile = do_smem.index(slot)
+        mbarrier.wait(q_ready.index(slot), phase)
+        st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(slot), phase)
+        dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=(st,))
+        s2 = st * qk_scale
+        if CAUSAL:
+            if (mt < m_full) | key_tail:
+                vis = (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0)) & gl.expand_dims(key_pos < seqlen_k, 1)
+                s2 = gl.where(vis, s2, float("-inf"))
+        else:
+            if key_tail:
+                s2 = gl.where(gl.expand_dims(key_pos < seqlen_k, 1), s2, float("-inf"))
+        pt = gl.exp2(s2 - gl.expand_dims(lse2, 0))
+        p_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dpt = warpgroup_mma_wait(0, deps=(dpt,))
+        dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+        # delta is read here, under the dV product, to keep it out of the registers before
+        delta = gl.load(Delta + l_base + rows, mask=rows < seqlen_q, other=0.0)
+        dst = pt * (dpt - gl.expand_dims(delta, 0))
+        ds = dst.to(dtype)
+        ds_op = gl.convert_layout(ds, op_layout)
+        dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
+        if DQ_LAG:
+            par = it % 2
+            mbarrier.wait(ds_free.index(par), ((it // 2) & 1) ^ 1)  # all dQ products of step it - 2 ran
+            ds_smem.index(par * CONSUMERS + INDEX).store(ds)
+            fence_async_shared()
+            mbarrier.arrive(ds_ready.index(par))
+            dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
+            mbarrier.arrive(do_empty.index(slot))
+            dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
+            mbarrier.arrive(q_empty.index(slot))
+            if it > 0:
+                _dq_shared_step(it - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_tile, ds_ready, ds_free, dq_desc,
+                                dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N)  # fmt: skip
+            prev_h = h
+            prev_mt = mt
+        elif DQ_SHARED:
+            # dS^T of both consumers through shared memory (double-buffered by step parity):
+            # dQ[:, cols] = sum over the consumers c of dS_c K_c[:, cols]
+            par = it % 2
+            dph = (it // 2) & 1
+            mbarrier.wait(ds_free.index(par), dph ^ 1)  # both consumers are done with step it - 2
+            ds_smem.index(par * CONSUMERS + INDEX).store(ds)
+            fence_async_shared()
+            mbarrier.arrive(ds_ready.index(par))
+            dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
+            mbarrier.arrive(do_empty.index(slot))
+            mbarrier.wait(ds_ready.index(par), dph)
+            dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS).permute((1, 0)),
+                                   k_smem.index(0).slice(INDEX * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False,
+                                   is_async=True)  # fmt: skip
+            for c in gl.static_range(1, CONSUMERS):
+                dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS + c).permute((1, 0)),
+                                       k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok,
+                                       is_async=True)  # fmt: skip
+            dk, ds_op = warpgroup_mma_wait(1, deps=(dk_tok, ds_op))
+            mbarrier.arrive(q_empty.index(slot))
+            dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+            mbarrier.arrive(ds_free.index(par))
+            tma.store_wait(0)
+            dq_tile.store(dq * sm_scale)
+            fence_async_shared()
+            _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, INDEX * DQ_N], dq_tile.reshape([1, 1, BLOCK_M, DQ_N]))
+        elif DQ_ATOMIC:
+            # dQ_part = dS K: dS^T goes through shared memory to be read transposed
+            ds_tile.store(ds)
+            fence_async_shared()
+            dq_tok = warpgroup_mma(ds_tile.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)
+            dv, p_op = warpgroup_mma_wait(2, deps=(dv_tok, p_op))
+            mbarrier.arrive(do_empty.index(slot))
+            dk, ds_op = warpgroup_mma_wait(1, deps=(dk_tok, ds_op))
+            mbarrier.arrive(q_empty.index(slot))
+            dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+            # the previous step's reduce must have read the staging tile before it is rewritten
+            tma.store_wait(0)
+            dq_tile.store(dq * sm_scale)
+            fence_async_shared()
+            _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, 0], dq_tile.reshape([1, 1, BLOCK_M, HEAD_DIM]))
+        else:
+            dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
+            mbarrier.arrive(do_empty.index(slot))
+            dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
+            mbarrier.arrive(q_empty.index(slot))
+
+    n_steps = group * per_head
+    if DQ_LAG:
+        if n_steps > 0:
+            _dq_shared_step(n_steps - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_tile, ds_ready, ds_free, dq_desc,
+                            dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N)  # fmt: skip
+    tma.store_wait(0)
+    if DQ_SHARED:
+        # the other consumers read this K tile in their dQ products: wait until the last step's
+        # products of all of them are done before it is overwritten
+        if n_steps > 0:
+            mbarrier.wait(ds_free.index((n_steps - 1) % 2), ((n_steps - 1) // 2) & 1)
+    # K and V are no longer read: their tiles stage this partition's dK and dV for the store
+    dk = dk * sm_scale  # dS is taken w.r.t. the scaled scores
+    k_tile.store(dk.to(dtype))
+    v_tile.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [b, kv_h, key0, 0], k_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))
+    tma.async_copy_shared_to_global(dv_desc, [b, kv_h, key0, 0], v_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_bwd_dkdv_kernel(
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
+    stride_lb, stride_lh, stride_lm,
+    n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
+    DQ_LAG: gl.constexpr,
+):  # fmt: skip
+    dtype: gl.constexpr = q_desc.dtype
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], kv_layout)
+    if DQ_ATOMIC:
+        DQ_N: gl.constexpr = HEAD_DIM // CONSUMERS if DQ_SHARED else HEAD_DIM
+        DS_BUFS: gl.constexpr = 2 * CONSUMERS if DQ_SHARED else CONSUMERS
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+        dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_N], gl.float32)
+        ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_N, BLOCK_M], ds_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [CONSUMERS, BLOCK_M, DQ_N], dq_layout)
+    else:
+        ds_smem = k_smem  # unused
+        dq_smem = k_smem
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        # every consumer partition hands each slot back once per use
+        mbarrier.init(q_empty.index(i), count=CONSUMERS)
+        mbarrier.init(do_empty.index(i), count=CONSUMERS)
+    for i in gl.static_range(2):
+        # DQ_SHARED: every consumer arrives once per step on each
+        mbarrier.init(ds_ready.index(i), count=CONSUMERS)
+        mbarrier.init(ds_free.index(i), count=CONSUMERS)
+
+    gl.static_assert(CONSUMERS == 2, "two consumer partitions")
+    gl.warp_specialize(
+        [
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                         do_empty, ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                         stride_lb, stride_lh, stride_lm,
+                         n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                         0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
+                         DQ_SHARED, DQ_LAG)),
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                         do_empty, ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                         stride_lb, stride_lh, stride_lm,
+                         n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                         1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
+                         DQ_SHARED, DQ_LAG)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
+                         kv_bar, q_ready, do_ready, q_empty, do_empty,
+                         n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+                         BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
+        ],
+        [CONSUMER_WARPS, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------
+
+
+def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
+             dropout=0.0, varlen=False, softmax_scale=None) -> bool:  # fmt: skip
+    """True when :func:`hopper_attention_backward` covers this call: the calls the Gluon
+    forward covers (:func:`hopper.attention_fwd.supports`: dense fp16/bf16, causal or not, no
+    window, softcap, ALiBi or dropout, on sm_90) whose head dim has a ``DEFAULT`` variant (128),
+    with out, dout, dk and dv shaped like q / k and addressable by TMA too."""
+    from .attention_fwd import supports as fwd_supports
+
+    if not fwd_supports(q, k, v, causal=causal, window=window, softcap=softcap, alibi=alibi,
+                        dropout=dropout, varlen=varlen, softmax_scale=softmax_scale):  # fmt: skip
+        return False
+    if q.shape[-1] not in DEFAULT:
+        return False
+    for t, like in ((out, q), (dout, q), (dk, k), (dv, k)):
+        if not isinstance(t, torch.Tensor) or t.shape != like.shape or t.dtype != like.dtype:
+            return False
+        if t.device != like.device or not tma_compatible(t):
+            return False
+    # programs (key tiles x batch x K/V heads) are counted in int32
+    return configs.cdiv(k.shape[1], 64) * k.shape[0] * k.shape[2] < 2**31
+
+
+def _descriptor_f32(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
+    """A float32 (B, S, H, D) view as (B, H, S, D) tiles of rows x cols (the dQ accumulator)."""
+    batch, seqlen, heads, head_dim = t.shape
+    block = [1, 1, rows, cols]
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
+    return TensorDescriptor(
+        t, [batch, heads, seqlen, head_dim], [t.stride(0), t.stride(2), t.stride(1), 1], block, layout
+    )
+
+
+def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, *, softmax_scale, causal, variant):
+    """(grid, positional args, keyword args) of one launch; shared by the launcher and the CPU
+    compile check, so both build the same kernel. ``dq_accum``: the float32 (B, Sq, H, D)
+    accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller)."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    var = VARIANTS[variant]
+    if head_dim not in var.head_dims:
+        raise ValueError(f"variant {variant} is built for head dims {var.head_dims}, not {head_dim}")
+    if not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
+    if lse.stride() != delta.stride() or lse.stride(2) != 1:
+        raise ValueError("lse and delta must share strides, unit along the rows")
+    if var.dq_atomic:
+        if dq_accum is None or dq_accum.shape != q.shape or dq_accum.dtype != torch.float32:
+            raise ValueError(f"variant {variant} needs a float32 dq_accum shaped like q")
+        dq_desc = _descriptor_f32(dq_accum, var.block_m, head_dim // var.consumers if var.dq_shared else head_dim)
+    else:
+        dq_desc = _descriptor(dk, var.block_n)  # not read: the kernel is built without dQ
+    n_bhk = batch * nheads_k
+    grid = (n_bhk * configs.cdiv(seqlen_k, var.keys),)
+    args = (
+        _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
+        _descriptor(dout, var.block_m), _descriptor(dk, var.block_n), _descriptor(dv, var.block_n), dq_desc,
+        lse, delta, lse.stride(0), lse.stride(1), lse.stride(2),
+        n_bhk, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k,
+        float(softmax_scale) * LOG2E, float(softmax_scale),
+    )  # fmt: skip
+    kwargs = dict(
+        BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
+        CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
+        PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic,
+        DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, num_warps=4,
+    )  # fmt: skip
+    return grid, args, kwargs
+
+
+def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale, causal,
+                              variant=None) -> bool:  # fmt: skip
+    """dK and dV (and, for the ``dq_atomic`` variants, dQ) on Hopper. Layouts as
+    ``hf_flash.kernels.flash_bwd.flash_attn_backward`` (dense): q/dout/dq (B, Sq, H, D),
+    k/v/dk/dv (B, Sk, Hk, D); lse (the forward's natural-log log-sum-exp) and delta
+    (rowsum(dO * O) - dlse, from the Triton preprocess) float32 (B, H, Sq) with the same
+    strides. Only calls for which :func:`supports` is true (checked by the caller). ``variant``
+    names an entry of ``VARIANTS`` (default: :func:`variant_for`). Returns whether dq was written
+    (else the caller runs a dQ kernel)."""
+    variant = variant or variant_for(q.shape[-1], causal)
+    var = VARIANTS[variant]
+    if k.shape[1] == 0:
+        return False
+    if q.shape[1] == 0 or q.shape[0] == 0:
+        dk.zero_()
+        dv.zero_()
+        return False
+    dq_accum = None
+    if var.dq_atomic:
+        # (B, H, Sq, D) storage: a query tile of one head is one contiguous block
+        b, s, h, d = q.shape
+        dq_accum = torch.zeros(b, h, s, d, device=q.device, dtype=torch.float32).transpose(1, 2)
+    grid, args, kwargs = launch_args(
+        q, k, v, dout, lse, delta, dk, dv, dq_accum, softmax_scale=softmax_scale, causal=causal, variant=variant
+    )
+    with torch.cuda.device(q.device):
+        _attn_bwd_dkdv_kernel[grid](*args, **kwargs)
+    if var.dq_atomic:
+        dq.copy_(dq_accum)  # already scaled; float32 -> q's dtype
+    return var.dq_atomic
+
+
+__all__ = [
+    "hopper_attention_backward", "supports", "launch_args", "variant_for", "VARIANTS", "DEFAULT", "NONDETERMINISTIC",
+]

@@ -1,0 +1,261 @@
+"""The Gluon Hopper backward (dK/dV kernel; Triton preprocess and dQ) against the float32
+oracle, on an sm_90 GPU.
+
+Error rule (``hf_flash.reference.assert_close_to_ref``): each gradient's max error against the
+float32 reference is at most 3x the max error of the same reference computed in the input dtype,
+plus the rounding of one element. Gradient buffers are NaN-poisoned before the launch, so an
+unwritten element fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_flash.reference import GRAD_FACTOR, assert_close_to_ref, attention_ref
+
+pytestmark = pytest.mark.gpu
+
+
+def _hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU (H100/H200)")
+
+
+def _qkv(batch, sq, sk, h, hk, d, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def mk(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype, generator=g)
+
+    return mk(batch, sq, h, d), mk(batch, sk, hk, d), mk(batch, sk, hk, d)
+
+
+def _backward(q, k, v, dout, causal, scale=None, variant=None, monkeypatch=None):
+    """Forward (the Gluon forward) and the backward through flash_attn_backward with the Gluon
+    dK/dV kernel (``variant``: an entry of VARIANTS, else the default), into NaN-poisoned
+    buffers. Returns (dq, dk, dv)."""
+    from hf_flash.kernels import flash_bwd, flash_fwd
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    opts = dict(softmax_scale=scale, causal=causal, window_left=-1, window_right=0 if causal else -1,
+                softcap=0.0, alibi_slopes=None, dropout_p=0.0)  # fmt: skip
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)
+    lens = dict(cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1])
+    flash_fwd.flash_attn_forward(q, k, v, out, lse, rng_state=None, **lens, **opts)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    if variant is not None:
+        monkeypatch.setitem(hb.DEFAULT, q.shape[-1], variant)
+    assert flash_bwd.backward_path(q, k, v, out, dout, dk, dv, varlen=False, **opts) == "hopper", (
+        "the case under test must be one the Gluon backward covers"
+    )
+    flash_bwd.flash_attn_backward(dout, None, q, k, v, out, lse, dq, dk, dv, rng_state=None, **lens, **opts)
+    return dq, dk, dv
+
+
+def _check(q, k, v, causal, scale=None, variant=None, monkeypatch=None, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed + 100)
+    dout = torch.randn(q.shape, device="cuda", dtype=q.dtype, generator=g)
+    grads = _backward(q, k, v, dout, causal, scale, variant, monkeypatch)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref = attention_ref(*leaves, causal=causal, softmax_scale=scale, upcast=True)
+    ref_grads = torch.autograd.grad(ref, leaves, dout.float())
+    ref_lp = attention_ref(*leaves, causal=causal, softmax_scale=scale, upcast=False)
+    lp_grads = torch.autograd.grad(ref_lp, leaves, dout)
+    for name, a, r, lp in zip(("dq", "dk", "dv"), grads, ref_grads, lp_grads):
+        assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, q.dtype)
+    return grads
+
+
+# d64 has no default variant (the Triton backward is as fast there); its kernel is tested through
+# this one, which dispatch takes once DEFAULT names it
+D64_VARIANT = "kv2x64-m64-s2"
+
+
+def _variant_for(head_dim):
+    from hf_flash.kernels.hopper.attention_bwd import DEFAULT
+
+    return None if head_dim in DEFAULT else D64_VARIANT
+
+
+CASES = [
+    # batch, seqlen_q, seqlen_k, nheads, nheads_k
+    pytest.param(2, 128, 128, 4, 4, id="mha-one-tile"),
+    pytest.param(2, 1025, 1025, 8, 2, id="gqa-1025"),
+    pytest.param(1, 97, 97, 4, 1, id="mqa-97"),
+    pytest.param(1, 1, 1, 2, 1, id="s1"),
+    pytest.param(1, 1, 300, 4, 2, id="decode-row"),
+    pytest.param(1, 200, 777, 4, 2, id="sq<sk"),
+    pytest.param(1, 777, 200, 4, 2, id="sq>sk-empty-rows"),
+    pytest.param(1, 512, 512, 32, 8, id="hq32-hkv8"),
+]
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("batch,sq,sk,h,hk", CASES)
+def test_default_variant_matches_reference(batch, sq, sk, h, hk, head_dim, causal, dtype, monkeypatch):
+    _check(*_qkv(batch, sq, sk, h, hk, head_dim, dtype), causal, variant=_variant_for(head_dim),
+           monkeypatch=monkeypatch)  # fmt: skip
+
+
+@needs_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_8191(head_dim, causal, monkeypatch):
+    _check(*_qkv(1, 8191, 8191, 2, 1, head_dim, torch.bfloat16, seed=4), causal, variant=_variant_for(head_dim),
+           monkeypatch=monkeypatch)  # fmt: skip
+
+
+def _variant_head_dims():
+    from hf_flash.kernels.hopper.attention_bwd import VARIANTS
+
+    return [(name, d) for name, var in VARIANTS.items() for d in var.head_dims]
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant,head_dim", _variant_head_dims())
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_every_variant_matches_reference(variant, head_dim, causal, monkeypatch):
+    _check(*_qkv(2, 1025, 1100, 8, 2, head_dim, torch.bfloat16, seed=1), causal, variant=variant,
+           monkeypatch=monkeypatch)  # fmt: skip
+    _check(*_qkv(1, 300, 97, 4, 4, head_dim, torch.float16, seed=2), causal, variant=variant,
+           monkeypatch=monkeypatch)  # fmt: skip
+
+
+@needs_hopper
+def test_non_contiguous_views_and_scale():
+    dtype = torch.bfloat16
+    qs = torch.randn(2, 8, 515, 128, device="cuda", dtype=dtype)
+    ks = torch.randn(2, 2, 600, 128, device="cuda", dtype=dtype)
+    vs = torch.randn(2, 2, 600, 128, device="cuda", dtype=dtype)
+    q, k, v = qs.transpose(1, 2), ks.transpose(1, 2), vs.transpose(1, 2)
+    assert not q.is_contiguous()
+    for causal in (False, True):
+        _check(q, k, v, causal, scale=0.05)
+
+
+@needs_hopper
+def test_dq_variants_match_on_many_steps(monkeypatch):
+    """The dQ-accumulating variants over many steps per program (GQA group of 4 heads, odd
+    lengths), so the dS hand-over between the consumers (dq_shared) cycles through its phases."""
+    from hf_flash.kernels.hopper.attention_bwd import VARIANTS
+
+    for name, var in VARIANTS.items():
+        if var.dq_atomic and 128 in var.head_dims:
+            for causal in (False, True):
+                _check(*_qkv(2, 1500, 1100, 16, 4, 128, torch.bfloat16, seed=8), causal, variant=name,
+                       monkeypatch=monkeypatch)  # fmt: skip
+
+
+@needs_hopper
+def test_results_repeat_bitwise():
+    q, k, v = _qkv(2, 2048, 2048, 8, 2, 128, torch.bfloat16)
+    dout = torch.randn_like(q)
+    a = _backward(q, k, v, dout, True)
+    b = _backward(q, k, v, dout, True)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@needs_hopper
+def test_public_function_takes_the_hopper_backward():
+    """flash_attn_func's autograd runs the Gluon dK/dV kernel (attention_paths says so) and its
+    gradients, dlse included (return_attn_probs gives the log-sum-exp), match the oracle."""
+    from hf_flash import flash_attn_func
+    from hf_flash.interface import attention_paths
+
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 700, 700, 8, 2, 128, torch.bfloat16, seed=5))
+    assert attention_paths(q, k, v, causal=True) == {"forward": "hopper", "backward": "hopper"}
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    w = torch.randn_like(lse)
+    dout = torch.randn_like(out)
+    g = torch.autograd.grad((out * dout).sum() + (lse * w).sum(), (q, k, v))
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    grads = {}
+    for upcast in (True, False):
+        ref, ref_lse = attention_ref(*leaves, causal=True, upcast=upcast, return_lse=True)
+        loss = (ref * dout.to(ref.dtype)).sum() + (ref_lse * w).sum()
+        grads[upcast] = torch.autograd.grad(loss, leaves)
+    for name, a, r, lp in zip(("dq", "dk", "dv"), g, grads[True], grads[False]):
+        assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, torch.bfloat16)
+
+
+@needs_hopper
+def test_cuda_graph_capture_forward_backward():
+    from hf_flash import flash_attn_func
+
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 300, 300, 8, 2, 128, torch.bfloat16, seed=6))
+    dout = torch.randn_like(q)
+
+    def step():
+        out = flash_attn_func(q, k, v, causal=True)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    eager = step()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    with torch.no_grad():
+        dout.copy_(torch.randn_like(dout))
+    graph.replay()
+    torch.cuda.synchronize()
+    fresh = step()
+    assert all(torch.equal(a, b) for a, b in zip(captured, fresh))
+    assert not torch.equal(captured[1], eager[1])
+
+
+@needs_hopper
+def test_compile_fullgraph_forward_backward():
+    from hf_flash import flash_attn_func
+    from hf_flash.interface import attention_paths
+
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 257, 257, 8, 2, 128, torch.bfloat16, seed=7))
+
+    def f(q, k, v):
+        return flash_attn_func(q, k, v, causal=True)
+
+    assert attention_paths(q, k, v, causal=True)["backward"] == "hopper"
+    compiled = torch.compile(f, fullgraph=True)
+    out = compiled(q, k, v)
+    dout = torch.randn_like(out)
+    g = torch.autograd.grad(out, (q, k, v), dout)
+    g_e = torch.autograd.grad(f(q, k, v), (q, k, v), dout)
+    assert all(torch.equal(a, b) for a, b in zip(g, g_e))
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref_g = torch.autograd.grad(attention_ref(*leaves, causal=True), leaves, dout.float())
+    lp_g = torch.autograd.grad(attention_ref(*leaves, causal=True, upcast=False), leaves, dout)
+    for name, a, r, lp in zip(("dq", "dk", "dv"), g, ref_g, lp_g):
+        assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, torch.bfloat16)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_nondeterministic_choice_through_the_public_function(causal):
+    """With deterministic gradients not required, flash_attn_func's backward runs the variant
+    NONDETERMINISTIC lists (an atomic dQ) where there is one, and its gradients match the oracle."""
+    from hf_flash import flash_attn_func
+    from hf_flash.kernels import configs
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 1000, 1000, 16, 4, 128, torch.bfloat16, seed=9))
+    dout = torch.randn_like(q)
+    with configs.use_deterministic(False):
+        assert hb.variant_for(128, causal) == hb.NONDETERMINISTIC.get((128, causal), hb.DEFAULT[128])
+        g = torch.autograd.grad(flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref_g = torch.autograd.grad(attention_ref(*leaves, causal=causal), leaves, dout.float())
+    lp_g = torch.autograd.grad(attention_ref(*leaves, causal=causal, upcast=False), leaves, dout)
+    for name, a, r, lp in zip(("dq", "dk", "dv"), g, ref_g, lp_g):
+        assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, torch.bfloat16)
+
