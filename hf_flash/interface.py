@@ -324,8 +324,11 @@ def flash_attn_func(
         softcap: float. If > 0, scores become ``softcap * tanh(scores / softcap)`` (Gemma 2).
         alibi_slopes: (nheads,) or (batch, nheads), float32. Adds ``-slope * |p - j|`` to the
             score of query position p and key j.
-        deterministic: bool. Accepted for compatibility: hf_flash's backward never uses atomics
-            and is always deterministic.
+        deterministic: bool. Accepted for compatibility and ignored: hf_flash's backward is
+            bitwise deterministic unless ``HF_FLASH_DETERMINISTIC=0`` (or
+            ``kernels.configs.use_deterministic(False)``) lets the d128 Hopper backward add dQ
+            atomically. It is a process-wide switch because flash-attn's default here (False)
+            would otherwise make every call non-deterministic.
         return_attn_probs: bool. If True, also return the softmax log-sum-exp (see Return).
         learnable_sink: (nheads,) floating point, or None. One more logit per query head in
             every row's softmax, with no value (gpt-oss's attention sinks; the argument of
