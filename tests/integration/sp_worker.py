@@ -1,0 +1,124 @@
+"""One process of the sequence-parallel CPU tests (spawned by test_sequence_parallel.py).
+
+Every process builds the same tiny LoRA Llama (4 query / 2 key-value heads, so 4 ranks repeat
+k/v heads), computes the single-process references on the whole batch (sdpa over each document
+on its own, in float64: the exact oracle; in float32: the oracle in the test dtype), then enables sequence parallelism
+and runs hf_flash on its slice. Rank 0 writes the losses and the summed LoRA gradients to a file.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+VOCAB = 128
+IGNORE = -100
+
+# documents of a packed 48-token row: boundaries at 5, 25, 34; shards of 24 (2 ranks) or 12
+# (4 ranks) cut documents at 12, 24 and 36
+PACKED = [5, 20, 9, 14]
+
+
+def batches():
+    g = torch.Generator().manual_seed(1)
+    out = {}
+    for name, lens in (("packed", PACKED), ("one_document", [sum(PACKED)])):
+        ids = torch.randint(3, VOCAB, (1, sum(lens)), generator=g)
+        pos = torch.cat([torch.arange(n) for n in lens])[None]
+        labels = ids.clone()
+        labels[pos == 0] = IGNORE  # DataCollatorWithFlattening's convention: the model shifts
+        out[name] = {"input_ids": ids, "position_ids": pos, "labels": labels}
+    return out
+
+
+def model(attn: str, dtype):
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    m = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    with torch.no_grad():  # attention far from uniform, so a lost document boundary shows
+        for name, p in m.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(20.0)
+    m = get_peft_model(m, LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"],
+                                     init_lora_weights=False))  # random A and B: both get gradients
+    return m.to(dtype)
+
+
+def lora_grads(m) -> dict:
+    return {n: p.grad.detach().clone() for n, p in m.named_parameters() if "lora_" in n}
+
+
+def single_process(attn: str, dtype) -> dict:
+    """The oracle: each document of the row run on its own (no packing logic involved),
+    transformers' own label shift, the token-weighted mean over the row."""
+    m = model(attn, dtype)
+    res = {}
+    for name, b in batches().items():
+        m.zero_grad()
+        starts = (b["position_ids"][0] == 0).nonzero().flatten().tolist() + [b["input_ids"].shape[1]]
+        count = int((b["labels"][:, 1:] != IGNORE).sum())  # no document start is a target
+        total = 0.0
+        for lo, hi in zip(starts[:-1], starts[1:]):
+            doc = {k: v[:, lo:hi] for k, v in b.items()}
+            n = int((doc["labels"][:, 1:] != IGNORE).sum())
+            loss = m(input_ids=doc["input_ids"], labels=doc["labels"]).loss * (n / count)
+            loss.backward()
+            total = total + loss.detach()
+        res[name] = (total, lora_grads(m))
+    return res
+
+
+def run(rank: int, world: int, sp_size: int, port: int, out_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        _run(rank, world, sp_size, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(rank, world, sp_size, out_path):
+    import sys
+
+    import deepspeed.comm.torch  # noqa: F401
+
+    import hf_flash  # noqa: F401  (registers "hf_flash")
+    from hf_flash.integration.sequence_parallel import enable_sequence_parallel, shard_batch
+
+    # DeepSpeed's CPU accelerator JIT-compiles a shared-memory allreduce at start (~30 s, a C++
+    # compiler); Ulysses' all-to-alls and gathers go through torch.distributed and never use it
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+
+    exact = single_process("sdpa", torch.float64) if rank == 0 else None
+    lowp = single_process("sdpa", torch.float32) if rank == 0 else None
+
+    m = model("hf_flash", torch.float32)
+    sp = enable_sequence_parallel(m, sp_size, seq_len=sum(PACKED))
+    got = {}
+    for name, b in batches().items():
+        m.zero_grad()
+        part = shard_batch(b, sp, labels_shifted=False)
+        logits = m(input_ids=part["input_ids"], position_ids=part["position_ids"]).logits
+        y = part["shift_labels"].reshape(-1)
+        loss_sum = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y, ignore_index=IGNORE, reduction="sum")
+        count = torch.tensor(float((y != IGNORE).sum()))
+        dist.all_reduce(count, group=sp.group)
+        loss = loss_sum / count
+        loss.backward()
+        total = loss.detach().clone()
+        dist.all_reduce(total, group=sp.group)
+        grads = lora_grads(m)
+        for g in grads.values():
+            dist.all_reduce(g, group=sp.group)
+        got[name] = (total, grads)
+    if rank == 0:
+        torch.save({"exact": exact, "lowp": lowp, "got": got, "sp": (sp.rank, sp.size, sp.dp_size)}, out_path)
