@@ -29,7 +29,7 @@ STATE_FILE = "trainer_state.json"
 RESUME_KEYS = (
     "model", "tiny_model", "data", "seq_len", "rope_method", "rope_factor", "micro_batch_size",
     "gradient_accumulation_steps", "seed", "lora_r", "lora_alpha", "lora_target_modules",
-    "max_steps", "learning_rate", "warmup_steps", "min_lr_ratio", "dtype",
+    "max_steps", "learning_rate", "warmup_steps", "min_lr_ratio", "dtype", "sp_size",
 )
 
 

@@ -195,6 +195,8 @@ def enable_sequence_parallel(model, sp_size: int, *, seq_len: Optional[int] = No
     import deepspeed.comm as ds_comm
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
 
+    if tdist.get_backend() == "gloo":
+        _skip_cpu_shm_build()
     # DeepSpeed's communication layer over the process group that already exists
     ds_comm.init_distributed(dist_backend=tdist.get_backend(), auto_mpi_discovery=False,
                              dist_init_required=False)
@@ -209,6 +211,20 @@ def enable_sequence_parallel(model, sp_size: int, *, seq_len: Optional[int] = No
     )
     assert _ENABLED.rank == rank % sp_size and _ENABLED.size == sp_size
     return _ENABLED
+
+
+def _skip_cpu_shm_build() -> None:
+    """DeepSpeed's communication layer JIT-compiles a shared-memory allreduce for its CPU
+    accelerator when it starts (a C++ compiler and ~30 s). Ulysses exchanges tensors with
+    ``all_to_all_single`` and ``all_gather`` of torch.distributed and never uses it, and without
+    it DeepSpeed's own allreduce goes through torch.distributed too; so over gloo it is not built."""
+    import sys
+
+    import deepspeed.comm.torch  # noqa: F401  (the attribute `torch` of deepspeed.comm is torch)
+
+    module = sys.modules["deepspeed.comm.torch"]
+    if hasattr(module, "build_shm_op"):
+        module.build_shm_op = lambda: None
 
 
 def shard_batch(batch: Mapping[str, Any], sp: SequenceParallel, *, labels_shifted: bool) -> dict:

@@ -87,16 +87,8 @@ def run(rank: int, world: int, sp_size: int, port: int, out_path: str) -> None:
 
 
 def _run(rank, world, sp_size, out_path):
-    import sys
-
-    import deepspeed.comm.torch  # noqa: F401
-
     import hf_flash  # noqa: F401  (registers "hf_flash")
     from hf_flash.integration.sequence_parallel import enable_sequence_parallel, shard_batch
-
-    # DeepSpeed's CPU accelerator JIT-compiles a shared-memory allreduce at start (~30 s, a C++
-    # compiler); Ulysses' all-to-alls and gathers go through torch.distributed and never use it
-    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
 
     exact = single_process("sdpa", torch.float64) if rank == 0 else None
     lowp = single_process("sdpa", torch.float32) if rank == 0 else None
