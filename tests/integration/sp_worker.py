@@ -21,7 +21,7 @@ IGNORE = -100
 PACKED = [5, 20, 9, 14]
 
 
-def batches():
+def batches(device="cpu"):
     g = torch.Generator().manual_seed(1)
     out = {}
     for name, lens in (("packed", PACKED), ("one_document", [sum(PACKED)])):
@@ -29,11 +29,11 @@ def batches():
         pos = torch.cat([torch.arange(n) for n in lens])[None]
         labels = ids.clone()
         labels[pos == 0] = IGNORE  # DataCollatorWithFlattening's convention: the model shifts
-        out[name] = {"input_ids": ids, "position_ids": pos, "labels": labels}
+        out[name] = {"input_ids": ids.to(device), "position_ids": pos.to(device), "labels": labels.to(device)}
     return out
 
 
-def model(attn: str, dtype):
+def model(attn: str, dtype, device="cpu"):
     import transformers
     from peft import LoraConfig, get_peft_model
 
@@ -49,19 +49,23 @@ def model(attn: str, dtype):
                 p.mul_(20.0)
     m = get_peft_model(m, LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"],
                                      init_lora_weights=False))  # random A and B: both get gradients
-    return m.to(dtype)
+    return m.to(device=device, dtype=dtype)
 
 
 def lora_grads(m) -> dict:
     return {n: p.grad.detach().clone() for n, p in m.named_parameters() if "lora_" in n}
 
 
-def single_process(attn: str, dtype) -> dict:
+def _cpu(res: dict) -> dict:
+    return {k: (loss.cpu(), {n: g.cpu() for n, g in grads.items()}) for k, (loss, grads) in res.items()}
+
+
+def single_process(attn: str, dtype, device="cpu") -> dict:
     """The oracle: each document of the row run on its own (no packing logic involved),
     transformers' own label shift, the token-weighted mean over the row."""
-    m = model(attn, dtype)
+    m = model(attn, dtype, device)
     res = {}
-    for name, b in batches().items():
+    for name, b in batches(device).items():
         m.zero_grad()
         starts = (b["position_ids"][0] == 0).nonzero().flatten().tolist() + [b["input_ids"].shape[1]]
         count = int((b["labels"][:, 1:] != IGNORE).sum())  # no document start is a target
@@ -73,36 +77,40 @@ def single_process(attn: str, dtype) -> dict:
             loss.backward()
             total = total + loss.detach()
         res[name] = (total, lora_grads(m))
-    return res
+    return _cpu(res)
 
 
 def run(rank: int, world: int, sp_size: int, port: int, out_path: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    device = "cpu"
+    if torch.cuda.is_available():  # the device run: one GPU per rank, NCCL
+        device = f"cuda:{rank}"
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device != "cpu" else "gloo", rank=rank, world_size=world)
     try:
-        _run(rank, world, sp_size, out_path)
+        _run(rank, world, sp_size, out_path, device)
     finally:
         dist.destroy_process_group()
 
 
-def _run(rank, world, sp_size, out_path):
+def _run(rank, world, sp_size, out_path, device):
     import hf_flash  # noqa: F401  (registers "hf_flash")
     from hf_flash.integration.sequence_parallel import enable_sequence_parallel, shard_batch
 
-    exact = single_process("sdpa", torch.float64) if rank == 0 else None
-    lowp = single_process("sdpa", torch.float32) if rank == 0 else None
+    exact = single_process("sdpa", torch.float64, device) if rank == 0 else None
+    lowp = single_process("sdpa", torch.float32, device) if rank == 0 else None
 
-    m = model("hf_flash", torch.float32)
+    m = model("hf_flash", torch.float32, device)
     sp = enable_sequence_parallel(m, sp_size, seq_len=sum(PACKED))
     got = {}
-    for name, b in batches().items():
+    for name, b in batches(device).items():
         m.zero_grad()
         part = shard_batch(b, sp, labels_shifted=False)
         logits = m(input_ids=part["input_ids"], position_ids=part["position_ids"]).logits
         y = part["shift_labels"].reshape(-1)
         loss_sum = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y, ignore_index=IGNORE, reduction="sum")
-        count = torch.tensor(float((y != IGNORE).sum()))
+        count = (y != IGNORE).sum().float()
         dist.all_reduce(count, group=sp.group)
         loss = loss_sum / count
         loss.backward()
@@ -113,4 +121,4 @@ def _run(rank, world, sp_size, out_path):
             dist.all_reduce(g, group=sp.group)
         got[name] = (total, grads)
     if rank == 0:
-        torch.save({"exact": exact, "lowp": lowp, "got": got, "sp": (sp.rank, sp.size, sp.dp_size)}, out_path)
+        torch.save({"exact": exact, "lowp": lowp, "got": _cpu(got), "sp": (sp.rank, sp.size, sp.dp_size)}, out_path)
