@@ -27,7 +27,9 @@ own tokens. What this module adds around the engine:
   token of a shard predicts the first token of the next shard) and the full-row varlen
   keywords dropped (each rank's attention sees the gathered row, not its slice);
 * :func:`sequence_parallel_loss_scale`: the factor that turns a rank's summed token loss into
-  its share of the group's mean once DDP/FSDP average the gradients over all processes.
+  its share of the group's mean once DDP/FSDP average the gradients over all processes;
+* :func:`sequence_parallel_trainer`: the same for a transformers ``Trainer`` (or TRL's
+  ``SFTTrainer``) running DDP or FSDP2 through accelerate.
 
 The weights are sharded (FSDP2) or replicated (DDP) by accelerate over all processes, as without
 sequence parallelism; the DeepSpeed engine itself (ZeRO) is not needed for the attention.
@@ -53,7 +55,7 @@ VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 __all__ = [
     "SequenceParallel", "SequenceParallelError", "check_sequence_parallel", "enable_sequence_parallel",
-    "shard_batch", "sequence_parallel_loss_scale",
+    "shard_batch", "sequence_parallel_loss_scale", "sequence_parallel_trainer",
 ]
 
 
@@ -278,3 +280,94 @@ def sequence_parallel_loss_scale(sp: Optional[SequenceParallel]) -> int:
     FSDP average gradients over all ``dp_size * size`` processes, and the group's loss is the
     sum over its ``size`` ranks."""
     return 1 if sp is None else sp.size
+
+
+def sequence_parallel_trainer(trainer, sp_size: int) -> Optional[SequenceParallel]:
+    """Make a built ``transformers.Trainer`` (or a subclass such as TRL's ``SFTTrainer``) train
+    sequence-parallel over groups of ``sp_size`` processes. Call it after constructing the
+    trainer (which initialises torch.distributed) and before ``trainer.train()``::
+
+        trainer = Trainer(model=model, args=args, train_dataset=ds,
+                          data_collator=DataCollatorWithFlattening())   # padding-free packing
+        sequence_parallel_trainer(trainer, sp_size=2)
+        trainer.train()
+
+    The model uses ``attn_implementation="hf_flash"``; launch with ``accelerate launch`` (DDP, or
+    FSDP2 for the weights) on a multiple of ``sp_size`` processes. Batches need ``input_ids``,
+    ``position_ids`` and ``labels`` of one row (``per_device_train_batch_size=1`` with
+    ``DataCollatorWithFlattening``, whose ``labels`` already hold -100 at each document start),
+    their length a multiple of ``sp_size``.
+
+    What changes: the training dataloader is wrapped in DeepSpeed's
+    ``UlyssesSPDataLoaderAdapter``, which gathers the batches of the ``sp_size`` ranks of a group
+    and hands them out one after the other, each rank taking its slice with the labels shifted on
+    the whole row (``shift_labels``); ``labels`` is set to the same slice so that the Trainer
+    counts the tokens and the model computes its loss from ``shift_labels`` (transformers'
+    ``ForCausalLMLoss`` does not shift them again). The Trainer's own token counting over all
+    processes (``average_tokens_across_devices``, on by default) then gives every rank the step's
+    token count, and each sum of token losses over it is the right share of the mean. An epoch
+    therefore has ``sp_size`` times as many steps of ``1 / sp_size`` of the tokens each.
+
+    Raises:
+        SequenceParallelError: as :func:`enable_sequence_parallel`, and for
+            ``average_tokens_across_devices=False`` (each rank would divide by its own count).
+    """
+    if sp_size == 1:
+        return None
+    if not getattr(trainer.args, "average_tokens_across_devices", False):
+        raise SequenceParallelError(
+            "sequence parallelism with the Trainer needs average_tokens_across_devices=True (the "
+            "default): each rank's loss is a sum over its slice divided by the step's token count over "
+            "all processes"
+        )
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    sp = enable_sequence_parallel(model, sp_size)
+    build = trainer.get_train_dataloader
+
+    def get_train_dataloader():
+        from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+
+        inner = _WithoutVarlenKeys(build())
+        adapter = UlyssesSPDataLoaderAdapter(inner, sp_rank=sp.rank, sp_group=sp.group, sp_world_size=sp.size,
+                                             device=trainer.accelerator.device)
+        return _TrainerSlices(adapter)
+
+    trainer.get_train_dataloader = get_train_dataloader
+    return sp
+
+
+class _WithoutVarlenKeys:
+    """A dataloader whose batches lose ``cu_seq_lens_*`` / ``max_length_*`` (they describe the
+    whole row; each rank's attention finds the documents from the gathered ``position_ids``)."""
+
+    def __init__(self, dl):
+        self.dl = dl
+
+    def __len__(self):
+        return len(self.dl)
+
+    def __iter__(self):
+        for batch in self.dl:
+            yield {k: v for k, v in batch.items() if k not in VARLEN_KEYS}
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.dl, "set_epoch"):
+            self.dl.set_epoch(epoch)
+
+
+class _TrainerSlices:
+    """DeepSpeed's adapter, with ``labels`` restored as the slice's shifted labels."""
+
+    def __init__(self, adapter):
+        self.adapter = adapter
+
+    def __len__(self):
+        return len(self.adapter)
+
+    def __iter__(self):
+        for batch in iter(self.adapter):
+            batch["labels"] = batch["shift_labels"]
+            yield batch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.adapter.dl.set_epoch(epoch)

@@ -122,3 +122,45 @@ def _run(rank, world, sp_size, out_path, device):
         got[name] = (total, grads)
     if rank == 0:
         torch.save({"exact": exact, "lowp": lowp, "got": _cpu(got), "sp": (sp.rank, sp.size, sp.dp_size)}, out_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# transformers Trainer (DDP over gloo) with sequence_parallel_trainer
+# ------------------------------------------------------------------------------------------------
+
+DOC = 16  # tokens per document; three per packed row: boundaries at 16 and 32 of 48
+
+
+def trainer_losses(sp_size: int, out_dir: str) -> list:
+    """Two optimiser steps of a Trainer on packed rows of three 16-token documents (the middle
+    one crosses the middle of the row), DataCollatorWithFlattening, hf_flash; the logged
+    (loss, grad_norm) of each step."""
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    from hf_flash.integration.sequence_parallel import sequence_parallel_trainer
+
+    g = torch.Generator().manual_seed(2)
+    doc = torch.randint(3, VOCAB, (DOC,), generator=g).tolist()
+    dataset = [{"input_ids": doc} for _ in range(12)]  # every row alike: any sampler order gives it
+    args = TrainingArguments(
+        output_dir=out_dir, per_device_train_batch_size=3, max_steps=2, learning_rate=1e-2, warmup_steps=0,
+        logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0,
+        dataloader_num_workers=0, disable_tqdm=True, **({"ddp_backend": "gloo"} if sp_size > 1 else {}),
+    )
+    m = model("hf_flash", torch.float32)
+    trainer = Trainer(model=m, args=args, train_dataset=dataset, data_collator=DataCollatorWithFlattening())
+    sequence_parallel_trainer(trainer, sp_size)
+    trainer.train()
+    return [(h["loss"], h["grad_norm"]) for h in trainer.state.log_history if "loss" in h]
+
+
+def run_trainer(rank: int, world: int, sp_size: int, port: int, out_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    import hf_flash  # noqa: F401
+
+    logs = trainer_losses(sp_size, os.path.dirname(out_path) + f"/trainer-{rank}")
+    if rank == 0:
+        torch.save(logs, out_path)
+    dist.destroy_process_group()

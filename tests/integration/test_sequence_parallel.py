@@ -150,3 +150,25 @@ def test_enable_needs_torch_distributed():
     model = AutoModelForCausalLM.from_config(_config(hq=4, hkv=2), attn_implementation="hf_flash")
     with pytest.raises(SequenceParallelError, match="needs torch.distributed initialised first"):
         spmod.enable_sequence_parallel(model, 2)
+
+
+def test_trainer_with_sequence_parallel_matches_one_process(tmp_path):
+    """transformers' Trainer (DDP over gloo, padding-free DataCollatorWithFlattening) made
+    sequence-parallel by sequence_parallel_trainer: the logged loss and gradient norm of each step
+    equal a one-process Trainer's up to float32 summation order (the float32 floor of the error
+    rule). A document crosses the middle of every row, where the two ranks meet."""
+    pytest.importorskip("deepspeed", reason="sequence parallelism needs deepspeed: pip install -e '.[sp]'")
+    if torch.cuda.is_available():
+        pytest.skip("a CPU (gloo) test of the Trainer path")
+    import torch.multiprocessing as mp
+
+    import sp_worker
+    from hf_flash.reference import floor_for
+
+    one = sp_worker.trainer_losses(1, str(tmp_path / "one"))
+    out = tmp_path / "trainer.pt"
+    mp.spawn(sp_worker.run_trainer, args=(2, 2, _free_port(), str(out)), nprocs=2, join=True)
+    sp = torch.load(out)
+    assert len(one) == len(sp) == 2
+    for (la, ga), (lb, gb) in zip(one, sp):
+        assert abs(la - lb) <= floor_for(torch.float32) and abs(ga - gb) <= floor_for(torch.float32), (one, sp)
