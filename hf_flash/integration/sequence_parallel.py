@@ -159,6 +159,10 @@ def enable_sequence_parallel(model, sp_size: int, *, seq_len: Optional[int] = No
     forward pass. Batches must then be sliced with :func:`shard_batch`, and each rank's loss
     summed over its own tokens and scaled by :func:`sequence_parallel_loss_scale`.
 
+    Only modules in training mode are sequence-parallel: after ``model.eval()`` every rank
+    attends its own whole batch (DeepSpeed's ``disable_in_eval``), so evaluation and generation
+    run unsplit, data-parallel.
+
     Arguments:
         model: a transformers model (or a peft wrapper of one) using ``"hf_flash"``.
         sp_size: int. Processes per sequence; 1 does nothing and returns None.
@@ -205,6 +209,7 @@ def enable_sequence_parallel(model, sp_size: int, *, seq_len: Optional[int] = No
     mpu = UlyssesSPAttentionHF.register_with_transformers(
         model_name_or_path=model, core_attn_implementation=ATTN_IMPLEMENTATION,
         sequence_parallel_size=sp_size, micro_batch_size=1, seq_length_is_variable=True,
+        disable_in_eval=True,
     )
     rank = tdist.get_rank()
     _ENABLED = SequenceParallel(

@@ -49,7 +49,7 @@ def model(attn: str, dtype, device="cpu"):
                 p.mul_(20.0)
     m = get_peft_model(m, LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"],
                                      init_lora_weights=False))  # random A and B: both get gradients
-    return m.to(device=device, dtype=dtype)
+    return m.to(device=device, dtype=dtype).train()
 
 
 def lora_grads(m) -> dict:
