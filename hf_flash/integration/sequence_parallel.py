@@ -220,6 +220,21 @@ def enable_sequence_parallel(model, sp_size: int, *, seq_len: Optional[int] = No
     return _ENABLED
 
 
+def _padding_free(batch: Mapping[str, Any]) -> dict:
+    """``batch`` without the keys that describe the whole row (``cu_seq_lens_*``,
+    ``max_length_*``) or that would split it per rank (an all-ones ``attention_mask``); a mask
+    with padding is refused (DeepSpeed's Ulysses drops masks, and hf_flash would unpad each
+    slice on its own)."""
+    mask = batch.get("attention_mask")
+    if mask is not None and not bool((mask != 0).all()):
+        raise SequenceParallelError(
+            "sequence parallelism takes padding-free rows, but this batch's attention_mask has padding; "
+            "pack the documents into one row with restarting position_ids instead "
+            "(DataCollatorWithFlattening, or the recipe's packing)"
+        )
+    return {k: v for k, v in batch.items() if k not in VARLEN_KEYS and k != "attention_mask"}
+
+
 def _skip_cpu_shm_build() -> None:
     """DeepSpeed's communication layer JIT-compiles a shared-memory allreduce for its CPU
     accelerator when it starts (a C++ compiler and ~30 s). Ulysses exchanges tensors with
@@ -241,7 +256,8 @@ def shard_batch(batch: Mapping[str, Any], sp: SequenceParallel, *, labels_shifte
         batch: ``input_ids``, ``position_ids`` (required: the engine gathers them to find the
             document boundaries and each token keeps its position) and ``labels``; any other
             tensor with a sequence axis is sliced too; ``cu_seq_lens_*`` / ``max_length_*``
-            describe the whole row and are dropped.
+            describe the whole row and are dropped, so is an ``attention_mask`` of ones (one
+            with padding is refused: pack instead).
         sp: this process's :class:`SequenceParallel`.
         labels_shifted: bool. True: ``labels[i]`` is already the target of token ``i`` (the
             recipe's labels). False: transformers' convention (the model shifts): they are
@@ -263,7 +279,7 @@ def shard_batch(batch: Mapping[str, Any], sp: SequenceParallel, *, labels_shifte
             f"the batch has {seq} tokens per row, not divisible by sp_size={sp.size}; pad or pack rows "
             f"to a multiple of {sp.size}"
         )
-    out = {k: v for k, v in batch.items() if k not in VARLEN_KEYS}
+    out = _padding_free(batch)
     if "labels" in out and not labels_shifted:
         labels = out.pop("labels")
         shifted = torch.full_like(labels, IGNORE_INDEX)
@@ -343,7 +359,8 @@ def sequence_parallel_trainer(trainer, sp_size: int) -> Optional[SequenceParalle
 
 class _WithoutVarlenKeys:
     """A dataloader whose batches lose ``cu_seq_lens_*`` / ``max_length_*`` (they describe the
-    whole row; each rank's attention finds the documents from the gathered ``position_ids``)."""
+    whole row; each rank's attention finds the documents from the gathered ``position_ids``) and
+    an all-ones ``attention_mask``; padding is refused (:func:`_padding_free`)."""
 
     def __init__(self, dl):
         self.dl = dl
@@ -353,7 +370,7 @@ class _WithoutVarlenKeys:
 
     def __iter__(self):
         for batch in self.dl:
-            yield {k: v for k, v in batch.items() if k not in VARLEN_KEYS}
+            yield _padding_free(batch)
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.dl, "set_epoch"):

@@ -96,6 +96,12 @@ def test_shard_batch_refuses_what_cannot_be_split():
         shard_batch({"input_ids": ids, "position_ids": ids}, _sp(0, 4), labels_shifted=True)
     with pytest.raises(SequenceParallelError, match="needs input_ids and position_ids"):
         shard_batch({"input_ids": ids}, _sp(0, 2), labels_shifted=True)
+    mask = torch.ones(1, 10, dtype=torch.long)
+    assert "attention_mask" not in shard_batch({"input_ids": ids, "position_ids": ids, "attention_mask": mask},
+                                               _sp(0, 2), labels_shifted=True)
+    mask[0, -2:] = 0
+    with pytest.raises(SequenceParallelError, match="attention_mask has padding; pack the documents"):
+        shard_batch({"input_ids": ids, "position_ids": ids, "attention_mask": mask}, _sp(0, 2), labels_shifted=True)
 
 
 # ------------------------------------------------------------------------------------------------
