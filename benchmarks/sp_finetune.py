@@ -10,6 +10,7 @@ ratio between points hardly depend on it; peak memory does, and the rows also gi
 start-up prediction for the full depth). Tokens/s excludes the first step.
 
     python benchmarks/sp_finetune.py --out DIR --gpus 2 --seq-len 131072 --layers 8
+    python benchmarks/sp_finetune.py --out DIR --points one --seq-len 131072   # the one-GPU baseline
 
 Rows: ``gpus``, ``sp_size``, ``seq_len`` (the whole sequence), ``tokens_per_gpu``,
 ``tok_per_s`` (distinct tokens per second, all GPUs) and ``tok_per_s_per_gpu``, ``peak_gib``
@@ -68,23 +69,25 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=131072, help="context of the one-GPU point")
     parser.add_argument("--steps", type=int, default=3, help="optimiser steps per point (first excluded)")
     parser.add_argument("--timeout", type=int, default=240, help="seconds per point")
-    parser.add_argument("--same-context", action="store_true",
-                        help="also run the sequence-parallel GPUs at the one-GPU context")
+    parser.add_argument("--points", default="one,sp", help="comma-separated: one (one GPU at --seq-len), "
+                        "sp (--gpus GPUs at --gpus x --seq-len), sp_same (--gpus GPUs at --seq-len)")
     args = parser.parse_args()
+    points = args.points.split(",")
+    if bad := sorted(set(points) - {"one", "sp", "sp_same"}):
+        parser.error(f"unknown --points {bad}: choose from one, sp, sp_same")
     if not torch.cuda.is_available():
         sys.exit("benchmarks/sp_finetune.py needs a CUDA GPU")
-    if torch.cuda.device_count() < args.gpus:
-        sys.exit(f"--gpus {args.gpus}: only {torch.cuda.device_count()} GPU(s) here")
+    if any(p != "one" for p in points) and torch.cuda.device_count() < args.gpus:
+        sys.exit(f"--points {args.points} with --gpus {args.gpus}: only {torch.cuda.device_count()} GPU(s) here")
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model_dir = write_shape(root, args.shape, args.layers)
         shape = json.loads((model_dir / "config.json").read_text())
-        points = [(1, args.seq_len), (args.gpus, args.gpus * args.seq_len)]
-        if args.same_context:
-            points.append((args.gpus, args.seq_len))
-        for gpus, seq_len in points:
+        grid = {"one": (1, args.seq_len), "sp": (args.gpus, args.gpus * args.seq_len),
+                "sp_same": (args.gpus, args.seq_len)}
+        for gpus, seq_len in (grid[p] for p in points):
             data = write_data(root, seq_len, rows=args.steps + 2)
             launcher, extra = None, []
             if gpus > 1:
@@ -103,12 +106,12 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             _compare(rows)
             write_results("sp_finetune", rows, args.out, shape=args.shape, layers=args.layers,
-                          steps=args.steps, seq_len=args.seq_len, gpus=args.gpus)  # a killed run keeps its rows
+                          steps=args.steps, seq_len=args.seq_len, gpus=args.gpus, points=args.points)  # a killed run keeps its rows
     print_table(rows, ["shape", "layers", "seq_len", "gpus", "sp_size", "tokens_per_gpu", "status", "tok_per_s",
                        "tok_per_s_per_gpu", "peak_gib", "model_tflops_per_gpu", "ratio_vs_1gpu",
                        "flops_ratio_predicted"])
     path = write_results("sp_finetune", rows, args.out, shape=args.shape, layers=args.layers, steps=args.steps,
-                         seq_len=args.seq_len, gpus=args.gpus)
+                         seq_len=args.seq_len, gpus=args.gpus, points=args.points)
     print(f"wrote {path}")
 
 
