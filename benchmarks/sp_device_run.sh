@@ -65,7 +65,12 @@ runs = {"one": [sys.executable] + args,
 rows = {}
 for name, cmd in runs.items():
     d = Path("/tmp/sp_check") / name
-    p = subprocess.run(cmd + ["--output_dir", str(d)], capture_output=True, text=True, timeout=70)
+    try:
+        p = subprocess.run(cmd + ["--output_dir", str(d)], capture_output=True, text=True, timeout=70)
+    except subprocess.TimeoutExpired:
+        print(name, "timed out after 70 s", flush=True)
+        rows[name] = None
+        continue
     print(name, "rc", p.returncode, p.stdout[-1500:], p.stderr[-1500:] if p.returncode else "", flush=True)
     rows[name] = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()] if p.returncode == 0 else None
 ok = all(rows.values())

@@ -21,6 +21,8 @@ every GPU ran at the one-GPU point's FLOP/s, from the model's training FLOPs per
 GEMMs, 6 x parameters, plus causal attention, 3.5 x the forward's 2 x S x Hq x D per token and
 layer, with its forward once more when it is recomputed). Attention grows with the sequence, so
 at twice the context a GPU does more work per token and the ratio is below 1 by that much.
+With ``--points ...,sp_same`` the GPUs also run the one-GPU context: ``speedup_vs_1gpu_same_context``
+(ideally the number of GPUs) shows what the all-to-alls cost.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def main() -> None:
                           steps=args.steps, seq_len=args.seq_len, gpus=args.gpus, points=args.points)  # a killed run keeps its rows
     print_table(rows, ["shape", "layers", "seq_len", "gpus", "sp_size", "tokens_per_gpu", "status", "tok_per_s",
                        "tok_per_s_per_gpu", "peak_gib", "model_tflops_per_gpu", "ratio_vs_1gpu",
-                       "flops_ratio_predicted"])
+                       "flops_ratio_predicted", "speedup_vs_1gpu_same_context"])
     path = write_results("sp_finetune", rows, args.out, shape=args.shape, layers=args.layers, steps=args.steps,
                          seq_len=args.seq_len, gpus=args.gpus, points=args.points)
     print(f"wrote {path}")
@@ -122,6 +124,9 @@ def _compare(rows: list) -> None:
             r["flops_ratio_predicted"] = one["train_flops_per_token"] / r["train_flops_per_token"]
             if r.get("status") == "ok" and one.get("status") == "ok":
                 r["ratio_vs_1gpu"] = r["tok_per_s_per_gpu"] / one["tok_per_s_per_gpu"]
+        same = next((p for p in rows if p["gpus"] == 1 and p["seq_len"] == r["seq_len"]), None)
+        if r["gpus"] > 1 and same is not None and r.get("status") == same.get("status") == "ok":
+            r["speedup_vs_1gpu_same_context"] = r["tok_per_s"] / same["tok_per_s"]
 
 
 if __name__ == "__main__":
