@@ -122,8 +122,19 @@ def _run(rank, world, sp_size, out_path, device, cases):
         for g in grads.values():
             dist.all_reduce(g, group=sp.group)
         got[name] = (total, grads)
+    # in eval mode nothing is split: every rank runs its whole batch, as one process would
+    b = batches(device, ("packed",))["packed"]
+    m.eval()
+    with torch.no_grad():
+        whole = m(input_ids=b["input_ids"], position_ids=b["position_ids"]).logits
+    m.train()
+    alone = model("hf_flash", torch.float32, device).eval()
+    with torch.no_grad():
+        reference = alone(input_ids=b["input_ids"], position_ids=b["position_ids"]).logits
+    eval_equal = bool(torch.equal(whole, reference))
     if rank == 0:
-        torch.save({"exact": exact, "lowp": lowp, "got": _cpu(got), "sp": (sp.rank, sp.size, sp.dp_size)}, out_path)
+        torch.save({"exact": exact, "lowp": lowp, "got": _cpu(got), "sp": (sp.rank, sp.size, sp.dp_size),
+                    "eval_equal": eval_equal}, out_path)
 
 
 # ------------------------------------------------------------------------------------------------

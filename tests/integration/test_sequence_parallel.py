@@ -37,7 +37,8 @@ def _assert_rule(name, got, exact, lowp, factor):
 def test_sequence_parallel_matches_one_process(world, cases, tmp_path):
     """Loss and every LoRA gradient of a packed row whose documents cross the rank boundaries
     (and, on 2 ranks, of a single-document row: the dense kernel) equal the single-process run
-    within the error rule. 4 ranks repeat the 2 key/value heads."""
+    within the error rule. 4 ranks repeat the 2 key/value heads. After model.eval() nothing is
+    split: a rank's whole batch gives one process's logits."""
     pytest.importorskip("deepspeed", reason="sequence parallelism needs deepspeed: pip install -e '.[sp]'")
     if torch.cuda.is_available() and torch.cuda.device_count() < world:
         pytest.skip(f"the GPU run takes one GPU per rank: {world} needed, {torch.cuda.device_count()} here")
@@ -50,6 +51,7 @@ def test_sequence_parallel_matches_one_process(world, cases, tmp_path):
     res = torch.load(out, weights_only=False)
     assert res["sp"] == (0, world, 1)
     assert set(res["got"]) == set(cases)
+    assert res["eval_equal"], "in eval mode a rank's whole batch must run unsplit, as in one process"
     for case in cases:
         exact_loss, exact_grads = res["exact"][case]
         lowp_loss, lowp_grads = res["lowp"][case]
