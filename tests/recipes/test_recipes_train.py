@@ -203,3 +203,14 @@ def test_sequence_parallel_bad_setups_fail_at_start(tmp_path, capsys):
     with pytest.raises(ConfigError, match="1 process\\(es\\) cannot be split into sequence-parallel groups of sp_size=2"):
         train(load_config(BASE + ["--sp_size", "2", "--output_dir", str(tmp_path)]))
     assert not (tmp_path / "tiny-llama-base").exists()
+
+
+def test_checkpoints_from_before_sp_size_still_resume():
+    """sp_size became a resume key later: a checkpoint without it was written with sp_size 1."""
+    from recipes.checkpoint import RESUME_KEYS, resume_differences
+
+    cfg = load_config(BASE)
+    state = {"world_size": 1, "config": {k: cfg.to_dict()[k] for k in RESUME_KEYS if k != "sp_size"}}
+    assert resume_differences(state, cfg, 1) == []
+    cfg.sp_size = 2
+    assert resume_differences(state, cfg, 2) == ["sp_size: checkpoint 1, now 2", "processes: checkpoint 1, now 2"]
