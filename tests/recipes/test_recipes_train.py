@@ -170,28 +170,29 @@ def _launch(nproc: int, args: list, out: Path) -> dict:
     return proc
 
 
-SP_ARGS = BASE + ["--lora_dropout", "0", "--max_steps", "3", "--save_every", "0", "--save_adapter", "false", "--gradient_checkpointing", "true"]
+SP_ARGS = BASE + ["--lora_dropout", "0", "--max_steps", "2", "--save_every", "0", "--save_adapter", "false",
+                  "--gradient_checkpointing", "true", "--gradient_accumulation_steps", "2"]
 
 
-def test_sequence_parallel_two_processes_match_one(tmp_path):
-    """sp_size 2 on two processes (DeepSpeed Ulysses, hf_flash attention, kept attention outputs)
-    trains the same rows as one process: the same losses and gradient norms up to float32
-    summation order (the float32 floor of hf_flash.reference's error rule). The synthetic rows
-    pack several documents, some crossing the middle of the row, where the two ranks meet. No
-    LoRA dropout: each rank draws the masks of its own tokens, so they differ from one process's."""
+def test_sequence_parallel_groups_match_data_parallel(tmp_path):
+    """4 processes in 2 groups of sp_size 2 (DeepSpeed Ulysses, hf_flash attention, kept attention
+    outputs, gradient accumulation) train the same rows as 2 data-parallel processes: the same
+    losses and gradient norms up to float32 summation order (the float32 floor of
+    hf_flash.reference's error rule), so the loss scale, the groups' rows and the token counts are
+    right. The synthetic rows pack several documents, some crossing the middle of a row, where
+    the two ranks of a group meet. No LoRA dropout: each rank draws the masks of its own tokens."""
     pytest.importorskip("deepspeed", reason="sequence parallelism needs deepspeed: pip install -e '.[sp]'")
     from hf_flash.reference import floor_for
 
-    one = tmp_path / "one"
-    train(load_config(SP_ARGS + ["--output_dir", str(one)]))
-    proc = _launch(2, SP_ARGS + ["--sp_size", "2"], tmp_path / "sp2")
-    assert "1 group(s) of sp_size=2, 32 tokens of each row per process" in proc.stdout
-    rows = [[json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()] for d in (one, tmp_path / "sp2")]
-    assert [r["tokens"] for r in rows[1]] == [r["tokens"] for r in rows[0]] == [64, 128, 192]
+    _launch(2, SP_ARGS, tmp_path / "dp2")
+    proc = _launch(4, SP_ARGS + ["--sp_size", "2"], tmp_path / "dp2sp2")
+    assert "2 group(s) of sp_size=2, 32 tokens of each row per process" in proc.stdout
+    rows = [[json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("dp2", "dp2sp2")]
+    assert [r["tokens"] for r in rows[1]] == [r["tokens"] for r in rows[0]] == [256, 512]
     for a, b in zip(*rows):
         assert abs(a["loss"] - b["loss"]) <= floor_for(torch.float32), (a, b)
         assert abs(a["grad_norm"] - b["grad_norm"]) <= floor_for(torch.float32), (a, b)
-    assert json.loads((tmp_path / "sp2" / "summary.json").read_text())["sp_size"] == 2
+    assert json.loads((tmp_path / "dp2sp2" / "summary.json").read_text())["sp_size"] == 2
 
 
 def test_sequence_parallel_bad_setups_fail_at_start(tmp_path, capsys):
