@@ -8,12 +8,12 @@ DEPS = pyproject.toml requirements/constraints.txt
 
 $(VENV)/.installed: $(DEPS) requirements/transformers-newest.txt
 	$(PY) -m venv $(VENV)
-	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -c requirements/transformers-newest.txt -e ".[test,recipes]" --config-settings editable_mode=compat
+	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -c requirements/transformers-newest.txt -e ".[test,recipes,sp]" --config-settings editable_mode=compat
 	touch $@
 
 $(VENV_OLDEST)/.installed: $(DEPS) requirements/transformers-oldest.txt
 	$(PY) -m venv $(VENV_OLDEST)
-	$(VENV_OLDEST)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -c requirements/transformers-oldest.txt -e ".[test,recipes]" --config-settings editable_mode=compat
+	$(VENV_OLDEST)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -c requirements/transformers-oldest.txt -e ".[test,recipes,sp]" --config-settings editable_mode=compat
 	touch $@
 
 .PHONY: install demo test test-newest test-oldest clean

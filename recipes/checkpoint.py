@@ -29,8 +29,10 @@ STATE_FILE = "trainer_state.json"
 RESUME_KEYS = (
     "model", "tiny_model", "data", "seq_len", "rope_method", "rope_factor", "micro_batch_size",
     "gradient_accumulation_steps", "seed", "lora_r", "lora_alpha", "lora_target_modules",
-    "max_steps", "learning_rate", "warmup_steps", "min_lr_ratio", "dtype",
+    "max_steps", "learning_rate", "warmup_steps", "min_lr_ratio", "dtype", "sp_size",
 )
+# resume keys added after checkpoints were written without them: the value those runs had
+RESUME_DEFAULTS = {"sp_size": 1}
 
 
 def _fsync_tree(path: Path) -> None:
@@ -110,13 +112,19 @@ def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, kee
     return final
 
 
-def load_checkpoint(accelerator, path: Path, cfg) -> dict:
-    state = json.loads((path / STATE_FILE).read_text())
-    saved = state.get("config", {})
+def resume_differences(state: dict, cfg, num_processes: int) -> list[str]:
+    """What differs between a checkpoint's ``state`` and this run (empty: it may resume)."""
+    saved = {**RESUME_DEFAULTS, **state.get("config", {})}
     current = cfg.to_dict()
     diffs = [f"{k}: checkpoint {saved.get(k)!r}, now {current.get(k)!r}" for k in RESUME_KEYS if saved.get(k) != current.get(k)]
-    if state.get("world_size") != accelerator.num_processes:
-        diffs.append(f"processes: checkpoint {state.get('world_size')}, now {accelerator.num_processes}")
+    if state.get("world_size") != num_processes:
+        diffs.append(f"processes: checkpoint {state.get('world_size')}, now {num_processes}")
+    return diffs
+
+
+def load_checkpoint(accelerator, path: Path, cfg) -> dict:
+    state = json.loads((path / STATE_FILE).read_text())
+    diffs = resume_differences(state, cfg, accelerator.num_processes)
     if diffs:
         raise ConfigError(
             f"cannot resume from {path}: options differ from the checkpointed run:\n  - "

@@ -56,6 +56,15 @@ class RecipeConfig:
     dtype plus tokens x heads float32 per layer). None: on when attn_implementation is hf_flash
     and gradient_checkpointing is on, off otherwise. true needs both."""
 
+    sp_size: int = 1
+    """Sequence parallelism: processes sharing one sequence (1: off). Each rank of a group of
+    ``sp_size`` takes ``seq_len / sp_size`` consecutive tokens of the same rows; DeepSpeed's Ulysses
+    exchanges q/k/v by all-to-all so hf_flash attends the whole sequence for ``heads / sp_size``
+    heads (``hf_flash.integration.sequence_parallel``). Needs attn_implementation hf_flash,
+    deepspeed (``pip install 'hf_flash[sp]'``), a number of processes that ``sp_size`` divides,
+    seq_len divisible by sp_size, and head counts Ulysses can split. Weights: FSDP2 or DDP over all
+    processes as without it."""
+
     # context extension --------------------------------------------------------------------------
     seq_len: int = 16384
     """Tokens per packed row (the training context)."""
@@ -211,6 +220,18 @@ class RecipeConfig:
             f"loss_chunk_tokens={self.loss_chunk_tokens} must be >= 1",
         )
         need(self.synthetic_documents >= 1, "synthetic_documents must be >= 1")
+        need(self.sp_size >= 1, f"sp_size={self.sp_size} must be >= 1")
+        if self.sp_size > 1:
+            need(
+                self.attn_implementation == "hf_flash",
+                f"sp_size={self.sp_size} runs hf_flash's kernels under DeepSpeed's Ulysses, but "
+                f"attn_implementation={self.attn_implementation!r}; use attn_implementation hf_flash",
+            )
+            need(
+                self.seq_len % self.sp_size == 0,
+                f"seq_len={self.seq_len} is not divisible by sp_size={self.sp_size} (every rank takes "
+                f"an equal slice of each row); use a multiple of {self.sp_size}",
+            )
         if self.keep_attention_outputs:
             need(
                 self.attn_implementation == "hf_flash",

@@ -3,6 +3,8 @@
     python -m recipes.lora_long_context --config recipes/configs/llama-32k.yaml --model /models/llama
     accelerate launch --config_file recipes/configs/accelerate_fsdp.yaml \\
         -m recipes.lora_long_context --config recipes/configs/llama-64k.yaml --model /models/llama
+    accelerate launch --config_file recipes/configs/accelerate_fsdp.yaml --num_processes 2 \\
+        -m recipes.lora_long_context --config recipes/configs/llama-128k.yaml --sp_size 2 --model /models/llama
     python -m recipes.lora_long_context --config recipes/configs/tiny.yaml   # CPU, no downloads
 
 Steps: validate the options; load the model with ``attn_implementation`` (hf_flash by default)
@@ -85,6 +87,7 @@ class _Run:
     optimizer: Any = None
     scheduler: Any = None
     params: list = field(default_factory=list)  # the trainable parameters, for gradient clipping
+    sp: Any = None  # hf_flash's SequenceParallel of this process (sp_size > 1), else None
 
     @property
     def main(self) -> bool:
@@ -135,6 +138,22 @@ def _set_up(cfg: RecipeConfig) -> _Run:
     set_seed(cfg.seed)
     log(f"accelerate: {accelerator.num_processes} process(es), {accelerator.distributed_type.value}, "
         f"backend {accelerator.state.backend}, device {device}, mixed precision {accelerator.mixed_precision}")
+    dp_rank, dp_size = accelerator.process_index, accelerator.num_processes
+    if cfg.sp_size > 1:
+        from hf_flash.integration.sequence_parallel import (
+            SequenceParallelError, check_sequence_parallel, require_deepspeed,
+        )
+
+        try:
+            check_sequence_parallel(None, cfg.sp_size, seq_len=cfg.seq_len, world_size=accelerator.num_processes,
+                                    attn_implementation=cfg.attn_implementation)
+            require_deepspeed()
+        except SequenceParallelError as e:
+            raise ConfigError(str(e)) from e
+        # DeepSpeed's layout: consecutive ranks share a sequence; each group is one data replica
+        dp_rank, dp_size = accelerator.process_index // cfg.sp_size, accelerator.num_processes // cfg.sp_size
+        log(f"sequence parallel: {dp_size} group(s) of sp_size={cfg.sp_size}, "
+            f"{cfg.seq_len // cfg.sp_size} tokens of each row per process (DeepSpeed Ulysses, hf_flash attention)")
 
     if cfg.model is None:
         from .data import ByteTokenizer
@@ -150,8 +169,10 @@ def _set_up(cfg: RecipeConfig) -> _Run:
     tokenizer = load_tokenizer(cfg.tokenizer or str(model_path))
     rows = build_rows(cfg, tokenizer, log)
     batches = PackedBatches(
-        rows, cfg.micro_batch_size, accelerator.process_index, accelerator.num_processes, cfg.seed,
-        flash_kwargs="flash" in cfg.attn_implementation,
+        rows, cfg.micro_batch_size, dp_rank, dp_size, cfg.seed,
+        # under sequence parallelism every rank's attention sees the gathered row and finds the
+        # documents from the gathered position_ids; the row's cu_seqlens would not describe a slice
+        flash_kwargs="flash" in cfg.attn_implementation and cfg.sp_size == 1,
     )
     return _Run(cfg, accelerator, log, out, model_path, tokenizer, batches)
 
@@ -163,6 +184,15 @@ def _prepare_model(run: _Run) -> None:
 
     cfg, accelerator, device, log, tokenizer = run.cfg, run.accelerator, run.device, run.log, run.tokenizer
     fsdp = accelerator.distributed_type == DistributedType.FSDP
+    if cfg.sp_size > 1:  # the head counts, before any weight is loaded
+        from transformers import AutoConfig
+
+        from hf_flash.integration.sequence_parallel import SequenceParallelError, check_sequence_parallel
+
+        try:
+            check_sequence_parallel(AutoConfig.from_pretrained(run.model_path), cfg.sp_size)
+        except SequenceParallelError as e:
+            raise ConfigError(str(e)) from e
     # FSDP loads real weights on the CPU and shards them; random weights are built in place
     model = load_model(cfg, run.model_path, log, device=device if cfg.random_init or not fsdp else None)
     if getattr(tokenizer, "vocab_size", 0) > model.config.vocab_size:
@@ -178,6 +208,10 @@ def _prepare_model(run: _Run) -> None:
         f"attention {cfg.attn_implementation}, loss {loss_name(cfg.loss_impl, device)}, gradient checkpointing "
         f"{checkpointing}")
     check_memory(model, cfg, device, accelerator.num_processes, fsdp, log)
+    if cfg.sp_size > 1:
+        from hf_flash.integration.sequence_parallel import enable_sequence_parallel
+
+        run.sp = enable_sequence_parallel(model, cfg.sp_size, seq_len=cfg.seq_len * cfg.micro_batch_size)
 
     wrapper = CausalLMWithLinearCE(model, cfg.loss_impl, cfg.loss_chunk_tokens)
     optimizer = torch.optim.AdamW(
@@ -230,7 +264,10 @@ def _loop(run: _Run, progress: _Progress) -> dict | None:
         bar = tqdm(total=cfg.max_steps, initial=start_step, desc="train", dynamic_ncols=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    step_tokens = cfg.micro_batch_size * cfg.seq_len * cfg.gradient_accumulation_steps * accelerator.num_processes
+    # distinct tokens per optimiser step: a sequence-parallel group shares its rows
+    step_tokens = cfg.micro_batch_size * cfg.seq_len * cfg.gradient_accumulation_steps * (
+        accelerator.num_processes // cfg.sp_size
+    )
     while progress.step < cfg.max_steps:
         prof = _start_profiler(device) if progress.step + 1 == cfg.profile_step else None
         t0 = time.perf_counter()
@@ -276,16 +313,27 @@ def _loop(run: _Run, progress: _Progress) -> dict | None:
 
 def _optimizer_step(run: _Run, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Step ``step``'s micro-batches (gradient accumulation, the loss divided by the step's label
-    count), clipping, optimiser and schedule. Returns the gradient norm and this process's loss."""
+    count), clipping, optimiser and schedule. Returns the gradient norm and this process's loss.
+
+    Under sequence parallelism every rank of a group builds the same rows, counts their labels
+    (already the next token, so slicing after that keeps the target of each slice's last token),
+    and runs its own slice; its summed loss is scaled by sp_size because DDP/FSDP average the
+    gradients over all processes while the group's loss is the sum over its ranks."""
     cfg, accelerator, device = run.cfg, run.accelerator, run.device
     ga = cfg.gradient_accumulation_steps
     micro = [run.batches.get(step * ga + i, device) for i in range(ga)]
     n_label = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro)
+    scale = 1
+    if run.sp is not None:
+        from hf_flash.integration.sequence_parallel import sequence_parallel_loss_scale, shard_batch
+
+        micro = [shard_batch(b, run.sp, labels_shifted=True) for b in micro]
+        scale = sequence_parallel_loss_scale(run.sp)
     loss_sum = torch.zeros((), device=device)
     for i, batch in enumerate(micro):
         sync = accelerator.no_sync(run.wrapper) if i < ga - 1 else _nullcontext()
         with sync, accelerator.autocast():
-            loss = run.wrapper(**batch) / max(n_label, 1)
+            loss = run.wrapper(**batch) * (scale / max(n_label, 1))
         accelerator.backward(loss)
         loss_sum += loss.detach()
     grad_norm = accelerator.clip_grad_norm_(run.params, cfg.max_grad_norm)
@@ -315,6 +363,8 @@ def _finish(run: _Run, progress: _Progress) -> dict:
         "peak_mem_gib": _memory_gib(run.device)[1],
         "gradient_checkpointing": cfg.gradient_checkpointing,
         "keep_attention_outputs": cfg.keeps_attention_outputs(),
+        "num_processes": accelerator.num_processes,
+        "sp_size": cfg.sp_size,
     }
     accelerator.wait_for_everyone()
     if cfg.save_adapter or cfg.save_merged:

@@ -237,9 +237,11 @@ class CausalLMWithLinearCE(nn.Module):
 def predict_memory_gib(model, cfg, world_size: int, fsdp: bool) -> float:
     """Rough peak memory per device of one training step (weights, LoRA optimiser state,
     checkpointed activations and, with ``keep_attention_outputs``, every layer's attention
-    output and log-sum-exp, one layer's recomputation, one logits chunk)."""
+    output and log-sum-exp, one layer's recomputation, one logits chunk). With ``sp_size`` > 1
+    every activation holds ``1 / sp_size`` of the tokens (the kept attention output too: all
+    tokens for ``heads / sp_size`` heads)."""
     c = model.config
-    tokens = cfg.micro_batch_size * cfg.seq_len
+    tokens = cfg.micro_batch_size * cfg.seq_len // cfg.sp_size
     wbytes = torch.finfo(getattr(torch, cfg.dtype)).bits // 8
     act = 2 if cfg.mixed_precision != "no" or wbytes == 2 else 4
     n_params = sum(p.numel() for p in model.parameters())

@@ -71,25 +71,28 @@ def _register_or_warn() -> None:
 class _AfterTransformersImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself: when ``transformers`` is about to be imported, it asks the other
     finders for the real spec and wraps that loader's ``exec_module`` so hf_flash registers once
-    the package has executed. Removes itself on first use."""
+    the package has executed. Removes itself when that happens, not at the lookup: libraries
+    probe for transformers with ``importlib.util.find_spec("transformers")`` (TRL does on
+    import) and never execute the spec they get, so the lookup alone must not use it up."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "transformers":
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
         spec = None
         for finder in sys.meta_path:
             find_spec = getattr(finder, "find_spec", None)
-            if find_spec is not None:
+            if finder is not self and find_spec is not None:
                 spec = find_spec(fullname, path, target)
                 if spec is not None:
                     break
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
+        finder = self
 
         def exec_then_register(module):
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
             exec_module(module)
             _register_or_warn()
 

@@ -63,6 +63,20 @@ def test_hook_waits_for_transformers_then_registers():
     assert got == {**_REGISTERED, "early": False, "hook_left": 0}
 
 
+def test_hook_survives_a_find_spec_probe():
+    """Libraries probe with importlib.util.find_spec("transformers") before importing it (TRL
+    does on import); the probe must not use the hook up."""
+    got = _run(
+        _STATE + "import importlib.util, hf_flash\n"
+        "assert importlib.util.find_spec('transformers') is not None\n"
+        "early = 'transformers' in sys.modules\n"
+        "import transformers\n"
+        "hooks = [f for f in sys.meta_path if type(f).__name__ == '_AfterTransformersImport']\n"
+        "print(json.dumps({**state(), 'early': early, 'hook_left': len(hooks)}))"
+    )
+    assert got == {**_REGISTERED, "early": False, "hook_left": 0}
+
+
 def test_hook_registers_at_once_when_transformers_came_first():
     got = _run(
         _STATE + "import transformers\nimport hf_flash.integration as integ\n"

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from recipes.config import load_config
+from recipes.config import ConfigError, load_config
 from recipes.lora_long_context import main, train
 from recipes.model import lr_lambda
 
@@ -154,3 +155,63 @@ def test_gradient_checkpointing_keeps_attention_outputs(tmp_path, monkeypatch):
     assert runs["true"][1] == runs["false"][1]  # exact
     assert runs["true"][2]["keep_attention_outputs"] is True
     assert runs["false"][2]["keep_attention_outputs"] is False
+
+
+def _launch(nproc: int, args: list, out: Path) -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1")
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "-m", "recipes.lora_long_context", *args, "--output_dir", str(out),
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+SP_ARGS = BASE + ["--lora_dropout", "0", "--max_steps", "2", "--save_every", "0", "--save_adapter", "false",
+                  "--gradient_checkpointing", "true", "--gradient_accumulation_steps", "2"]
+
+
+def test_sequence_parallel_groups_match_data_parallel(tmp_path):
+    """4 processes in 2 groups of sp_size 2 (DeepSpeed Ulysses, hf_flash attention, kept attention
+    outputs, gradient accumulation) train the same rows as 2 data-parallel processes: the same
+    losses and gradient norms up to float32 summation order (the float32 floor of
+    hf_flash.reference's error rule), so the loss scale, the groups' rows and the token counts are
+    right. The synthetic rows pack several documents, some crossing the middle of a row, where
+    the two ranks of a group meet. No LoRA dropout: each rank draws the masks of its own tokens."""
+    pytest.importorskip("deepspeed", reason="sequence parallelism needs deepspeed: pip install -e '.[sp]'")
+    from hf_flash.reference import floor_for
+
+    _launch(2, SP_ARGS, tmp_path / "dp2")
+    proc = _launch(4, SP_ARGS + ["--sp_size", "2"], tmp_path / "dp2sp2")
+    assert "2 group(s) of sp_size=2, 32 tokens of each row per process" in proc.stdout
+    rows = [[json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("dp2", "dp2sp2")]
+    assert [r["tokens"] for r in rows[1]] == [r["tokens"] for r in rows[0]] == [256, 512]
+    for a, b in zip(*rows):
+        assert abs(a["loss"] - b["loss"]) <= floor_for(torch.float32), (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= floor_for(torch.float32), (a, b)
+    assert json.loads((tmp_path / "dp2sp2" / "summary.json").read_text())["sp_size"] == 2
+
+
+def test_sequence_parallel_bad_setups_fail_at_start(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="seq_len=66 is not divisible by sp_size=4"):
+        load_config(BASE + ["--seq_len", "66", "--sp_size", "4"])
+    with pytest.raises(ConfigError, match="sp_size=2 runs hf_flash's kernels.*attn_implementation='sdpa'"):
+        load_config(BASE + ["--sp_size", "2", "--attn_implementation", "sdpa"])
+    # one process cannot hold a group of two: refused before the model is built
+    with pytest.raises(ConfigError, match="1 process\\(es\\) cannot be split into sequence-parallel groups of sp_size=2"):
+        train(load_config(BASE + ["--sp_size", "2", "--output_dir", str(tmp_path)]))
+    assert not (tmp_path / "tiny-llama-base").exists()
+
+
+def test_checkpoints_from_before_sp_size_still_resume():
+    """sp_size became a resume key later: a checkpoint without it was written with sp_size 1."""
+    from recipes.checkpoint import RESUME_KEYS, resume_differences
+
+    cfg = load_config(BASE)
+    state = {"world_size": 1, "config": {k: cfg.to_dict()[k] for k in RESUME_KEYS if k != "sp_size"}}
+    assert resume_differences(state, cfg, 1) == []
+    cfg.sp_size = 2
+    assert resume_differences(state, cfg, 2) == ["sp_size: checkpoint 1, now 2", "processes: checkpoint 1, now 2"]
