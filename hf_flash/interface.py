@@ -329,7 +329,8 @@ def flash_attn_func(
             ``kernels.configs.use_deterministic(False)``) lets the d128 Hopper backward add dQ
             atomically. It is a process-wide switch because flash-attn's default here (False)
             would otherwise make every call non-deterministic.
-        return_attn_probs: bool. If True, also return the softmax log-sum-exp (see Return).
+        return_attn_probs: bool. If True, also return the softmax log-sum-exp and, with dropout,
+            the probabilities (see Return).
         learnable_sink: (nheads,) floating point, or None. One more logit per query head in
             every row's softmax, with no value (gpt-oss's attention sinks; the argument of
             flash-attn 4's interface): rows put part of their weight on it, and a row that sees
@@ -340,8 +341,10 @@ def flash_attn_func(
         out: (batch, seqlen_q, nheads, headdim), q's dtype.
         softmax_lse [if return_attn_probs]: (batch, nheads, seqlen_q), float32, natural log;
             +inf for queries that see no key (their output is 0). Differentiable.
-        None [if return_attn_probs]: hf_flash never materialises the attention probabilities;
-            the third element flash-attn returns (a debugging aid) is always None.
+        S_dmask [if return_attn_probs]: with dropout_p > 0, flash-attn's debugging aid: the
+            probabilities (batch, nheads, seqlen_q and seqlen_k rounded up to 128), q's dtype,
+            negated where dropout removed them (materialised S x S per head: small shapes only);
+            None without dropout.
     """
     return dense_attention(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
@@ -425,7 +428,8 @@ def flash_attn_varlen_func(
     Return:
         out: (total_q, nheads, headdim).
         softmax_lse [if return_attn_probs]: (nheads, total_q), float32.
-        None [if return_attn_probs]: see :func:`flash_attn_func`.
+        S_dmask [if return_attn_probs]: see :func:`flash_attn_func`; sequence b fills the top-left
+            corner of slot b.
 
     The cu_seqlens values are checked on the host (one device sync) unless a CUDA graph is
     being captured or torch.compile is tracing.
@@ -489,15 +493,70 @@ def _attention(
     flash-attn return form."""
     if learnable_sink is not None and dropout_p > 0.0:
         raise ValueError("learnable_sink with dropout_p > 0 is not supported; pass dropout_p=0.0")
+    rng_state = _new_rng_state(q.device) if dropout_p > 0.0 else None
+    options = _call_options(q, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+                            window_size, softcap)  # fmt: skip
     out, lse = attention_forward(
         unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes, position_ids=position_ids,
-        sinks=None if learnable_sink is None else learnable_sink.float(),
-        rng_state=_new_rng_state(q.device) if dropout_p > 0.0 else None,
-        **_call_options(q, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                        window_size, softcap),
+        sinks=None if learnable_sink is None else learnable_sink.float(), rng_state=rng_state,
+        **options,
     )  # fmt: skip
-    return (out, lse, None) if return_attn_probs else out
+    if not return_attn_probs:
+        return out
+    probs = None
+    if dropout_p > 0.0:
+        if position_ids is not None:
+            raise ValueError(
+                "return_attn_probs=True with dropout needs the dense or varlen call, not "
+                "position_ids"
+            )
+        probs = _dropout_encoded_probs(q, k, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
+                                       options)  # fmt: skip
+    return out, lse, probs
+
+
+def _dropout_encoded_probs(q, k, cu_q, cu_k, alibi_slopes, rng_state, options) -> Tensor:
+    """flash-attn's third return value with dropout (a testing and debugging aid): the softmax
+    probabilities (batch, nheads, seqlen_q rounded up to 128, seqlen_k rounded up to 128), in
+    q's dtype, with every entry the kernel's dropout removed negated (the kept ones positive),
+    zero outside the attention. Packed sequences each fill the top-left corner of their own
+    (max_seqlen_q, max_seqlen_k) slot. Materialises S x S per head, so meant for small shapes;
+    the probabilities come from hf_flash.reference (exact), the pattern from the kernels' own
+    Philox stream."""
+    from . import reference
+    from .kernels.flash_common import dropout_keep_mask
+
+    def _round(n: int) -> int:
+        return -(-n // 128) * 128
+
+    nheads = q.shape[-2]
+    ref_opts = dict(
+        softmax_scale=options["softmax_scale"], causal=options["causal"],
+        window_size=(options["window_left"], options["window_right"]), softcap=options["softcap"],
+    )  # fmt: skip
+    if cu_q is None:
+        pieces = [(q, k, alibi_slopes)]
+        batch, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
+    else:
+        bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+        batch, max_q, max_k = len(bounds_q) - 1, options["max_seqlen_q"], options["max_seqlen_k"]
+        pieces = [
+            (q[None, bounds_q[b]:bounds_q[b + 1]], k[None, bounds_k[b]:bounds_k[b + 1]],
+             alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes)
+            for b in range(batch)
+        ]  # fmt: skip
+    keep = dropout_keep_mask(rng_state, batch, nheads, max_q, max_k, options["dropout_p"])
+    probs = torch.zeros((batch, nheads, _round(max_q), _round(max_k)), dtype=q.dtype,
+                        device=q.device)  # fmt: skip
+    with torch.no_grad():
+        for b, (qb, kb, slopes) in enumerate(pieces):
+            p, _ = reference.attention_probs(qb, kb, alibi_slopes=slopes, **ref_opts)
+            rows = slice(b, b + 1) if cu_q is not None else slice(None)
+            sq, sk = p.shape[-2:]
+            signed = torch.where(keep[rows, :, :sq, :sk], p, -p)
+            probs[rows, :, :sq, :sk] = signed.to(q.dtype)
+    return probs
 
 
 # --------------------------------------------------------------------------------------------

@@ -101,14 +101,41 @@ def attention_ref(
     rows that see no key (their output is 0).
     """
     dtype = torch.float32 if upcast else q.dtype
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    probs, lse = attention_probs(
+        q, k, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        softcap=softcap, alibi_slopes=alibi_slopes, upcast=upcast, sinks=sinks,
+    )  # fmt: skip
+    if dropout_p > 0.0:
+        if dropout_keep is None:
+            raise ValueError("dropout_p > 0 needs the keep mask the kernel used (dropout_keep)")
+        probs = probs.masked_fill(~dropout_keep, 0.0) / (1.0 - dropout_p)
+    group = q.shape[2] // k.shape[2]
+    out = torch.einsum("bhij,bjhd->bihd", probs, v.to(dtype).repeat_interleave(group, dim=2))
+    return (out, lse) if return_lse else out
+
+
+def attention_probs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    upcast: bool = True,
+    sinks: Optional[torch.Tensor] = None,
+):
+    """The softmax probabilities (batch, nheads, seqlen_q, seqlen_k) of :func:`attention_ref`
+    (before dropout; rows that see no key are 0) and its log-sum-exp (batch, nheads, seqlen_q)."""
+    dtype = torch.float32 if upcast else q.dtype
+    q, k = q.to(dtype), k.to(dtype)
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     if nheads % nheads_k:
         raise ValueError(f"nheads={nheads} is not a multiple of nheads_k={nheads_k}")
     group = nheads // nheads_k
     k = k.repeat_interleave(group, dim=2)
-    v = v.repeat_interleave(group, dim=2)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
 
     scores = torch.einsum("bihd,bjhd->bhij", q, k) * scale
@@ -136,12 +163,7 @@ def attention_ref(
         empty = ~visible.any(dim=-1)  # (i,)
         probs = probs.masked_fill(empty.view(1, 1, -1, 1), 0.0)
         lse = lse.masked_fill(empty.view(1, 1, -1), float("inf"))
-    if dropout_p > 0.0:
-        if dropout_keep is None:
-            raise ValueError("dropout_p > 0 needs the keep mask the kernel used (dropout_keep)")
-        probs = probs.masked_fill(~dropout_keep, 0.0) / (1.0 - dropout_p)
-    out = torch.einsum("bhij,bjhd->bihd", probs, v)
-    return (out, lse) if return_lse else out
+    return probs, lse
 
 
 def attention_varlen_ref(

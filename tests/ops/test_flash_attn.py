@@ -595,3 +595,44 @@ def test_learnable_sink_errors(device):
         flash_attn_func(q, k, v, learnable_sink=torch.zeros(4, dtype=torch.int64, device=device))
     with pytest.raises(ValueError, match="learnable_sink with dropout_p > 0 is not supported"):
         flash_attn_func(q, k, v, dropout_p=0.1, learnable_sink=torch.zeros(4, device=device))
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_dropout_encoded_probabilities(varlen, device):
+    """return_attn_probs=True with dropout returns flash-attn's S_dmask: the probabilities, sized
+    up to multiples of 128, negated where the kernel's dropout removed them. Rebuilding the output
+    from it (kept entries / (1 - p)) @ V gives the kernel's output within the error rule, and the
+    sign pattern is the kernels' keep mask; without dropout the third value is None."""
+    p, h, hk, d = 0.3, 2, 1, 16
+    if varlen:
+        lens = [9, 14]
+        cu = torch.tensor([0, 9, 23], device=device, dtype=torch.int32)
+        q, k, v = (t[0] for t in _qkv(device, 1, 23, 23, h, hk, d, torch.float32, False))
+        torch.manual_seed(5)
+        out, _, s = flash_attn_varlen_func(q, k, v, cu, cu, 14, 14, dropout_p=p, causal=True,
+                                           return_attn_probs=True)  # fmt: skip
+        assert s.shape == (2, h, 128, 128)
+        pieces = [(s[b : b + 1, :, :n, :n], v[None, a : a + n], out[a : a + n]) for b, (a, n) in
+                  enumerate(zip([0, 9], lens))]  # fmt: skip
+    else:
+        q, k, v = _qkv(device, 2, 20, 20, h, hk, d, torch.float32, False)
+        torch.manual_seed(5)
+        out, _, s = flash_attn_func(q, k, v, dropout_p=p, causal=True, return_attn_probs=True)
+        assert s.shape == (2, h, 128, 128)
+        assert torch.count_nonzero(s[:, :, 20:]) == 0 and torch.count_nonzero(s[:, :, :, 20:]) == 0
+        pieces = [(s[:, :, :20, :20], v, out)]
+    torch.manual_seed(5)
+    rng = _new_rng_state(device)
+    batch, max_len = (2, 14) if varlen else (2, 20)
+    keep = dropout_keep_mask(rng, batch, h, max_len, max_len, p)
+    for b, (sb, vb, ob) in enumerate(pieces):
+        n = sb.shape[-1]
+        visible = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        kb = keep[b : b + 1] if varlen else keep
+        assert torch.equal((sb > 0) & visible, kb[..., :n, :n] & visible), "sign = keep mask"
+        assert torch.count_nonzero(sb[..., ~visible]) == 0
+        kept = sb.clamp(min=0) / (1 - p)
+        rebuilt = torch.einsum("bhij,bjhd->bihd", kept, vb.repeat_interleave(h // hk, dim=2))
+        torch.testing.assert_close(rebuilt.reshape(ob.shape), ob, rtol=1e-4, atol=1e-5)
+    q, k, v = _qkv(device, 1, 8, 8, h, hk, d, torch.float32, False)
+    assert flash_attn_func(q, k, v, return_attn_probs=True)[2] is None
