@@ -129,15 +129,28 @@ def _packed_fwd(q, k, v, packed, alibi_slopes, rng_state, sinks, **options):
     """Dense (B, S, H, D) rows holding packed sequences: the varlen kernel over the flattened
     tokens; results in the dense op's layouts (out like q, lse (B, H, S))."""
     b, s, h, d = q.shape
-    flat_out = torch.empty((b * s, h, d), dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q)
     flat_lse = torch.empty((h, b * s), dtype=torch.float32, device=q.device)
+    flat_out = _flat_buffer(out)
     _fwd.flash_attn_forward(
         _flat(q), _flat(k), _flat(v), flat_out, flat_lse, rng_state=rng_state, sinks=sinks,
         **_packed_options(q, packed, alibi_slopes, options),
     )  # fmt: skip
-    out = torch.empty_like(q)
-    out.copy_(flat_out.view(b, s, h, d))
+    _unflatten_into(out, flat_out)
     return out, flat_lse.view(h, b, s).transpose(0, 1).contiguous()
+
+
+def _flat_buffer(t: Tensor) -> Tensor:
+    """A (B * S, ...) buffer for ``t``'s values: a view of ``t`` when its layout allows it (the
+    usual case), else a new tensor that :func:`_unflatten_into` copies back."""
+    if t.is_contiguous():
+        return t.view(t.shape[0] * t.shape[1], *t.shape[2:])
+    return torch.empty((t.shape[0] * t.shape[1], *t.shape[2:]), dtype=t.dtype, device=t.device)
+
+
+def _unflatten_into(t: Tensor, flat: Tensor) -> None:
+    if flat.data_ptr() != t.data_ptr():
+        t.copy_(flat.view(t.shape))
 
 
 def _packed_bwd(dout, dlse, q, k, v, out, lse, packed, alibi_slopes, rng_state, sinks, dsinks,
@@ -145,15 +158,15 @@ def _packed_bwd(dout, dlse, q, k, v, out, lse, packed, alibi_slopes, rng_state, 
     """The backward of :func:`_packed_fwd`: the varlen kernels over the flattened tokens."""
     b, s, h, _ = q.shape
     to_varlen = lambda t: t.transpose(0, 1).reshape(h, b * s)  # noqa: E731  (B,H,S) -> (H, B*S)
-    flat = [torch.empty((b * s, *t.shape[2:]), dtype=t.dtype, device=t.device) for t in (q, k, v)]
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    flat = [_flat_buffer(g) for g in grads]
     _bwd.flash_attn_backward(
         unit_last_stride(_flat(dout)), None if dlse is None else to_varlen(dlse), _flat(q),
         _flat(k), _flat(v), _flat(out), to_varlen(lse), *flat, rng_state=rng_state, sinks=sinks,
         dsinks=None if sinks is None else dsinks, **_packed_options(q, packed, alibi_slopes, options),
     )  # fmt: skip
-    grads = tuple(torch.empty_like(t) for t in (q, k, v))
     for g, f in zip(grads, flat):
-        g.copy_(f.view(g.shape))
+        _unflatten_into(g, f)
     return grads
 
 
