@@ -283,24 +283,26 @@ def attention_paths(
     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
     alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0,
     softmax_scale: Optional[float] = None, varlen: bool = False,
+    learnable_sink: Optional[Tensor] = None,
 ) -> dict:  # fmt: skip
     """Which kernels :func:`flash_attn_func` (or, with ``varlen=True``,
     :func:`flash_attn_varlen_func`) runs for these arguments: ``{"forward": "hopper" or
     "triton", "backward": "hopper" or "triton"}``. ``"hopper"`` is the Gluon
     FlashAttention-3-style code for H100/H200 (:mod:`hf_flash.kernels.hopper`), taken for dense
-    fp16/bf16 calls, causal or not, without window, softcap, ALiBi or dropout: the forward at
-    head dim 64 or 128, the backward's dK/dV kernel at head dim 128 (the delta preprocess and the
+    fp16/bf16 calls, causal or not, without window, softcap, ALiBi, dropout or sinks: the
+    forward at head dim 64 or 128, the backward's dK/dV kernel at head dim 128 (the delta preprocess and the
     dQ kernel stay Triton). Everything else runs the portable Triton kernels.
     ``HF_FLASH_HOPPER=0`` keeps every call on Triton. The backward's answer assumes the incoming
     gradient is laid out like q (as autograd usually hands it); one TMA cannot address sends
     that call's backward to Triton. Arguments as :func:`flash_attn_func`; nothing is launched."""
     options = _call_options(q, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap)
     forward = _fwd.forward_path(
-        q, k, v, None, varlen=varlen, alibi_slopes=alibi_slopes, **options
+        q, k, v, None, varlen=varlen, alibi_slopes=alibi_slopes, sinks=learnable_sink, **options
     )
     backward = _bwd.backward_path(
-        q, k, v, None, None, None, None, varlen=varlen, alibi_slopes=alibi_slopes, **options
-    )
+        q, k, v, None, None, None, None, varlen=varlen, alibi_slopes=alibi_slopes,
+        sinks=learnable_sink, **options,
+    )  # fmt: skip
     return {"forward": forward, "backward": backward}
 
 

@@ -636,3 +636,16 @@ def test_dropout_encoded_probabilities(varlen, device):
         torch.testing.assert_close(rebuilt.reshape(ob.shape), ob, rtol=1e-4, atol=1e-5)
     q, k, v = _qkv(device, 1, 8, 8, h, hk, d, torch.float32, False)
     assert flash_attn_func(q, k, v, return_attn_probs=True)[2] is None
+
+
+@pytest.mark.gpu  # on a CPU every call is Triton anyway: the check means something on sm_90
+def test_attention_paths_send_sink_calls_to_triton(device):
+    """Calls with learnable sinks run the Triton kernels on every GPU (the Gluon kernels take
+    no sinks); attention_paths says so without launching anything."""
+    from hf_flash.interface import attention_paths
+
+    q, k, v = _qkv(device, 1, 64, 64, 4, 2, 128, torch.float16, False)
+    sinks = torch.zeros(4, device=device)
+    assert attention_paths(q, k, v, causal=True, learnable_sink=sinks) == {
+        "forward": "triton", "backward": "triton",
+    }  # fmt: skip
