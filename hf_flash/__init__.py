@@ -39,6 +39,7 @@ _EXPORTS = {
     "gradient_checkpointing_kwargs": "checkpointing",
     "attention_checkpoint_context": "checkpointing",
     "attention_checkpoint_policy": "checkpointing",
+    "load_smollm2": "pretrained",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -35,6 +35,16 @@ Pretraining stops at ``pretrain_steps`` or after ``pretrain_s`` seconds (180 s q
 full; ``--pretrain-seconds`` overrides), whichever comes first; evaluation and the three
 fine-tunes take about 1 min (quick) and 2 min (full) more.
 
+``--model smollm2`` runs the same comparison on real weights instead, with no pretraining:
+SmolLM2-135M-Instruct (``hf_flash.pretrained``; trained at 8K tokens) extended 8K -> 32K and
+evaluated up to 64K. Pass-key prompts use the same format; perplexity is measured on Jane Austen's
+*Persuasion* (``hf_flash.eval.corpus_path``), and each method is fine-tuned by the recipe for a
+few dozen LoRA steps of language modelling at 32K on *Northanger Abbey*: windows of the novel,
+never a pass-key prompt, so any retrieval after the fine-tune is not trained on the task (the PI
+paper's setting: its models fine-tuned on PG-19 books)::
+
+    python -m recipes.long_context_study --model smollm2 --out results/study-smollm2  # ~6 min
+
 GPU only (hf_flash attention, bf16 autocast).
 """
 
@@ -69,6 +79,11 @@ SETTINGS = {
                   pretrain_steps=3, rows_per_step=2, pretrain_s=60, corpus_rows=64, lr=1e-3,
                   warmup=2, probe_every=2, drill_share=(0.85, 0.35), drill_phase=0.3, ft_steps=2, trials=1),
 }
+# real weights (--model smollm2): no pretraining; evaluated at `lengths`, fine-tuned at l0 x factor
+PRETRAINED = dict(l0=8192, factor=4, lengths=[2048, 8192, 16384, 32768, 65536],
+                  depths=[0.0, 0.25, 0.5, 0.75, 1.0], trials=2, ppl_windows=2, ft_steps=30,
+                  ft_micro_batch=1, ft_lr=5e-4, ft_warmup=5, ft_lora_r=16,
+                  ft_checkpointing=True)  # fmt: skip
 DEVICE = "cuda"
 ATTN = "hf_flash"
 
@@ -256,43 +271,120 @@ def load_for_eval(path: Path, method: str | None, target: int):
                                                 dtype=dtype).to(DEVICE).eval()
 
 
-def evaluate(model, name: str, s: dict, lengths: list, ppl_file: Path, out: Path) -> dict:
+def evaluate(model, name: str, s: dict, lengths: list, ppl_file: Path, out: Path, tok=None) -> dict:
     from hf_flash.eval import format_grid, passkey_grid, perplexity_vs_length, save_heatmap
 
     from .data import ByteTokenizer
 
-    tok = ByteTokenizer()
-    grid = passkey_grid(model, tok, lengths=lengths, depths=[0.0, 0.25, 0.5, 0.75, 1.0], trials=s["trials"], seed=1)
+    tok = tok or ByteTokenizer()
+    depths = s.get("depths", [0.0, 0.25, 0.5, 0.75, 1.0])
+    grid = passkey_grid(model, tok, lengths=lengths, depths=depths, trials=s["trials"], seed=1)
     save_heatmap(grid, out / f"passkey-{name}.png", title=f"pass key: {name}")
-    ppl = perplexity_vs_length(model, tok, ppl_file, lengths, max_windows=4)
+    ppl = perplexity_vs_length(model, tok, ppl_file, lengths, max_windows=s.get("ppl_windows", 4))
     log(f"{name}:\n{format_grid(grid)}\n{ppl.format()}")
     return {"passkey": grid.to_dict(), "perplexity": ppl.to_dict()}
 
 
-def finetune(s: dict, base: Path, method: str, target: int, out: Path, seed: int) -> Path:
+def finetune(s: dict, base: Path, method: str, target: int, out: Path, seed: int,
+             data: Path | None = None) -> Path:
+    """LoRA fine-tune of ``base`` at ``target`` tokens with ``method``, by the recipe itself;
+    returns the merged model's folder. ``data``: a .jsonl of texts (default: pass-key prompts
+    at the new length, for the from-scratch model)."""
     from .config import load_config
     from .data import ByteTokenizer
     from .lora_long_context import train
 
-    data = out / "ft-data.jsonl"
-    if not data.exists():
-        texts = passkey_texts(ByteTokenizer(), target, n=s["ft_steps"] * 4 + 64, seed=seed + 7)
-        data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    if data is None:
+        data = out / "ft-data.jsonl"
+        if not data.exists():
+            texts = passkey_texts(ByteTokenizer(), target, n=s["ft_steps"] * 4 + 64, seed=seed + 7)
+            data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     run = out / f"ft-{method}"
     cfg = load_config([
         "--model", str(base), "--data", str(data), "--seq_len", str(target), "--rope_method", method,
         "--attn_implementation", ATTN, "--dtype", "bfloat16" if DEVICE == "cuda" else "float32",
         "--mixed_precision", "bf16" if DEVICE == "cuda" else "no",
-        "--gradient_checkpointing", "false", "--lora_r", "16", "--lora_alpha", "32",
-        "--micro_batch_size", "4", "--max_steps", str(s["ft_steps"]), "--learning_rate", "1e-3",
-        "--warmup_steps", "10", "--output_dir", str(run), "--save_merged", "true",
+        "--gradient_checkpointing", str(s.get("ft_checkpointing", False)).lower(),
+        "--lora_r", str(s.get("ft_lora_r", 16)), "--lora_alpha", str(2 * s.get("ft_lora_r", 16)),
+        "--micro_batch_size", str(s.get("ft_micro_batch", 4)), "--max_steps", str(s["ft_steps"]),
+        "--learning_rate", str(s.get("ft_lr", 1e-3)), "--warmup_steps", str(s.get("ft_warmup", 10)),
+        "--output_dir", str(run), "--save_merged", "true",
         "--progress", "false", "--log_every", "10", "--seed", str(seed),
     ])
     train(cfg)
     return run / "merged"
 
 
-def plot_perplexity(results: dict, path: Path) -> None:
+def prose_windows(tokenizer, n: int, length: int, seed: int) -> list[str]:
+    """``n`` windows of *Northanger Abbey* of about ``length`` tokens (BOS and EOS included, so
+    each packs into one recipe row), at random offsets; the novel (~100K tokens) is shorter than
+    n x length, so windows overlap."""
+    from hf_flash.eval import corpus_path, read_text
+
+    ids = tokenizer.encode(read_text(corpus_path("northanger-abbey")), add_special_tokens=False)
+    body = length - 2
+    if len(ids) < body:
+        raise ValueError(f"the fine-tuning text has {len(ids)} tokens, fewer than one window of {body}")
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        start = rng.randrange(0, len(ids) - body + 1)
+        out.append(tokenizer.decode(ids[start : start + body]))
+    return out
+
+
+def run_pretrained(out: Path, seed: int) -> None:
+    """The study on SmolLM2-135M-Instruct (module doc): no pretraining, real text."""
+    from transformers import AutoTokenizer
+
+    from hf_flash import pretrained
+    from hf_flash.eval import corpus_path
+
+    s = dict(PRETRAINED)
+    l0, target, lengths = s["l0"], s["l0"] * s["factor"], s["lengths"]
+    base = pretrained.smollm2_folder()
+    tok = AutoTokenizer.from_pretrained(base)
+    ppl_file = corpus_path("persuasion")
+    data = out / "ft-data.jsonl"
+    # the recipe adds BOS/EOS (tokenize_documents); re-encoding decoded text can shift a token or two
+    texts = prose_windows(tok, s["ft_steps"] * s["ft_micro_batch"] + 8, target - 8, seed + 7)
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    t0, timings, results = time.time(), {}, {}
+
+    def timed(name, fn, *a, **k):
+        start = time.time()
+        r = fn(*a, **k)
+        timings[name] = round(time.time() - start, 1)
+        return r
+
+    def save() -> str:
+        md = table(results, lengths)
+        (out / "study.md").write_text(
+            f"SmolLM2-135M-Instruct (trained at {l0} tokens), extended to {target} "
+            f"({s['factor']}x); settings {json.dumps(s)}.\n\n{md}\n"
+        )
+        (out / "study.json").write_text(json.dumps(
+            {"model": "SmolLM2-135M-Instruct", "settings": s, "lengths": lengths,
+             "seconds": timings, "results": results}, indent=1))  # fmt: skip
+        plot_perplexity(results, out / "perplexity.png", ylabel="perplexity (Persuasion)")
+        return md
+
+    results["none"] = timed("eval none", evaluate, load_for_eval(base, None, target), "none", s,
+                            lengths, ppl_file, out, tok=tok)  # fmt: skip
+    save()
+    for method in METHODS:
+        results[method] = timed(f"eval {method}", evaluate, load_for_eval(base, method, target),
+                                method, s, lengths, ppl_file, out, tok=tok)  # fmt: skip
+        merged = timed(f"finetune {method}", finetune, s, base, method, target, out, seed, data=data)
+        results[f"{method}+ft"] = timed(f"eval {method}+ft", evaluate, load_for_eval(merged, None, target),
+                                        f"{method}+ft", s, lengths, ppl_file, out, tok=tok)  # fmt: skip
+        save()
+        torch.cuda.empty_cache()
+    md = save()
+    log(f"done in {time.time() - t0:.0f}s ({timings})\n{md}")
+
+
+def plot_perplexity(results: dict, path: Path, ylabel: str = "perplexity (held-out pass-key documents)") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -305,7 +397,7 @@ def plot_perplexity(results: dict, path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("perplexity (held-out pass-key documents)")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -333,9 +425,17 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="a few steps of a 1-layer model: plumbing check (CPU)")
     parser.add_argument("--attn", default="hf_flash", help="attention implementation (default hf_flash)")
+    parser.add_argument("--model", choices=["scratch", "smollm2"], default="scratch",
+                        help="scratch: pretrain a small model here (default); smollm2: real "
+                        "weights, SmolLM2-135M-Instruct 8K -> 32K (hf_flash.pretrained)")  # fmt: skip
     args = parser.parse_args(argv)
     global DEVICE, ATTN
     ATTN = args.attn
+    if args.model == "smollm2":
+        if not torch.cuda.is_available():
+            raise SystemExit("the study needs a CUDA GPU (32K-64K tokens on a 135M model)")
+        args.out.mkdir(parents=True, exist_ok=True)
+        return run_pretrained(args.out, args.seed)
     if not torch.cuda.is_available():
         if not args.smoke:
             raise SystemExit("the study needs a CUDA GPU (pretraining from scratch); --smoke runs on the CPU")

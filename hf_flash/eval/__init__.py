@@ -19,7 +19,30 @@ from .passkey import (
     passkey_grid,
     save_heatmap,
 )
-from .perplexity import PerplexityResult, load_tokens, perplexity_of_tokens, perplexity_vs_length
+from .perplexity import (
+    PerplexityResult,
+    load_tokens,
+    perplexity_of_tokens,
+    perplexity_vs_length,
+    read_text,
+)
+
+# Real prose kept in the package (corpus/README.md): two public-domain novels by Jane Austen
+CORPUS = {
+    "persuasion": "austen-persuasion.txt.gz",
+    "northanger-abbey": "austen-northanger-abbey.txt.gz",
+}
+
+
+def corpus_path(name: str):
+    """Path of a corpus text (gzip; ``read_text`` and ``load_tokens`` read it): one of
+    ``CORPUS``."""
+    from pathlib import Path
+
+    if name not in CORPUS:
+        raise ValueError(f"unknown corpus text {name!r}; available: {sorted(CORPUS)}")
+    return Path(__file__).parent / "corpus" / CORPUS[name]
+
 
 __all__ = [
     "PasskeyResult",
@@ -32,4 +55,7 @@ __all__ = [
     "load_tokens",
     "perplexity_of_tokens",
     "perplexity_vs_length",
+    "read_text",
+    "CORPUS",
+    "corpus_path",
 ]

@@ -23,7 +23,9 @@ import torch.nn.functional as F
 
 from .passkey import device_of
 
-__all__ = ["PerplexityResult", "perplexity_vs_length", "perplexity_of_tokens", "load_tokens"]
+__all__ = [
+    "PerplexityResult", "perplexity_vs_length", "perplexity_of_tokens", "load_tokens", "read_text",
+]  # fmt: skip
 
 
 @dataclass
@@ -44,9 +46,21 @@ class PerplexityResult:
         return "\n".join(lines)
 
 
+def read_text(path: Union[str, Path]) -> str:
+    """A UTF-8 text file's contents; ``*.gz`` files are decompressed."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        import gzip
+
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return f.read()
+    return path.read_text(encoding="utf-8")
+
+
 def load_tokens(tokenizer, path: Union[str, Path]) -> torch.Tensor:
-    """Token ids (int64, 1-D) of a UTF-8 text file, with the tokenizer's BOS first if it has one."""
-    text = Path(path).read_text(encoding="utf-8")
+    """Token ids (int64, 1-D) of a UTF-8 text file (``*.gz`` too), with the tokenizer's BOS
+    first if it has one."""
+    text = read_text(path)
     if not text.strip():
         raise ValueError(f"{path} contains no text")
     ids = list(tokenizer.encode(text, add_special_tokens=False))
