@@ -43,7 +43,7 @@ export PYTHONPATH=$store/site:$PWD
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c 'import torch, triton, transformers, gguf; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__, "gguf", gguf.__version__)'
+  python3 -c 'import torch, triton, transformers, gguf; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__, "gguf", __import__("importlib.metadata").metadata.version("gguf"))'
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 

@@ -159,6 +159,8 @@ def load_smollm2(attn_implementation: str = "hf_flash", dtype=None, device="cpu"
     folder = smollm2_folder(cache_dir)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:  # transformers < 5.23 reads no pad token from the GGUF file
+        tokenizer.pad_token = tokenizer.eos_token
     model = transformers.AutoModelForCausalLM.from_pretrained(
         folder, attn_implementation=attn_implementation, dtype=dtype or torch.float32
     )
