@@ -191,7 +191,7 @@ def run_random(args) -> list[dict]:
 
 PRETRAINED = {
     # CPU: each interpreted forward of the 30 layers takes ~20-40 s
-    "cpu": dict(passage=32, pad=12, chats=1, new_tokens=8, dtype=torch.float32),
+    "cpu": dict(passage=32, pad=12, chats=1, new_tokens=6, dtype=torch.float32),
     "gpu": dict(passage=1536, pad=512, chats=4, new_tokens=64, dtype=torch.bfloat16),
 }  # fmt: skip
 
