@@ -333,7 +333,7 @@ def prose_windows(tokenizer, n: int, length: int, seed: int) -> list[str]:
     return out
 
 
-def run_pretrained(out: Path, seed: int) -> None:
+def run_pretrained(out: Path, seed: int, ft_steps: int | None = None) -> None:
     """The study on SmolLM2-135M-Instruct (module doc): no pretraining, real text."""
     from transformers import AutoTokenizer
 
@@ -341,6 +341,8 @@ def run_pretrained(out: Path, seed: int) -> None:
     from hf_flash.eval import corpus_path
 
     s = dict(PRETRAINED)
+    if ft_steps is not None:
+        s["ft_steps"] = ft_steps
     l0, target, lengths = s["l0"], s["l0"] * s["factor"], s["lengths"]
     base = pretrained.smollm2_folder()
     tok = AutoTokenizer.from_pretrained(base)
@@ -428,6 +430,8 @@ def main(argv=None) -> None:
     parser.add_argument("--model", choices=["scratch", "smollm2"], default="scratch",
                         help="scratch: pretrain a small model here (default); smollm2: real "
                         "weights, SmolLM2-135M-Instruct 8K -> 32K (hf_flash.pretrained)")  # fmt: skip
+    parser.add_argument("--ft-steps", type=int, default=None,
+                        help="LoRA steps of each fine-tune (default: the settings')")
     args = parser.parse_args(argv)
     global DEVICE, ATTN
     ATTN = args.attn
@@ -435,12 +439,14 @@ def main(argv=None) -> None:
         if not torch.cuda.is_available():
             raise SystemExit("the study needs a CUDA GPU (32K-64K tokens on a 135M model)")
         args.out.mkdir(parents=True, exist_ok=True)
-        return run_pretrained(args.out, args.seed)
+        return run_pretrained(args.out, args.seed, args.ft_steps)
     if not torch.cuda.is_available():
         if not args.smoke:
             raise SystemExit("the study needs a CUDA GPU (pretraining from scratch); --smoke runs on the CPU")
         DEVICE = "cpu"
     s = dict(SETTINGS["smoke" if args.smoke else args.quick])
+    if args.ft_steps is not None:
+        s["ft_steps"] = args.ft_steps
     if args.pretrain_seconds is not None:
         s["pretrain_s"] = args.pretrain_seconds
     out = args.out
