@@ -527,14 +527,8 @@ def _gather_pages(q, k_pages, v_pages, block_table, cu_seqlens_k, max_seqlen_k, 
         )
     batch = cu_seqlens_k.numel() - 1 if isinstance(cu_seqlens_k, Tensor) else -1
     num_pages, page, hk, d = k_pages.shape
-    if not isinstance(block_table, Tensor) or block_table.dtype != torch.int32:
-        raise TypeError("block_table must be an int32 tensor (batch, max_pages_per_sequence)")
-    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
-        raise ValueError(
-            f"block_table has shape {tuple(block_table.shape)}; expected ({batch}, "
-            "max_pages_per_sequence >= 1), one row per sequence of cu_seqlens_k"
-        )
-    for name, t in (("block_table", block_table), ("k", k_pages), ("v", v_pages)):
+    _checks.check_page_table(block_table, batch, q.device)
+    for name, t in (("k", k_pages), ("v", v_pages)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
     if cu_seqlens_k.dtype != torch.int32 or cu_seqlens_k.device != q.device:
