@@ -163,6 +163,28 @@ def test_results_repeat_bitwise():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+def _ordered_variants():
+    from hf_flash.kernels.hopper.attention_bwd import VARIANTS
+
+    return [name for name, var in VARIANTS.items() if var.dq_ordered]
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant", _ordered_variants())
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_ordered_dq_repeats_bitwise(variant, causal, monkeypatch):
+    """The dq_ordered variants add into each query tile of dQ in a fixed order of the key
+    blocks: the gradients repeat bitwise, on a grid of several waves of programs (so programs
+    wait on others that started earlier, never on one not yet started) and odd lengths."""
+    q, k, v = _qkv(2, 4000, 4100, 16, 4, 128, torch.bfloat16, seed=11)
+    dout = torch.randn_like(q)
+    a = _backward(q, k, v, dout, causal, variant=variant, monkeypatch=monkeypatch)
+    for _ in range(2):
+        b = _backward(q, k, v, dout, causal, variant=variant, monkeypatch=monkeypatch)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    _check(q, k, v, causal, variant=variant, monkeypatch=monkeypatch, seed=11)
+
+
 @needs_hopper
 def test_public_function_takes_the_hopper_backward():
     """flash_attn_func's autograd runs the Gluon dK/dV kernel (attention_paths says so) and its
