@@ -136,12 +136,8 @@ VARIANTS = {
                 dq_atomic=True, dq_shared=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqsl", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqw", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_writer=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwl", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwd", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_writer=True, dq_ordered=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwld", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, head_dims=(128,)),
     )
@@ -447,13 +443,18 @@ def _warp_sync_fence(x):
 
 
 @gluon.jit
-def _bulk_wait_all(x):
-    """``cp.async.bulk.wait_group 0``: the bulk operations this thread committed have completed,
-    their global writes included (``tma.store_wait`` emits the ``.read`` form, which waits only
-    until their shared-memory source has been read); then :func:`_warp_sync_fence`, since one
-    lane issued them and another releases the semaphore."""
-    x = gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tmov.b32 $0, $1;", "=r,r", [x],
-                              dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+def _bulk_wait(x, PENDING: gl.constexpr):
+    """``cp.async.bulk.wait_group PENDING`` (0 or 2): all but the PENDING most recent bulk groups
+    this thread committed have completed, their global writes included (``tma.store_wait`` emits
+    the ``.read`` form, which waits only until their shared-memory source has been read); then
+    :func:`_warp_sync_fence`, since one lane issued them and another releases the semaphore."""
+    gl.static_assert((PENDING == 0) or (PENDING == 2), "0 or 2 pending bulk groups")
+    if PENDING == 0:
+        x = gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tmov.b32 $0, $1;", "=r,r", [x],
+                                      dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+    else:
+        x = gl.inline_asm_elementwise("cp.async.bulk.wait_group 2;\n\tmov.b32 $0, $1;", "=r,r", [x],
+                                      dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
     return _warp_sync_fence(x)
 
 
@@ -472,6 +473,7 @@ def _dq_writer(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, KEYS, BLOCK_M, CAUSAL, CAUSAL and DQ_ORDERED
     )
     lane = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+    sem_prev = Sem + (lane * 0).to(gl.int64)  # the previous step's counter (DQ_ORDERED)
     kt = n0 // KEYS
     n_kt = gl.cdiv(seqlen_k, KEYS)
     nheads = nheads_k * group
@@ -498,13 +500,20 @@ def _dq_writer(
             slot = par * CONSUMERS + c
             mbarrier.wait(dq_full.index(slot), (it // 2) & 1)
             _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, c * DQ_N], dq_smem.index(slot).reshape([1, 1, BLOCK_M, DQ_N]))
-        if DQ_ORDERED:
-            lane = _bulk_wait_all(lane)
-            gl.atomic_add(sem, lane * 0 + 1, mask=lane == 0, sem="release", scope="gpu")
-        else:
-            tma.store_wait(0)
+        tma.store_wait(0)  # the slots have been read: the consumers may refill them
         for c in gl.static_range(CONSUMERS):
             mbarrier.arrive(dq_empty.index(par * CONSUMERS + c))
+        if DQ_ORDERED:
+            # count this block in the previous step's tile once those additions have completed
+            # (all but this step's CONSUMERS bulk groups), so their latency runs under this step
+            if it > 0:
+                lane = _bulk_wait(lane, CONSUMERS)
+                gl.atomic_add(sem_prev, lane * 0 + 1, mask=lane == 0, sem="release", scope="gpu")
+            sem_prev = sem
+    if DQ_ORDERED:
+        if group * per_head > 0:
+            lane = _bulk_wait(lane, 0)
+            gl.atomic_add(sem_prev, lane * 0 + 1, mask=lane == 0, sem="release", scope="gpu")
 
 
 @gluon.jit
