@@ -53,7 +53,7 @@ def providers(q, k, v, dout, causal, variants):
         @contextlib.contextmanager
         def pick(name=name):
             saved = dict(hb.DEFAULT)
-            hb.DEFAULT[q.shape[-1]] = name
+            hb.DEFAULT.update({(q.shape[-1], masked): name for masked in (False, True)})
             try:
                 yield
             finally:

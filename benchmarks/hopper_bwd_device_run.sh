@@ -32,7 +32,7 @@ from hf_flash.kernels import flash_bwd, flash_fwd
 from hf_flash.kernels.hopper import attention_bwd as hb
 from hf_flash.reference import GRAD_FACTOR, allowed_error, attention_ref, max_abs_err
 v = sys.argv[1]
-hb.DEFAULT.update({d: v for d in hb.VARIANTS[v].head_dims})
+hb.DEFAULT.update({(d, c): v for d in hb.VARIANTS[v].head_dims for c in (False, True)})
 worst = 0.0
 for d in hb.VARIANTS[v].head_dims:
     for causal in (False, True):

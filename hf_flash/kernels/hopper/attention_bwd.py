@@ -142,23 +142,33 @@ VARIANTS = {
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, head_dims=(128,)),
     )
 }  # fmt: skip
-# DEFAULT maps a head dim to the variant the backward runs; head dims without an entry keep the
-# Triton backward. H100, 2026-11-24 (.notes/hopper-bwd.md): at d128 kv2x64-m64-s2 (with the
-# Triton dQ kernel) ran 2-8% faster than the Triton backward at every point (call 3, 3 rounds);
-# at d64 it was level with it (-4%..+10%, calls 1-2), so d64 stays on Triton.
-DEFAULT = {128: "kv2x64-m64-s2"}
+# DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
+# with unordered dQ additions); head dims without an entry keep the Triton backward.
+# H100, 2026-11-24 (.notes/hopper-bwd.md): at d128 causal kv2x64-m64-s2 (with the Triton dQ
+# kernel) ran 2-8% faster than the Triton backward at every point (session 15, call 3);
+# non-causal, the fused, ordered dQ (dqwld) ran at 389-470 TFLOP/s against s2's 374-388
+# (+4% at 4K, +16-25% at 16K-32K; session 16, call 2); causal it runs far slower (~250). At d64
+# s2 was level with the Triton backward (-4%..+10%), so d64 stays on Triton.
+DEFAULT = {(128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2"}
 # (head dim, causal) -> the variant run when deterministic gradients are not required
 # (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
-# DEFAULT (H100, call 3, 3 rounds): d128 non-causal dqs 435-474 TFLOP/s against s2's 370-396
-# (+17-20%); d128 causal dqsl 359-434 against 360-420 (0 to +8%; dqs is slower there).
+# the deterministic one (H100, session 15 call 3, 3 rounds): d128 non-causal dqs 435-474 TFLOP/s
+# (s2 370-396; the ordered dqwld is within a few % of it since session 16); d128 causal dqsl
+# 359-434 against s2's 360-420 (0 to +8%; dqs is slower there).
 NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqs", (128, True): "kv2x64-m64-s2-dqsl"}
+
+
+def covered_head_dims() -> set:
+    """The head dims the Gluon backward covers (those ``DEFAULT`` names a variant for)."""
+    return {d for d, _ in DEFAULT}
 
 
 def variant_for(head_dim: int, causal: bool) -> str:
     """The variant :func:`hopper_attention_backward` runs by default for this call."""
-    if not configs.deterministic() and (head_dim, bool(causal)) in NONDETERMINISTIC:
-        return NONDETERMINISTIC[(head_dim, bool(causal))]
-    return DEFAULT[head_dim]
+    key = (head_dim, bool(causal))
+    if not configs.deterministic() and key in NONDETERMINISTIC:
+        return NONDETERMINISTIC[key]
+    return DEFAULT[key]
 
 
 @gluon.jit
@@ -443,6 +453,25 @@ def _warp_sync_fence(x):
 
 
 @gluon.jit
+def _load_acquire(ptrs):
+    """``ld.acquire.gpu`` of int32 counters, one per lane (a plain load: an atomic would queue in
+    L2's atomic units behind the dQ reduce traffic)."""
+    return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptrs], dtype=gl.int32,
+                                     is_pure=False, pack=1)  # fmt: skip
+
+
+@gluon.jit
+def _release_add_one(ptrs, lane):
+    """Lane 0 adds 1 to its counter with release semantics (``red``: no value comes back, so the
+    warp does not wait for it). ``lane``: the lane index, returned unchanged."""
+    return gl.inline_asm_elementwise(
+        "{\n\t.reg .pred p;\n\tsetp.eq.s32 p, $2, 0;\n\t@p red.release.gpu.global.add.s32 [$1], 1;"
+        "\n\tmov.b32 $0, $2;\n\t}",
+        "=r,l,r", [ptrs, lane], dtype=gl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@gluon.jit
 def _bulk_wait(x, PENDING: gl.constexpr):
     """``cp.async.bulk.wait_group PENDING`` (0 or 2): all but the PENDING most recent bulk groups
     this thread committed have completed, their global writes included (``tma.store_wait`` emits
@@ -493,8 +522,7 @@ def _dq_writer(
             sem = Sem + ((b * nheads + h).to(gl.int64) * n_m + mt + lane * 0)
             seen = turn - 1
             while seen != turn:
-                got = gl.atomic_add(sem, lane * 0, mask=lane == 0, sem="acquire", scope="gpu")
-                seen = gl.max(gl.where(lane == 0, got, -1), axis=0)
+                seen = gl.max(_load_acquire(sem), axis=0)  # every lane read the same counter
             lane = _warp_sync_fence(lane)
         for c in gl.static_range(CONSUMERS):
             slot = par * CONSUMERS + c
@@ -507,13 +535,11 @@ def _dq_writer(
             # count this block in the previous step's tile once those additions have completed
             # (all but this step's CONSUMERS bulk groups), so their latency runs under this step
             if it > 0:
-                lane = _bulk_wait(lane, CONSUMERS)
-                gl.atomic_add(sem_prev, lane * 0 + 1, mask=lane == 0, sem="release", scope="gpu")
+                lane = _release_add_one(sem_prev, _bulk_wait(lane, CONSUMERS))
             sem_prev = sem
     if DQ_ORDERED:
         if group * per_head > 0:
-            lane = _bulk_wait(lane, 0)
-            gl.atomic_add(sem_prev, lane * 0 + 1, mask=lane == 0, sem="release", scope="gpu")
+            lane = _release_add_one(sem_prev, _bulk_wait(lane, 0))
 
 
 @gluon.jit
@@ -633,14 +659,14 @@ def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softc
              dropout=0.0, varlen=False, softmax_scale=None) -> bool:  # fmt: skip
     """True when :func:`hopper_attention_backward` covers this call: the calls the Gluon
     forward covers (:func:`hopper.attention_fwd.supports`: dense fp16/bf16, causal or not, no
-    window, softcap, ALiBi or dropout, on sm_90) whose head dim has a ``DEFAULT`` variant (128),
+    window, softcap, ALiBi or dropout, on sm_90) for which ``DEFAULT`` names a variant (d128),
     with out, dout, dk and dv shaped like q / k and addressable by TMA too."""
     from .attention_fwd import supports as fwd_supports
 
     if not fwd_supports(q, k, v, causal=causal, window=window, softcap=softcap, alibi=alibi,
                         dropout=dropout, varlen=varlen, softmax_scale=softmax_scale):  # fmt: skip
         return False
-    if q.shape[-1] not in DEFAULT:
+    if (q.shape[-1], bool(causal)) not in DEFAULT:
         return False
     for t, like in ((out, q), (dout, q), (dk, k), (dv, k)):
         if not isinstance(t, torch.Tensor) or t.shape != like.shape or t.dtype != like.dtype:
@@ -741,5 +767,6 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
 
 
 __all__ = [
-    "hopper_attention_backward", "supports", "launch_args", "variant_for", "VARIANTS", "DEFAULT", "NONDETERMINISTIC",
+    "hopper_attention_backward", "supports", "launch_args", "variant_for", "covered_head_dims", "VARIANTS", "DEFAULT",
+    "NONDETERMINISTIC",
 ]
