@@ -116,6 +116,9 @@ class Variant:
     # descending, with the programs launched shortest first (the order in which the blocks reach
     # a query tile, so the wait is short and never for a program not yet started)
     dq_ordered: bool = False
+    # causal: launch the key blocks last-first (shortest programs first), as dq_ordered does,
+    # without the ordering (a diagnostic of what the launch order alone costs)
+    spt: bool = False
 
     @property
     def keys(self) -> int:
@@ -138,6 +141,8 @@ VARIANTS = {
                 dq_atomic=True, dq_shared=True, dq_lag=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwl", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwls", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, spt=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwld", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, head_dims=(128,)),
     )
@@ -200,11 +205,11 @@ def _producer(
     kv_bar, q_ready, do_ready, q_empty, do_empty,
     n_bhk, nheads_k, group, seqlen_q, seqlen_k,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-    CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr,
+    CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr, SPT: gl.constexpr,
 ):  # fmt: skip
     b, kv_h, n0, n_m, m_lo, m_full = _steps(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL,
-        CAUSAL and DQ_ORDERED,
+        CAUSAL and (DQ_ORDERED or SPT),
     )
     mbarrier.expect(kv_bar, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
     for c in gl.static_range(CONSUMERS):
@@ -283,7 +288,7 @@ def _consumer(
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, CAUSAL: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr, DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
-    DQ_ORDERED: gl.constexpr,
+    DQ_ORDERED: gl.constexpr, SPT: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -293,7 +298,7 @@ def _consumer(
     row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)  # along the keys
     b, kv_h, n0, n_m, m_lo, m_full = _steps(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL,
-        CAUSAL and DQ_ORDERED,
+        CAUSAL and (DQ_ORDERED or SPT),
     )
     k_tile = k_smem.index(INDEX)
     v_tile = v_smem.index(INDEX)
@@ -491,7 +496,7 @@ def _bulk_wait(x, PENDING: gl.constexpr):
 def _dq_writer(
     dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
     BLOCK_M: gl.constexpr, KEYS: gl.constexpr, DQ_N: gl.constexpr, CONSUMERS: gl.constexpr,
-    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr,
+    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr, SPT: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
     add them into the float32 accumulator by TMA reduce and hand the slots back once read.
@@ -499,7 +504,8 @@ def _dq_writer(
     counts the key blocks that add before this one, and after the additions have completed (not
     only read their source) count this one."""
     b, kv_h, n0, n_m, m_lo, m_full = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, KEYS, BLOCK_M, CAUSAL, CAUSAL and DQ_ORDERED
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, KEYS, BLOCK_M, CAUSAL,
+        CAUSAL and (DQ_ORDERED or SPT),
     )
     lane = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
     sem_prev = Sem + (lane * 0).to(gl.int64)  # the previous step's counter (DQ_ORDERED)
@@ -550,7 +556,7 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
-    DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr,
+    DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, SPT: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -607,20 +613,20 @@ def _attn_bwd_dkdv_kernel(
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_ORDERED)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_ORDERED, SPT)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_ORDERED)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_ORDERED, SPT)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, DQ_ORDERED)),
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, DQ_ORDERED, SPT)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, BLOCK_M, BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL,
-                               DQ_ORDERED)),
+                               DQ_ORDERED, SPT)),
             ],
             [CONSUMER_WARPS, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -633,17 +639,17 @@ def _attn_bwd_dkdv_kernel(
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_ORDERED)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_ORDERED, SPT)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_ORDERED)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_ORDERED, SPT)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, DQ_ORDERED)),
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, DQ_ORDERED, SPT)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -724,7 +730,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic,
-        DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered, num_warps=4,
+        DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
+        SPT=var.spt, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
