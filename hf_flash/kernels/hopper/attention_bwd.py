@@ -112,13 +112,12 @@ class Variant:
     dq_writer: bool = False
     # dq_writer with the additions into each (batch, head, query tile) of dQ made in a fixed
     # order of the key blocks (FA3's semaphore per query tile; the writer waits for its turn):
-    # the float32 sums, and so dQ, repeat bitwise. Non-causal: ascending key blocks; causal:
-    # descending, with the programs launched shortest first (the order in which the blocks reach
-    # a query tile, so the wait is short and never for a program not yet started)
+    # the float32 sums, and so dQ, repeat bitwise. Ascending key blocks, causal too: a block
+    # waits only on programs launched before it (never one not yet started), and only at the
+    # start of a wave, where the blocks of one (batch, K/V head) start together (FA3 orders causal
+    # descending with a shortest-first launch: measured 0.6x here, the concurrent programs then
+    # sit far apart in the sequence and Q/dO/dQ stop hitting L2)
     dq_ordered: bool = False
-    # causal: launch the key blocks last-first (shortest programs first), as dq_ordered does,
-    # without the ordering (a diagnostic of what the launch order alone costs)
-    spt: bool = False
 
     @property
     def keys(self) -> int:
@@ -141,8 +140,6 @@ VARIANTS = {
                 dq_atomic=True, dq_shared=True, dq_lag=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwl", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwls", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, spt=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwld", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, head_dims=(128,)),
     )
@@ -154,7 +151,7 @@ VARIANTS = {
 # non-causal, the fused, ordered dQ (dqwld) ran at 389-470 TFLOP/s against s2's 374-388
 # (+4% at 4K, +16-25% at 16K-32K; session 16, call 2); causal it runs far slower (~250). At d64
 # s2 was level with the Triton backward (-4%..+10%), so d64 stays on Triton.
-DEFAULT = {(128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2"}
+DEFAULT = {(128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2-dqwld"}
 # (head dim, causal) -> the variant run when deterministic gradients are not required
 # (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
 # the deterministic one (H100, session 15 call 3, 3 rounds): d128 non-causal dqs 435-474 TFLOP/s
@@ -178,17 +175,13 @@ def variant_for(head_dim: int, causal: bool) -> str:
 
 @gluon.jit
 def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-           KEYS: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, REVERSE: gl.constexpr):  # fmt: skip
+           KEYS: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
     """The program's (b, kv_h, n0) and its query-tile range: tiles [m_lo, n_m) of every head of
-    the group can see keys [n0, n0 + KEYS); from tile m_full on they see all of them. REVERSE:
-    the key blocks are numbered from the last (causal: the shortest programs start first)."""
+    the group can see keys [n0, n0 + KEYS); from tile m_full on they see all of them."""
     bhk = pid % n_bhk
     b = bhk // nheads_k
     kv_h = bhk % nheads_k
-    kt = pid // n_bhk
-    if REVERSE:
-        kt = gl.cdiv(seqlen_k, KEYS) - 1 - kt
-    n0 = kt * KEYS
+    n0 = (pid // n_bhk) * KEYS
     n_m = gl.cdiv(seqlen_q, BLOCK_M)
     m_lo = 0
     m_full = 0
@@ -205,11 +198,10 @@ def _producer(
     kv_bar, q_ready, do_ready, q_empty, do_empty,
     n_bhk, nheads_k, group, seqlen_q, seqlen_k,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-    CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr, SPT: gl.constexpr,
+    CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr,
 ):  # fmt: skip
     b, kv_h, n0, n_m, m_lo, m_full = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL,
-        CAUSAL and (DQ_ORDERED or SPT),
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL
     )
     mbarrier.expect(kv_bar, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
     for c in gl.static_range(CONSUMERS):
@@ -288,7 +280,6 @@ def _consumer(
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, CAUSAL: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr, DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
-    DQ_ORDERED: gl.constexpr, SPT: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -297,8 +288,7 @@ def _consumer(
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # along the queries
     row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)  # along the keys
     b, kv_h, n0, n_m, m_lo, m_full = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL,
-        CAUSAL and (DQ_ORDERED or SPT),
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL
     )
     k_tile = k_smem.index(INDEX)
     v_tile = v_smem.index(INDEX)
@@ -496,21 +486,20 @@ def _bulk_wait(x, PENDING: gl.constexpr):
 def _dq_writer(
     dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
     BLOCK_M: gl.constexpr, KEYS: gl.constexpr, DQ_N: gl.constexpr, CONSUMERS: gl.constexpr,
-    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr, SPT: gl.constexpr,
+    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
     add them into the float32 accumulator by TMA reduce and hand the slots back once read.
     DQ_ORDERED: before adding into query tile (b, h, mt), wait until the semaphore of that tile
-    counts the key blocks that add before this one, and after the additions have completed (not
-    only read their source) count this one."""
+    counts the key blocks that add before this one (those below it), and count this one once the
+    additions have completed, not only read their source (a step later: the wait for completion
+    runs under the next step)."""
     b, kv_h, n0, n_m, m_lo, m_full = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, KEYS, BLOCK_M, CAUSAL,
-        CAUSAL and (DQ_ORDERED or SPT),
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, KEYS, BLOCK_M, CAUSAL
     )
     lane = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
     sem_prev = Sem + (lane * 0).to(gl.int64)  # the previous step's counter (DQ_ORDERED)
     kt = n0 // KEYS
-    n_kt = gl.cdiv(seqlen_k, KEYS)
     nheads = nheads_k * group
     per_head = n_m - m_lo
     for it in range(group * per_head):
@@ -518,12 +507,9 @@ def _dq_writer(
         mt = m_lo + it % per_head
         par = it % 2
         if DQ_ORDERED:
-            if CAUSAL:
-                # descending: the key blocks that see query tile mt are those with
-                # n0 < (mt + 1) * BLOCK_M + seqlen_k - seqlen_q (the m_lo rule of _steps)
-                turn = gl.minimum(n_kt, gl.cdiv((mt + 1) * BLOCK_M + seqlen_k - seqlen_q, KEYS)) - 1 - kt
-            else:
-                turn = kt
+            # ascending key blocks: every block below this one sees the tile too (causal: a
+            # query row that sees key j sees every key before it)
+            turn = kt
             # one int32 counter per (b, h, query tile); lane 0 polls it, the others follow
             sem = Sem + ((b * nheads + h).to(gl.int64) * n_m + mt + lane * 0)
             seen = turn - 1
@@ -556,7 +542,7 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
-    DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, SPT: gl.constexpr,
+    DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -613,20 +599,20 @@ def _attn_bwd_dkdv_kernel(
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_ORDERED, SPT)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_ORDERED, SPT)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, DQ_ORDERED, SPT)),
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, BLOCK_M, BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL,
-                               DQ_ORDERED, SPT)),
+                               DQ_ORDERED)),
             ],
             [CONSUMER_WARPS, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -639,17 +625,17 @@ def _attn_bwd_dkdv_kernel(
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_ORDERED, SPT)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_ORDERED, SPT)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, DQ_ORDERED, SPT)),
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -730,8 +716,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic,
-        DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
-        SPT=var.spt, num_warps=4,
+        DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
