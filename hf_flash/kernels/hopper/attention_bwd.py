@@ -22,16 +22,22 @@ of the GQA group (K/V are never expanded) and, for each, the query tiles that ca
   dP^T runs; dS^T is computed while the dV product runs. Registers move from the producer (24)
   to the consumers through ``setmaxnreg``.
 
-dQ: by default not computed here: :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs
-its Triton dQ kernel beside this one (no atomics, so the backward stays bitwise deterministic; it
-recomputes S and dP, 7 products for the 5 counted). The ``dq_atomic`` variants (not the default;
-``NONDETERMINISTIC`` picks them once deterministic gradients are not required) also compute
-``dQ_part = dS K`` per step (dS^T staged in shared memory, read transposed) and add it, scaled,
-into a float32 (B, H, Sq, D) accumulator with a TMA reduce-add (``cp.reduce.async.bulk.tensor
-.add``); the launcher then casts it into dq. The order of those additions varies from run to run.
-``dq_shared`` (FA3's form) puts both consumers' dS in one product, each consumer adding half of
-dQ's columns over all 128 keys (half the reduce traffic of one tile per consumer); ``dq_lag``
-runs that product one step late, so the consumers need not move in lockstep.
+dQ: the ``dq_atomic`` variants also compute ``dQ_part = dS K`` per step (dS^T staged in shared
+memory, read transposed) and add it, scaled, into a float32 (B, H, Sq, D) accumulator with a TMA
+reduce-add (``cp.reduce.async.bulk.tensor.add``); the launcher then casts it into dq: 5 products
+for the 5 counted. ``dq_shared`` (FA3's form) puts both consumers' dS in one product, each
+consumer adding half of dQ's columns over all 128 keys (half the reduce traffic of one tile per
+consumer); ``dq_lag`` runs that product one step late, so the consumers need not move in
+lockstep; ``dq_writer`` hands each consumer's dQ tile to a one-warp writer partition through
+double-buffered shared-memory slots. ``dq_ordered`` (the default, ``kv2x64-m64-s2-dqwld``) makes
+the result bitwise deterministic: one int32 counter per (batch, head, query tile); the writer
+adds into a tile only when its counter equals the program's key-block index (ascending: a
+program waits only on programs launched before it) and counts itself once its additions have
+completed (``cp.async.bulk.wait_group``, a step later, so the wait runs under the next step).
+Without dQ in the kernel (``kv2x64-m64-s2``),
+:func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton dQ kernel beside this one
+(it recomputes S and dP: 7 products for the 5 counted). The other dQ variants add in whatever order the reduces land
+(``NONDETERMINISTIC`` picks one once deterministic gradients are not required).
 
 Masking: causal attention is bottom-right aligned (query row i sees keys ``j <= i + seqlen_k -
 seqlen_q``). Query tiles that see none of the program's keys are skipped, tiles that see all of
@@ -126,7 +132,8 @@ class Variant:
 
 # Every variant the package compiles and tests (CPU compile report, H100 timings in
 # .notes/hopper-bwd.md). dqa (one dQ tile per consumer) is the reference point of the dQ
-# variants: twice dqs's reduce traffic, slower everywhere. 128 query rows per step (d64) spills
+# variants: twice dqs's reduce traffic, slower everywhere; dqs/dqsl (no writer partition) and
+# s2 (+ Triton dQ) are the earlier defaults, kept as measured references. 128 query rows per step (d64) spills
 # ~1 KB per thread at 240 registers; a 3-stage Q/dO ring measured no faster than 2 (call 1).
 VARIANTS = {
     v.name: v
@@ -146,18 +153,18 @@ VARIANTS = {
 }  # fmt: skip
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
 # with unordered dQ additions); head dims without an entry keep the Triton backward.
-# H100, 2026-11-24 (.notes/hopper-bwd.md): at d128 causal kv2x64-m64-s2 (with the Triton dQ
-# kernel) ran 2-8% faster than the Triton backward at every point (session 15, call 3);
-# non-causal, the fused, ordered dQ (dqwld) ran at 389-470 TFLOP/s against s2's 374-388
-# (+4% at 4K, +16-25% at 16K-32K; session 16, call 2); causal it runs far slower (~250). At d64
-# s2 was level with the Triton backward (-4%..+10%), so d64 stays on Triton.
+# H100, 2026-11-24 (.notes/hopper-bwd.md, session 16 call 4, 2 rounds): d128 dqwld (fused dQ,
+# ordered) against kv2x64-m64-s2 (Gluon dK/dV + Triton dQ, the default before): causal
+# 369/400/417/447 TFLOP/s against 370/383/411/412 at 4K/8K/16K/32K (1.00-1.08x), non-causal
+# 381/453/471/446 against 373/390/379/389 (1.02-1.24x). At d64 s2 was level with the Triton
+# backward (-4%..+10%, session 15), so d64 stays on Triton.
 DEFAULT = {(128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2-dqwld"}
 # (head dim, causal) -> the variant run when deterministic gradients are not required
 # (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
-# the deterministic one (H100, session 15 call 3, 3 rounds): d128 non-causal dqs 435-474 TFLOP/s
-# (s2 370-396; the ordered dqwld is within a few % of it since session 16); d128 causal dqsl
-# 359-434 against s2's 360-420 (0 to +8%; dqs is slower there).
-NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqs", (128, True): "kv2x64-m64-s2-dqsl"}
+# DEFAULT (H100, session 16 calls 3-4): d128 non-causal dqwl (unordered) 437-441 TFLOP/s at 4K
+# against dqwld's 378-381 (+15%; level at 8K-32K). Causal has none: dqwld is as fast as the
+# unordered forms there (dqwl 290-294 at 32K, where its programs drift apart).
+NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
 
 
 def covered_head_dims() -> set:
