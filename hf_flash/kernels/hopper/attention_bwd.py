@@ -36,8 +36,9 @@ program waits only on programs launched before it) and counts itself once its ad
 completed (``cp.async.bulk.wait_group``, a step later, so the wait runs under the next step).
 Without dQ in the kernel (``kv2x64-m64-s2``),
 :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton dQ kernel beside this one
-(it recomputes S and dP: 7 products for the 5 counted). The other dQ variants add in whatever order the reduces land
-(``NONDETERMINISTIC`` picks one once deterministic gradients are not required).
+(it recomputes S and dP: 7 products for the 5 counted). The other dQ variants add in whatever
+order the reduces land (``NONDETERMINISTIC`` picks one once deterministic gradients are not
+required).
 
 Masking: causal attention is bottom-right aligned (query row i sees keys ``j <= i + seqlen_k -
 seqlen_q``). Query tiles that see none of the program's keys are skipped, tiles that see all of
@@ -133,8 +134,8 @@ class Variant:
 # Every variant the package compiles and tests (CPU compile report, H100 timings in
 # .notes/hopper-bwd.md). dqa (one dQ tile per consumer) is the reference point of the dQ
 # variants: twice dqs's reduce traffic, slower everywhere; dqs/dqsl (no writer partition) and
-# s2 (+ Triton dQ) are the earlier defaults, kept as measured references. 128 query rows per step (d64) spills
-# ~1 KB per thread at 240 registers; a 3-stage Q/dO ring measured no faster than 2 (call 1).
+# s2 (+ Triton dQ) are the earlier choices, kept as measured references. 128 query rows per step
+# (d64) spills ~1 KB per thread at 240 registers; a 3-stage Q/dO ring measured no faster than 2.
 VARIANTS = {
     v.name: v
     for v in (
@@ -388,12 +389,12 @@ def _consumer(
             mbarrier.arrive(do_empty.index(slot))
             mbarrier.wait(ds_ready.index(par), dph)
             dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS).permute((1, 0)),
-                               k_smem.index(0).slice(INDEX * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False,
-                               is_async=True)  # fmt: skip
+                                   k_smem.index(0).slice(INDEX * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False,
+                                   is_async=True)  # fmt: skip
             for c in gl.static_range(1, CONSUMERS):
                 dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS + c).permute((1, 0)),
-                                   k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok,
-                                   is_async=True)  # fmt: skip
+                                       k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok,
+                                       is_async=True)  # fmt: skip
             dk, ds_op = warpgroup_mma_wait(1, deps=(dk_tok, ds_op))
             mbarrier.arrive(q_empty.index(slot))
             dq = warpgroup_mma_wait(0, deps=(dq_tok,))
@@ -514,14 +515,13 @@ def _dq_writer(
         mt = m_lo + it % per_head
         par = it % 2
         if DQ_ORDERED:
-            # ascending key blocks: every block below this one sees the tile too (causal: a
-            # query row that sees key j sees every key before it)
-            turn = kt
-            # one int32 counter per (b, h, query tile); lane 0 polls it, the others follow
+            # one int32 counter per (b, h, query tile), every lane reading it; this block's turn
+            # is its key-block index: every block below it sees the tile too (causal: a query row
+            # that sees key j sees every key before it)
             sem = Sem + ((b * nheads + h).to(gl.int64) * n_m + mt + lane * 0)
-            seen = turn - 1
-            while seen != turn:
-                seen = gl.max(_load_acquire(sem), axis=0)  # every lane read the same counter
+            seen = kt - 1
+            while seen != kt:
+                seen = gl.max(_load_acquire(sem), axis=0)
             lane = _warp_sync_fence(lane)
         for c in gl.static_range(CONSUMERS):
             slot = par * CONSUMERS + c
