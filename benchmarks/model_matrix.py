@@ -662,44 +662,80 @@ def run_matrix(types: Optional[list[str]], dtype: torch.dtype, device: str, chec
     return {"rows": rows, "excluded": excluded}
 
 
-def _in_processes(types, root, dtype, device, checks, jobs, timeout_s=900):
-    """run_model over ``types``, each in its own spawned process (one torch thread), at most
-    ``jobs`` at a time; rows as they finish. A process that dies (out of memory) or runs past
-    ``timeout_s`` gives a failed row saying so, and the others go on."""
+def _in_processes(types, root, dtype, device, checks, jobs, timeout_s=600):
+    """run_model over ``types`` in ``jobs`` spawned worker processes (one torch thread each),
+    rows as they finish. A worker that dies (out of memory) or spends more than ``timeout_s``
+    on one model gives that model a failed row saying so, and a fresh worker takes its place."""
     import multiprocessing
+    import queue
 
     from benchmarks import model_matrix  # by module name: __main__ does not pickle
 
     ctx = multiprocessing.get_context("spawn")
-    pending, running = list(types), {}
-    while pending or running:
-        while pending and len(running) < jobs:
-            t = pending.pop(0)
-            out = root / f"{t}.row.json"
-            proc = ctx.Process(target=model_matrix._child, args=(t, root, dtype, device, checks, out))
-            proc.start()
-            running[proc] = (t, out, time.monotonic())
-        time.sleep(0.2)
-        for proc, (t, out, began) in list(running.items()):
-            late = time.monotonic() - began > timeout_s
+    tasks, results = ctx.Queue(), ctx.Queue()
+    for t in types:
+        tasks.put(t)
+    workers = {}  # process -> (model type it is on, when it started) or None
+
+    def spawn():
+        proc = ctx.Process(target=model_matrix._worker, args=(tasks, results, root, dtype, device, checks),
+                           daemon=True)
+        proc.start()
+        workers[proc] = None
+
+    for _ in range(min(jobs, len(types))):
+        spawn()
+    remaining = set(types)
+    while remaining:
+        try:
+            kind, pid, payload = results.get(timeout=1.0)
+        except queue.Empty:
+            kind = None
+        if kind == "start":
+            proc = next(p for p in workers if p.pid == pid)
+            workers[proc] = (payload, time.monotonic())
+        elif kind == "row":
+            proc = next(p for p in workers if p.pid == pid)
+            workers[proc] = None
+            remaining.discard(payload["model_type"])
+            yield payload
+        for proc, job in list(workers.items()):
+            late = job is not None and time.monotonic() - job[1] > timeout_s
             if proc.is_alive() and not late:
                 continue
             if late:
                 proc.kill()
             proc.join()
-            del running[proc]
-            if out.exists():
-                yield json.loads(out.read_text())
-                continue
-            why = f"timed out after {timeout_s} s" if late else f"process died (exit code {proc.exitcode}; -9: killed, out of memory?)"
-            yield {"model_type": t, "cells": {}, "result": "fail", "reason": why,
-                   "seconds": round(time.monotonic() - began, 1)}  # fmt: skip
+            del workers[proc]
+            if job is not None and job[0] in remaining:
+                remaining.discard(job[0])
+                why = (f"timed out after {timeout_s} s" if late else
+                       f"process died (exit code {proc.exitcode}; -9: killed, out of memory?)")  # fmt: skip
+                yield {"model_type": job[0], "cells": {}, "result": "fail", "reason": why,
+                       "seconds": round(time.monotonic() - job[1], 1)}  # fmt: skip
+            started = {j[0] for j in workers.values() if j is not None}
+            if remaining - started and len(workers) < jobs:  # models no worker is on yet
+                spawn()
+    for _ in workers:
+        tasks.put(None)
+    for proc in workers:
+        proc.join(timeout=30)
 
 
-def _child(model_type, root, dtype, device, checks, out: Path) -> None:
+def _worker(tasks, results, root, dtype, device, checks) -> None:
+    import queue
+
     torch.set_num_threads(1)
-    row = run_model(model_type, root, dtype, device, checks)
-    out.write_text(json.dumps(row, default=str))
+    while True:
+        try:
+            model_type = tasks.get(timeout=1.0)
+        except queue.Empty:
+            return
+        if model_type is None:
+            return
+        results.put(("start", os.getpid(), model_type))
+        row = run_model(model_type, root, dtype, device, checks)
+        results.put(("row", os.getpid(), json.loads(json.dumps(row, default=str))))
 
 
 class _Lines:

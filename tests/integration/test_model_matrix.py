@@ -50,6 +50,13 @@ def test_llama_works_on_every_check(tmp_root, device):
     assert {n: c["status"] for n, c in row["cells"].items()} == dict.fromkeys(mm.CHECKS, "pass")
 
 
+def test_packing_without_position_ids_in_the_layers(tmp_root, device):
+    """CTRL builds its mask from position_ids but does not pass them to its attention layers:
+    its packed rows keep their sequences apart on "hf_flash" too (the mask carries them)."""
+    row = mm.run_model("ctrl", tmp_root, DTYPE, device, checks=("packed",))
+    assert row["cells"]["packed"]["status"] == "pass", row
+
+
 def test_model_without_flash_support_is_refused_at_load(tmp_root, device):
     """AXK2 declares no FlashAttention support: the load raises hf_flash's error and no check
     runs (the row says why)."""
