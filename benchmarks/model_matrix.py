@@ -632,8 +632,11 @@ def _quiet():
 
 
 def run_matrix(types: Optional[list[str]], dtype: torch.dtype, device: str, checks=CHECKS,
-               progress: bool = True, jobs: int = 1) -> dict:
-    """Run every included model type (or ``types``), in ``jobs`` processes; {"rows", "excluded"}."""
+               progress: bool = True, jobs: int = 1, timeout_s: float = 600,
+               partial: Optional[Path] = None) -> dict:
+    """Run every included model type (or ``types``), in ``jobs`` processes (each model at most
+    ``timeout_s``); {"rows", "excluded"}. ``partial``: a JSON file rewritten after every model,
+    so a run cut short still leaves its rows."""
     hf_flash.register()
     cands = candidates()
     by_type = {c.model_type: c for c in cands}
@@ -652,9 +655,12 @@ def run_matrix(types: Optional[list[str]], dtype: torch.dtype, device: str, chec
         if jobs <= 1:
             done = (run_model(t, Path(tmp), dtype, device, checks) for t in run)
         else:
-            done = _in_processes(run, Path(tmp), dtype, device, checks, jobs)
+            done = _in_processes(run, Path(tmp), dtype, device, checks, jobs, timeout_s)
         for row in done:
             rows.append(row)
+            if partial is not None:
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                partial.write_text(json.dumps({"env": _env(), "rows": rows, "excluded": excluded}, default=str))
             bar.set_postfix_str(f"{row['model_type']}: {row['result']}")
             bar.update()
     bar.close()
@@ -867,6 +873,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json-only", action="store_true", help="print the table, write no JSON")
     parser.add_argument("--no-progress", action="store_true", help="a line per model, no bar")
     parser.add_argument("--jobs", type=int, default=1, help="models run in this many processes")
+    parser.add_argument("--model-timeout", type=float, default=600,
+                        help="seconds one model may take (with --jobs > 1)")  # fmt: skip
     parser.add_argument("--write-readme", nargs="*", type=Path, metavar="RESULT_JSON",
                         help="replace README.md's model-matrix section, from these result files "
                              "(none: from this run); with files, nothing is run")  # fmt: skip
@@ -881,7 +889,8 @@ def main(argv=None) -> int:
         parser.error("bfloat16 runs on a GPU only (Triton's interpreter is not faithful for it)")
     start = time.perf_counter()
     result = run_matrix(args.types, dtype, device, args.checks, progress=not args.no_progress,
-                        jobs=args.jobs)
+                        jobs=args.jobs, timeout_s=args.model_timeout,
+                        partial=None if args.json_only else args.out / "model_matrix-partial.json")
     meta = {"dtype": str(dtype).removeprefix("torch."), "device": device, "checks": args.checks,
             "seconds": round(time.perf_counter() - start, 1), "excluded": result["excluded"]}  # fmt: skip
     payload = {"env": _env(), "meta": meta, "rows": result["rows"], "excluded": result["excluded"]}
@@ -892,6 +901,7 @@ def main(argv=None) -> int:
         data["excluded"] = result["excluded"]
         path.write_text(json.dumps(data, indent=1, default=str))
         print(f"wrote {path}")
+        (args.out / "model_matrix-partial.json").unlink(missing_ok=True)
         if args.write_readme is not None:  # given without files: this run
             write_readme([data])
     elif args.write_readme is not None:
