@@ -137,6 +137,11 @@ OVERRIDES: dict[str, dict] = {
     "falcon_h1": {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_ssm": 128, "mamba_d_state": 16,
                   "mamba_chunk_size": 16},
     "dots3_note_text": {"num_key_value_heads": 4},  # its validator wants MHA
+    # hybrids whose layer pattern is a period and an offset: layer 1 attends
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},  # all Mamba by default
+    "zamba": {"layers_block_type": ["linear_attention", "hybrid", "hybrid"], "num_hidden_layers": 3},
 }
 
 
@@ -235,13 +240,15 @@ def tiny_config(model_type: str):
     if isinstance(window, int) and window > 0:
         kwargs["sliding_window"] = WINDOW
     layers = None
-    layer_types = vars(default).get("layer_types")  # a field, not a property derived from others
+    # a field (or the field it aliases), not a property derived from others
+    field = "layer_types" if "layer_types" in vars(default) else default.attribute_map.get("layer_types")
+    layer_types = vars(default).get(field) if field else None
     if isinstance(layer_types, (list, tuple)) and layer_types:
         # one layer of each type, in the order they first appear (hybrids keep an attention layer)
         layers = [layer_types.index(t) for t in dict.fromkeys(layer_types)]
         if len(layers) == 1:
             layers = [0, 1]
-        kwargs["layer_types"] = [layer_types[i] for i in layers]
+        kwargs[field] = [layer_types[i] for i in layers]
         kwargs["num_hidden_layers"] = len(layers)
     for name, value in vars(default).items():  # per-layer lists follow the layers kept
         if name in kwargs or name.startswith("_") or not isinstance(value, (list, tuple)):
@@ -369,11 +376,39 @@ def _eager(fn: Callable, what: str):
 
 def check_forward(m: Models) -> str:
     ids = _padded_batch()[0][:, 5:].to(m.device)
+    # eager gets an all-ones mask: some models skip building their causal mask without one
+    # (Moshi in transformers 5.17), and eager then attends both ways
+    ones = torch.ones_like(ids)
     with torch.no_grad():
-        exact = _eager(lambda: m.exact(input_ids=ids).logits, "forward")
-        lowp = _eager(lambda: m.lowp(input_ids=ids).logits, "forward")
-        got = m.ours(input_ids=ids).logits
-    return _close("logits", got, exact, lowp, FWD_FACTOR, m.dtype)
+        exact = _eager(lambda: m.exact(input_ids=ids, attention_mask=ones).logits, "forward")
+        lowp = _eager(lambda: m.lowp(input_ids=ids, attention_mask=ones).logits, "forward")
+        with _counting_attention_calls() as calls:
+            got = m.ours(input_ids=ids).logits
+    if not calls:
+        raise AssertionError("hf_flash's attention function never ran (the tiny model has no attention layer)")
+    return f"{len(calls)} attention calls; " + _close("logits", got, exact, lowp, FWD_FACTOR, m.dtype)
+
+
+@contextlib.contextmanager
+def _counting_attention_calls():
+    """The attention function registered as "hf_flash", counting its calls (models look it up
+    at every call)."""
+    from transformers.modeling_utils import AttentionInterface
+
+    from hf_flash.integration import ATTN_IMPLEMENTATION
+
+    registry = AttentionInterface._global_mapping
+    original, calls = registry[ATTN_IMPLEMENTATION], []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    registry[ATTN_IMPLEMENTATION] = counted
+    try:
+        yield calls
+    finally:
+        registry[ATTN_IMPLEMENTATION] = original
 
 
 def _rows_alone(model, ids, mask):
@@ -383,7 +418,9 @@ def _rows_alone(model, ids, mask):
     for r in range(ids.shape[0]):
         keep = mask[r].bool()
         pos = torch.arange(ids.shape[1], device=ids.device)[keep]
-        out.append(model(input_ids=ids[r, keep][None], position_ids=pos[None], use_cache=False).logits[0])
+        row = ids[r, keep][None]
+        out.append(model(input_ids=row, attention_mask=torch.ones_like(row), position_ids=pos[None],
+                         use_cache=False).logits[0])  # fmt: skip
     return torch.cat(out)
 
 
@@ -417,8 +454,8 @@ def _packed_inputs(m: Models, flash_kwargs: bool):
 
 def _alone(model, seqs, device):
     return torch.cat([
-        model(input_ids=s[None].to(device), position_ids=torch.arange(len(s), device=device)[None],
-              use_cache=False).logits[0]
+        model(input_ids=s[None].to(device), attention_mask=torch.ones_like(s[None]).to(device),
+              position_ids=torch.arange(len(s), device=device)[None], use_cache=False).logits[0]
         for s in seqs
     ])  # fmt: skip
 
@@ -432,8 +469,24 @@ def _check_packed(m: Models, flash_kwargs: bool) -> str:
         if not flash_kwargs:  # eager must separate the sequences by position_ids itself
             packed = _eager(lambda: m.lowp(**inputs, use_cache=False).logits[0], "packed row")
             _eager(lambda: _require_close("eager packed row", packed, exact, lowp, m.dtype), "packing")
+        else:  # other layers may refuse the keywords (linear attention without its kernels)
+            _eager(lambda: m.lowp(**inputs, use_cache=False), "packed row with cu_seq_lens")
         got = m.ours(**inputs, use_cache=False).logits[0]
-    return _close("packed logits", got, exact, lowp, FWD_FACTOR, m.dtype)
+        try:
+            return _close("packed logits", got, exact, lowp, FWD_FACTOR, m.dtype)
+        except AssertionError:
+            if not flash_kwargs:
+                raise
+            # hybrids (Mamba, linear attention): do the other layers mix the sequences? Then
+            # eager's packed row (attention separated by its mask) is off the same way.
+            pos_only = {k: inputs[k] for k in ("input_ids", "position_ids")}
+            packed = [_eager(lambda: e(**pos_only, use_cache=False).logits[0], "packed row")
+                      for e in (m.exact, m.lowp)]  # fmt: skip
+            if not _passes(got, packed[0], packed[1], m.dtype):
+                raise
+        raise NotApplicable(
+            "layers other than attention mix packed sequences (eager's packed row is off the same way)"
+        )
 
 
 def check_packed(m: Models) -> str:
@@ -516,6 +569,10 @@ def _close(name, got, exact, lowp, factor, dtype) -> str:
     assert_close_to_ref(name, got, exact, lowp, factor, dtype)
     err, budget = max_abs_err(got, exact), max_abs_err(lowp, exact)
     return f"{name} err {err:.1e} (eager {budget:.1e})"
+
+
+def _passes(got, exact, lowp, dtype) -> bool:
+    return max_abs_err(got, exact) <= allowed_error(max_abs_err(lowp, exact), FWD_FACTOR, dtype)
 
 
 def _require_close(name, got, exact, lowp, dtype) -> None:
