@@ -401,7 +401,11 @@ def _counting_attention_calls():
     original, calls = registry[ATTN_IMPLEMENTATION], []
 
     def counted(*args, **kwargs):
-        calls.append(1)
+        mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
+        packing = "cu_seq_lens_q" in kwargs or "position_ids" in kwargs or (
+            mask is not None and not mask.is_floating_point() and mask.dtype != torch.bool
+        )  # what could tell hf_flash where packed sequences start
+        calls.append(packing)
         return original(*args, **kwargs)
 
     registry[ATTN_IMPLEMENTATION] = counted
@@ -471,12 +475,18 @@ def _check_packed(m: Models, flash_kwargs: bool) -> str:
             _eager(lambda: _require_close("eager packed row", packed, exact, lowp, m.dtype), "packing")
         else:  # other layers may refuse the keywords (linear attention without its kernels)
             _eager(lambda: m.lowp(**inputs, use_cache=False), "packed row with cu_seq_lens")
-        got = m.ours(**inputs, use_cache=False).logits[0]
+        with _counting_attention_calls() as calls:
+            got = m.ours(**inputs, use_cache=False).logits[0]
         try:
             return _close("packed logits", got, exact, lowp, FWD_FACTOR, m.dtype)
         except AssertionError:
             if not flash_kwargs:
                 raise
+            if calls and not any(calls):
+                raise NotApplicable(
+                    "the model passes neither the packing keywords nor position_ids to its "
+                    "attention layers (eager and flash_attention_2 attend across the sequences too)"
+                ) from None
             # hybrids (Mamba, linear attention): do the other layers mix the sequences? Then
             # eager's packed row (attention separated by its mask) is off the same way.
             pos_only = {k: inputs[k] for k in ("input_ids", "position_ids")}
