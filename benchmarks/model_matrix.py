@@ -608,8 +608,20 @@ CHECK_FNS = {
 # --------------------------------------------------------------------------------------------
 
 
-def run_model(model_type: str, root: Path, dtype: torch.dtype, device: str, checks=CHECKS) -> dict:
-    """One row of the matrix: {"model_type", "class", "result", "reason", "cells", "seconds"}."""
+def run_model(model_type: str, root: Path, dtype: torch.dtype, device: str, checks=CHECKS,
+              recheck_fp32: bool = False) -> dict:
+    """One row of the matrix: {"model_type", "class", "result", "reason", "cells", "seconds"}.
+    ``recheck_fp32``: a half-precision row that fails is run again in float32 (its cells under
+    "fp32"), which tells rounding (a router's top-k flipping on a near tie) from a wrong path."""
+    row = _run_model(model_type, root, dtype, device, checks)
+    if recheck_fp32 and dtype != torch.float32 and row["result"] == "fail":
+        again = _run_model(model_type, root, torch.float32, device, checks)
+        row["fp32"] = {"result": again["result"], "reason": again.get("reason", ""),
+                       "cells": {n: c["status"] for n, c in again["cells"].items()}}  # fmt: skip
+    return row
+
+
+def _run_model(model_type: str, root: Path, dtype: torch.dtype, device: str, checks) -> dict:
     hf_flash.register()
     start = time.perf_counter()
     row = {"model_type": model_type, "cells": {}}
@@ -700,7 +712,7 @@ def _quiet():
 
 def run_matrix(types: Optional[list[str]], dtype: torch.dtype, device: str, checks=CHECKS,
                progress: bool = True, jobs: int = 1, timeout_s: float = 600,
-               partial: Optional[Path] = None) -> dict:
+               partial: Optional[Path] = None, recheck_fp32: bool = False) -> dict:
     """Run every included model type (or ``types``), in ``jobs`` processes (each model at most
     ``timeout_s``); {"rows", "excluded"}. ``partial``: a JSON file rewritten after every model,
     so a run cut short still leaves its rows."""
@@ -720,9 +732,9 @@ def run_matrix(types: Optional[list[str]], dtype: torch.dtype, device: str, chec
     bar = _progress(len(run), progress)
     with tempfile.TemporaryDirectory(prefix="hf_flash_matrix_") as tmp:
         if jobs <= 1:
-            done = (run_model(t, Path(tmp), dtype, device, checks) for t in run)
+            done = (run_model(t, Path(tmp), dtype, device, checks, recheck_fp32) for t in run)
         else:
-            done = _in_processes(run, Path(tmp), dtype, device, checks, jobs, timeout_s)
+            done = _in_processes(run, Path(tmp), dtype, device, (checks, recheck_fp32), jobs, timeout_s)
         for row in done:
             rows.append(row)
             if partial is not None:
@@ -807,7 +819,7 @@ def _worker(tasks, results, root, dtype, device, checks) -> None:
         if model_type is None:
             return
         results.put(("start", os.getpid(), model_type))
-        row = run_model(model_type, root, dtype, device, checks)
+        row = run_model(model_type, root, dtype, device, *checks)  # (checks, recheck_fp32)
         results.put(("row", os.getpid(), json.loads(json.dumps(row, default=str))))
 
 
@@ -909,6 +921,8 @@ def _note(row) -> str:
         return row.get("reason", "")
     bad = [f"{n}: {c['detail']}" for n, c in row["cells"].items() if c["status"] == "fail"]
     if bad:
+        if "fp32" in row:
+            bad.append(f"in float32 on the same device: {row['fp32']['result']}")
         return "; ".join(bad)
     na = sorted({c["detail"] for c in row["cells"].values() if c["status"] == "n/a"})
     return ("n/a: " + "; ".join(na)) if na else ""
@@ -940,6 +954,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json-only", action="store_true", help="print the table, write no JSON")
     parser.add_argument("--no-progress", action="store_true", help="a line per model, no bar")
     parser.add_argument("--jobs", type=int, default=1, help="models run in this many processes")
+    parser.add_argument("--recheck-fp32", action="store_true",
+                        help="run a failing half-precision model again in float32")  # fmt: skip
     parser.add_argument("--model-timeout", type=float, default=600,
                         help="seconds one model may take (with --jobs > 1)")  # fmt: skip
     parser.add_argument("--write-readme", nargs="*", type=Path, metavar="RESULT_JSON",
@@ -956,7 +972,7 @@ def main(argv=None) -> int:
         parser.error("bfloat16 runs on a GPU only (Triton's interpreter is not faithful for it)")
     start = time.perf_counter()
     result = run_matrix(args.types, dtype, device, args.checks, progress=not args.no_progress,
-                        jobs=args.jobs, timeout_s=args.model_timeout,
+                        jobs=args.jobs, timeout_s=args.model_timeout, recheck_fp32=args.recheck_fp32,
                         partial=None if args.json_only else args.out / "model_matrix-partial.json")
     meta = {"dtype": str(dtype).removeprefix("torch."), "device": device, "checks": args.checks,
             "seconds": round(time.perf_counter() - start, 1), "excluded": result["excluded"]}  # fmt: skip
