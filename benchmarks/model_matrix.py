@@ -20,12 +20,17 @@ saved, and loaded with ``from_pretrained(attn_implementation=...)`` as users do.
 ``hf_flash.reference``'s error rule (2x eager's own error for outputs, 3x for gradients, plus a
 floor):
 
-* ``forward``: logits of a dense batch;
+* ``forward``: logits of a dense batch (eager gets an all-ones mask: without one, some models
+  build no causal mask and eager attends both ways, Moshi in transformers 5.17); hf_flash's
+  attention function must have run;
 * ``padded``: a left-padded batch (rows of 24 and 19 tokens), logits at the real tokens against
   each row run alone;
 * ``packed``: three sequences in one row told apart by restarting ``position_ids`` only, against
-  each sequence alone; ``packed_cu``: the same row with ``DataCollatorWithFlattening``'s
-  ``cu_seq_lens_*`` / ``max_length_*`` keywords;
+  each sequence alone (n/a where eager cannot separate them either); ``packed_cu``: the same
+  row with ``DataCollatorWithFlattening``'s ``cu_seq_lens_*`` / ``max_length_*`` keywords (and
+  ``seq_idx`` where the collator has it); n/a where eager refuses them, where the model's other
+  layers mix the sequences (hybrids: eager's packed row is off the same way), or where the model
+  passes neither the keywords nor ``position_ids`` to its attention layers;
 * ``generate_dynamic`` / ``generate_static``: greedy generate of a left-padded batch of two
   prompts (9 and 6 tokens, 4 new tokens) with a DynamicCache / StaticCache, tokens equal to
   eager's in float32 (on a GPU too: no auto-compile, ``disable_compile=True``);
@@ -39,9 +44,12 @@ loading on "hf_flash" raises hf_flash's (or transformers') load-time error. A mo
 cell fails.
 
 Runs on the CPU through Triton's interpreter in float32 (the default there), or on a GPU in
-bfloat16 (``--dtype``); generation always runs in float32::
+bfloat16 (``--dtype``; ``--recheck-fp32`` runs a failing model again in float32, which tells
+rounding, such as a MoE router's top-k flipping on a near tie, from a wrong path); generation
+always runs in float32. ``--jobs N`` runs N worker processes (a model that kills its worker,
+or runs past ``--model-timeout``, fails alone)::
 
-    python -m benchmarks.model_matrix --out benchmarks/results            # the whole matrix
+    python -m benchmarks.model_matrix --jobs 2                            # the whole matrix
     python -m benchmarks.model_matrix --types llama gpt2 --json-only      # a few types
     python -m benchmarks.model_matrix --write-readme benchmarks/results/model_matrix-*.json
 
@@ -54,11 +62,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib
 import inspect
-import io
 import json
-import logging
 import os
 import re
 import sys
@@ -447,12 +452,16 @@ def check_padded(m: Models) -> str:
 def _packed_inputs(m: Models, flash_kwargs: bool):
     from transformers import DataCollatorWithFlattening
 
-    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)(
+    # seq_idx: what Mamba-2 layers of hybrids (Bamba, GraniteMoeHybrid, ...) separate sequences by
+    # (newer collators give it; 5.17's does not)
+    seq_idx = flash_kwargs and "return_seq_idx" in inspect.signature(DataCollatorWithFlattening).parameters
+    extra = {"return_seq_idx": True} if seq_idx else {}
+    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs, **extra)(
         [{"input_ids": s.tolist()} for s in _sequences()]
     )
     keys = ["input_ids", "position_ids"]
     if flash_kwargs:
-        keys += ["cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"]
+        keys += ["cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"] + (["seq_idx"] if seq_idx else [])
     return {k: batch[k].to(m.device) if torch.is_tensor(batch[k]) else batch[k] for k in keys}
 
 

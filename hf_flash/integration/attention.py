@@ -100,7 +100,7 @@ def hf_flash_attention_forward(
         (out (B, Sq, Hq, D), None). Attention probabilities are never materialised.
     """
     _check_inputs(query, key, value, kwargs)
-    if attention_mask is not None and not attention_mask.is_floating_point() and attention_mask.dtype != torch.bool:
+    if _is_positions(attention_mask):
         # positions within packed sequences (hf_flash_mask's packed_positions): the model's own
         # position_ids, when it passes them, say the same
         kwargs["position_ids"] = attention_mask
@@ -150,6 +150,10 @@ def hf_flash_attention_forward(
     if v_head_dim < head_dim:
         out = out[..., :v_head_dim]
     return out, None
+
+
+def _is_positions(mask: Optional[Tensor]) -> bool:
+    return mask is not None and not mask.is_floating_point() and mask.dtype != torch.bool
 
 
 def _check_inputs(query, key, value, kwargs) -> None:

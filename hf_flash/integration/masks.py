@@ -147,7 +147,8 @@ def hf_flash_mask(
 def _may_separate(mask_function) -> bool:
     """Whether a mask function may hide a token's predecessor: anything but transformers' plain
     causal one (packed sequences and windows come as combinations, named ``and_mask``)."""
-    return mask_function is not None and getattr(mask_function, "__name__", "") != "causal_mask_function"
+    name = getattr(mask_function, "__name__", "")
+    return mask_function is not None and name != "causal_mask_function"
 
 
 def packed_positions(mask_function, batch_size: int, length: int, device=None) -> Optional[Tensor]:
@@ -169,7 +170,8 @@ def packed_positions(mask_function, batch_size: int, length: int, device=None) -
         sees_previous = mask_function(rows, torch.zeros_like(rows), q, q - 1)
     except Exception:  # a mask function that only runs under vmap: nothing to learn from it
         return None
-    sees_previous = torch.as_tensor(sees_previous, device=idx.device).bool().expand(batch_size, length - 1)
+    sees_previous = torch.as_tensor(sees_previous, device=idx.device).bool()
+    sees_previous = sees_previous.expand(batch_size, length - 1)  # [B, S - 1]
     if bool(sees_previous.all()):
         return None
     starts = torch.cat([torch.ones_like(sees_previous[:, :1]), ~sees_previous], dim=1)
