@@ -444,7 +444,6 @@ def check_padded(m: Models) -> str:
     with torch.no_grad():
         exact = _eager(lambda: _rows_alone(m.exact, ids, mask), "rows alone")
         lowp = _eager(lambda: _padded_forward(m.lowp, ids, mask)[valid], "padded batch")
-        _eager(lambda: _require_close("eager padded", lowp, exact, lowp, m.dtype), "padded batch")
         got = _padded_forward(m.ours, ids, mask)[valid]
     return _close("padded logits", got, exact, lowp, FWD_FACTOR, m.dtype)
 
@@ -473,6 +472,9 @@ def _alone(model, seqs, device):
     ])  # fmt: skip
 
 
+_EAGER_NO_PACKING = "eager does not keep sequences packed by position_ids apart either"
+
+
 def _check_packed(m: Models, flash_kwargs: bool) -> str:
     seqs = _sequences()
     inputs = _packed_inputs(m, flash_kwargs)
@@ -481,7 +483,8 @@ def _check_packed(m: Models, flash_kwargs: bool) -> str:
         lowp = _eager(lambda: _alone(m.lowp, seqs, m.device), "sequences alone")
         if not flash_kwargs:  # eager must separate the sequences by position_ids itself
             packed = _eager(lambda: m.lowp(**inputs, use_cache=False).logits[0], "packed row")
-            _eager(lambda: _require_close("eager packed row", packed, exact, lowp, m.dtype), "packing")
+            if not (_passes(packed, exact, lowp, m.dtype) and torch.isfinite(packed).all()):
+                raise NotApplicable(_EAGER_NO_PACKING)
         else:  # other layers may refuse the keywords (linear attention without its kernels)
             _eager(lambda: m.lowp(**inputs, use_cache=False), "packed row with cu_seq_lens")
         with _counting_attention_calls() as calls:
@@ -592,13 +595,6 @@ def _close(name, got, exact, lowp, factor, dtype) -> str:
 
 def _passes(got, exact, lowp, dtype) -> bool:
     return max_abs_err(got, exact) <= allowed_error(max_abs_err(lowp, exact), FWD_FACTOR, dtype)
-
-
-def _require_close(name, got, exact, lowp, dtype) -> None:
-    """Eager's own result must pass the rule, else the check cannot judge hf_flash."""
-    err = max_abs_err(got, exact)
-    if not err <= allowed_error(max_abs_err(lowp, exact), FWD_FACTOR, dtype) or not torch.isfinite(got).all():
-        raise AssertionError(f"{name} is off the truth by {err:.1e}")
 
 
 CHECK_FNS = {
@@ -877,6 +873,15 @@ def _label(payload) -> str:
     return f"{env.get('gpu') or 'CPU (Triton interpreter)'}, {dtype}"
 
 
+def _short_label(payload) -> str:
+    """Column header: device, dtype, transformers release (e.g. "H100 bf16, 5.17")."""
+    env = payload.get("env", {})
+    gpu = env.get("gpu")
+    device = "CPU" if not gpu else next((w for w in gpu.split() if w[:1] in "ABHL" and w[1:].isdigit()), gpu)
+    dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(payload.get("meta", {}).get("dtype"), "")
+    return f"{device} {dtype}, {env.get('transformers')}"
+
+
 def markdown(payloads: list[dict]) -> str:
     """The README section: counts per run, one table row per model type (each run's result and
     cells), and the excluded types."""
@@ -891,11 +896,12 @@ def markdown(payloads: list[dict]) -> str:
             f"triton {env.get('triton')}, {env.get('date', '')[:10]})"
         )
     lines.append("")
-    lines.append("Cells: " + ", ".join(f"`{n}`" for n in CHECKS) + " — ✓ pass, ✗ fail, – not applicable "
-                 "(eager cannot do it either). Runs: " + "; ".join(
-                     f"{i + 1} = {_label(p)}" for i, p in enumerate(payloads)) + ".")
+    lines.append("Cells, in this order: " + ", ".join(f"`{n}`" for n in CHECKS)
+                 + " — ✓ pass, ✗ fail, – not applicable (eager cannot do it either; the note says why).")
     lines.append("")
-    head = ["model type"] + [f"run {i + 1}" for i in range(len(payloads))] + ["notes"]
+    lines.append("<details><summary>The matrix, one row per model type</summary>")
+    lines.append("")
+    head = ["model type"] + [_short_label(p) for p in payloads] + ["notes"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     by_run = [{r["model_type"]: r for r in p["rows"]} for p in payloads]
@@ -909,10 +915,15 @@ def markdown(payloads: list[dict]) -> str:
                 continue
             marks = "".join(_SYMBOL[r["cells"][n]["status"]] for n in CHECKS if n in r["cells"])
             cells.append(f"{r['result']} {marks}".strip())
-            note = _note(r)
-            if note and note not in notes:
-                notes.append(note)
-        lines.append("| " + " | ".join([f"`{t}`", *cells, "; ".join(notes).replace("|", "\\|")]) + " |")
+            notes.append((_short_label(payloads[i]), _note(r)))
+        texts = {text for _, text in notes}
+        if len(texts) == 1:  # the same in every run
+            note = texts.pop()
+        else:
+            note = "; ".join(f"{label}: {text}" for label, text in notes if text)
+        lines.append("| " + " | ".join([f"`{t}`", *cells, note.replace("|", "\\|")]) + " |")
+    lines.append("")
+    lines.append("</details>")
     excluded = payloads[0].get("excluded", []) if payloads else []
     if excluded:
         groups = {}
@@ -927,14 +938,24 @@ def markdown(payloads: list[dict]) -> str:
 
 def _note(row) -> str:
     if row["result"] in ("refused", "n/a"):
-        return row.get("reason", "")
-    bad = [f"{n}: {c['detail']}" for n, c in row["cells"].items() if c["status"] == "fail"]
-    if bad:
-        if "fp32" in row:
-            bad.append(f"in float32 on the same device: {row['fp32']['result']}")
-        return "; ".join(bad)
-    na = sorted({c["detail"] for c in row["cells"].values() if c["status"] == "n/a"})
-    return ("n/a: " + "; ".join(na)) if na else ""
+        return _plain(row.get("reason", ""))
+    notes = [f"✗ `{n}`: {_plain(c['detail'])}" for n, c in row["cells"].items() if c["status"] == "fail"]
+    if notes and "fp32" in row:
+        notes.append(f"in float32 on the same device: {row['fp32']['result']}")
+    na = {}
+    for n, c in row["cells"].items():
+        if c["status"] == "n/a":
+            na.setdefault(_plain(c["detail"]), []).append(f"`{n}`")
+    notes += [f"– {', '.join(cells)}: {detail}" for detail, cells in na.items()]
+    return "; ".join(notes)
+
+
+def _plain(text: str) -> str:
+    """A cell's detail without the exception names of the matrix's own plumbing."""
+    for prefix in ("eager cannot run it: ", "NotApplicable: ", "AssertionError: "):
+        text = text.replace(prefix, "")
+    # the wording of result files written before this one was settled
+    return re.sub(r"eager packing: eager packed row is off the truth by \S+", _EAGER_NO_PACKING, text)
 
 
 def write_readme(payloads: list[dict], readme: Path = README) -> None:

@@ -121,7 +121,7 @@ def hf_flash_mask(
         if KEY_BLOCKS.usable(rows.mask):  # for the attention layers of this forward pass
             KEY_BLOCKS.put(rows.mask, (rows.start, rows.end))
         return rows.mask
-    if q_length == kv_length > 1 and not compiling and _may_separate(mask_function):
+    if q_length == kv_length > 1 and _may_separate(mask_function) and host_reads_allowed():
         positions = packed_positions(mask_function, batch_size, q_length, kwargs.get("device"))
         if positions is not None:
             return positions
