@@ -891,7 +891,7 @@ def markdown(payloads: list[dict]) -> str:
         c = counts(p["rows"])
         lines.append(
             f"- {_label(p)}: {c.get('works', 0)} work, {c.get('refused', 0)} refused at load, "
-            f"{c.get('fail', 0)} fail, {c.get('n/a', 0)} do not build"
+            f"{c.get('fail', 0)} fail, {c.get('n/a', 0)} n/a (the tiny model does not build, or eager fails on it)"
             f" (transformers {env.get('transformers')}, torch {env.get('torch')}, "
             f"triton {env.get('triton')}, {env.get('date', '')[:10]})"
         )
