@@ -143,7 +143,8 @@ OVERRIDES: dict[str, dict] = {
                   "mamba_chunk_size": 16},
     "dots3_note_text": {"num_key_value_heads": 4},  # its validator wants MHA
     # hybrids whose layer pattern is a period and an offset: layer 1 attends
-    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1,
+              "expert_layer_period": 2, "expert_layer_offset": 1},
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},  # all Mamba by default
     "zamba": {"layers_block_type": ["linear_attention", "hybrid", "hybrid"], "num_hidden_layers": 3},
@@ -191,10 +192,11 @@ def candidates() -> list[Candidate]:
         elif _text_type(config_cls) in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
             reason = f"multimodal wrapper of `{_text_type(config_cls)}`"
             out.append(Candidate(model_type, class_name, False, reason))
-        elif getattr(config_cls, "is_encoder_decoder", False) is True or _default_config_flag(config_cls, "is_encoder_decoder"):
+        elif _default_config_flag(config_cls, "is_encoder_decoder"):
             out.append(Candidate(model_type, class_name, False, "decoder half of an encoder-decoder"))
         elif model_type in encoders:
-            out.append(Candidate(model_type, class_name, False, "masked-LM encoder (causal head on an encoder)"))
+            reason = "masked-LM encoder (causal head on an encoder)"
+            out.append(Candidate(model_type, class_name, False, reason))
         else:
             out.append(Candidate(model_type, class_name, True))
     return out
@@ -246,7 +248,9 @@ def tiny_config(model_type: str):
         kwargs["sliding_window"] = WINDOW
     layers = None
     # a field (or the field it aliases), not a property derived from others
-    field = "layer_types" if "layer_types" in vars(default) else default.attribute_map.get("layer_types")
+    field = "layer_types"
+    if field not in vars(default):
+        field = default.attribute_map.get("layer_types")
     layer_types = vars(default).get(field) if field else None
     if isinstance(layer_types, (list, tuple)) and layer_types:
         # one layer of each type, in the order they first appear (hybrids keep an attention layer)
@@ -275,7 +279,9 @@ def _has_field(config, name: str) -> bool:
 
 # Projections whose weights are scaled up so attention is far from uniform (random init uses std
 # 0.02) and masking errors show, as tests/integration/tiny_models.py does.
-_QK_WEIGHT = re.compile(r"(^|\.)(q_proj|k_proj|qkv_proj|query_key_value|c_attn|Wqkv|wqkv|query|key)\.weight$")
+_QK_WEIGHT = re.compile(
+    r"(^|\.)(q_proj|k_proj|qkv_proj|query_key_value|c_attn|Wqkv|wqkv|query|key)\.weight$"
+)
 QK_SCALE = 20.0
 
 
@@ -390,7 +396,9 @@ def check_forward(m: Models) -> str:
         with _counting_attention_calls() as calls:
             got = m.ours(input_ids=ids).logits
     if not calls:
-        raise AssertionError("hf_flash's attention function never ran (the tiny model has no attention layer)")
+        raise AssertionError(
+            "hf_flash's attention function never ran (the tiny model has no attention layer)"
+        )
     return f"{len(calls)} attention calls; " + _close("logits", got, exact, lowp, FWD_FACTOR, m.dtype)
 
 
@@ -460,7 +468,8 @@ def _packed_inputs(m: Models, flash_kwargs: bool):
     )
     keys = ["input_ids", "position_ids"]
     if flash_kwargs:
-        keys += ["cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"] + (["seq_idx"] if seq_idx else [])
+        keys += ["cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"]
+        keys += ["seq_idx"] if seq_idx else []
     return {k: batch[k].to(m.device) if torch.is_tensor(batch[k]) else batch[k] for k in keys}
 
 
@@ -532,7 +541,8 @@ def _generate(m: Models, cache: str) -> str:
         want = _eager(lambda: eager.generate(ids, attention_mask=mask, **gen), f"generate ({cache} cache)")
         got = ours.generate(ids, attention_mask=mask, **gen)
     if not torch.equal(got, want):
-        raise AssertionError(f"tokens {got[:, ids.shape[1]:].tolist()} != eager {want[:, ids.shape[1]:].tolist()}")
+        new = ids.shape[1]
+        raise AssertionError(f"tokens {got[:, new:].tolist()} != eager {want[:, new:].tolist()}")
     return "tokens equal"
 
 

@@ -41,7 +41,8 @@ def test_tiny_config_keeps_one_layer_of_each_type():
     assert sorted(config.layer_types) == ["full_attention", "sliding_attention"]
     assert config.sliding_window == mm.WINDOW
     hybrid = mm.tiny_config("qwen3_next")  # linear-attention layers first in its default
-    assert "full_attention" in hybrid.layer_types and hybrid.num_hidden_layers == len(hybrid.layer_types)
+    assert "full_attention" in hybrid.layer_types
+    assert hybrid.num_hidden_layers == len(hybrid.layer_types)
 
 
 def test_llama_works_on_every_check(tmp_root, device):
@@ -83,8 +84,9 @@ def test_markdown_and_readme_section(tmp_path):
          "cells": {n: {"status": "pass", "detail": ""} for n in mm.CHECKS}},
         {"model_type": "b", "result": "refused", "reason": "ValueError: no flash", "cells": {}},
     ]  # fmt: skip
-    payload = {"env": {"gpu": None, "transformers": "5.x"}, "meta": {"dtype": "float32"}, "rows": rows,
-               "excluded": [{"model_type": "c", "class": "C", "reason": "attention not on the interface"}]}
+    excluded = [{"model_type": "c", "class": "C", "reason": "attention not on the interface"}]
+    payload = {"env": {"gpu": None, "transformers": "5.x"}, "meta": {"dtype": "float32"},
+               "rows": rows, "excluded": excluded}  # fmt: skip
     text = mm.markdown([payload])
     assert "1 work, 1 refused at load, 0 fail" in text
     assert "| `b` | refused | ValueError: no flash |" in text
