@@ -12,7 +12,8 @@ Contract with transformers (5.17 ... 5.x)::
         query (B, Hq, Sq, D), key/value (B, Hkv, Skv, D)  ->  (out (B, Sq, Hq, D), None)
 
 ``attention_mask`` is what :func:`~hf_flash.integration.masks.hf_flash_mask` returned for this forward pass: ``None`` (no
-padding: every key is valid) or a 2-D bool ``(B, M)`` key mask with ``M <= Skv``. Keys at index
+padding: every key is valid), a 2-D bool ``(B, M)`` key mask with ``M <= Skv``, or an integer
+``(B, S)`` tensor of positions within packed sequences (read as ``position_ids``). Keys at index
 ``>= M`` are never valid: that is how a StaticCache's zero-padded ``max_cache_len`` buffer is
 described, exactly as transformers' FlashAttention path does. The queries are the last ``Sq``
 positions of the mask (``M - Sq ... M - 1``), except a single query (a decode step), which sits
@@ -80,7 +81,8 @@ def hf_flash_attention_forward(
         module: the attention module (reads ``is_causal`` and the projection dtype).
         query: (B, Hq, Sq, D). key, value: (B, Hkv, Skv, D), Hq a multiple of Hkv (GQA/MQA are
             never expanded). RoPE already applied; any strides with a unit last stride.
-        attention_mask: None or the 2-D bool key mask from :func:`hf_flash_mask`.
+        attention_mask: None, the 2-D bool key mask from :func:`hf_flash_mask`, or its int64
+            positions within packed sequences (taken as ``position_ids``).
         dropout: float. Attention dropout (the module passes 0 in eval).
         scaling: float. Softmax scale; default 1/sqrt(D).
         sliding_window: int. Key j is visible to query i iff ``i - w < j <= i`` (causal).
@@ -98,6 +100,11 @@ def hf_flash_attention_forward(
         (out (B, Sq, Hq, D), None). Attention probabilities are never materialised.
     """
     _check_inputs(query, key, value, kwargs)
+    if _is_positions(attention_mask):
+        # positions within packed sequences (hf_flash_mask's packed_positions): the model's own
+        # position_ids, when it passes them, say the same
+        kwargs["position_ids"] = attention_mask
+        attention_mask = None
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     opts = dict(
         dropout_p=float(dropout or 0.0),
@@ -143,6 +150,10 @@ def hf_flash_attention_forward(
     if v_head_dim < head_dim:
         out = out[..., :v_head_dim]
     return out, None
+
+
+def _is_positions(mask: Optional[Tensor]) -> bool:
+    return mask is not None and not mask.is_floating_point() and mask.dtype != torch.bool
 
 
 def _check_inputs(query, key, value, kwargs) -> None:

@@ -27,7 +27,7 @@ from .._runtime import TensorKeyedCache, host_reads_allowed, interpreter_active
 from ..kernels.key_mask import key_mask_rows
 
 __all__ = [
-    "hf_flash_mask", "mask_rows", "MaskRows", "valid_block", "first_valid", "key_blocks",
+    "hf_flash_mask", "packed_positions", "mask_rows", "MaskRows", "valid_block", "first_valid", "key_blocks",
     "KEY_BLOCKS",
 ]  # fmt: skip
 
@@ -59,7 +59,11 @@ def hf_flash_mask(
     far False, and the mask is returned even when every slot is valid: a compiled decode step
     then sees one kind of input on every step, the one that fills the cache included.
     Causality, sliding windows and packed sequences are not encoded here: the kernel applies
-    them. How the attention function reads the mask: :mod:`hf_flash.integration.attention`.
+    them. One exception: with no user mask, when the mask function transformers combined
+    separates packed sequences (found from ``position_ids``), the return value is each token's
+    position within its sequence, an int64 ``(batch, q_length)`` tensor
+    (:func:`packed_positions`), so models that do not pass ``position_ids`` to their attention
+    layers still keep the sequences apart. How the attention function reads the mask: :mod:`hf_flash.integration.attention`.
 
     Arguments (transformers' mask-interface keywords):
         batch_size, q_length, kv_length: int. Sizes of this layer's attention.
@@ -117,6 +121,10 @@ def hf_flash_mask(
         if KEY_BLOCKS.usable(rows.mask):  # for the attention layers of this forward pass
             KEY_BLOCKS.put(rows.mask, (rows.start, rows.end))
         return rows.mask
+    if q_length == kv_length > 1 and _may_separate(mask_function) and host_reads_allowed():
+        positions = packed_positions(mask_function, batch_size, q_length, kwargs.get("device"))
+        if positions is not None:
+            return positions
     # No user mask: every key written so far is valid. Only a static cache has more key slots
     # (zero-filled) than that, and its layers report how many tokens they hold.
     valid = q_offset + q_length - kv_offset
@@ -134,6 +142,41 @@ def hf_flash_mask(
         device = q_offset.device if isinstance(q_offset, Tensor) else "cpu"
     mask = torch.ones(batch_size, min(valid, kv_length), dtype=torch.bool, device=device)
     return _fixed_size_for_decode(mask, q_length, kv_length, q_offset)
+
+
+def _may_separate(mask_function) -> bool:
+    """Whether a mask function may hide a token's predecessor: anything but transformers' plain
+    causal one (packed sequences and windows come as combinations, named ``and_mask``)."""
+    name = getattr(mask_function, "__name__", "")
+    return mask_function is not None and name != "causal_mask_function"
+
+
+def packed_positions(mask_function, batch_size: int, length: int, device=None) -> Optional[Tensor]:
+    """Each token's position within its sequence, ``(batch, length)`` int64, when
+    ``mask_function`` separates packed sequences (a token that cannot see the token before it
+    starts a new one), else None.
+
+    transformers finds packed sequences from ``position_ids`` when it builds the mask (no padding
+    mask, no cache) and folds them into the mask function; a model that does not pass
+    ``position_ids`` on to its attention layers (CTRL, ...) would otherwise have its sequences
+    attend each other on "hf_flash". The attention function reads an integer mask as these
+    positions. One evaluation of the mask function over the ``length - 1`` adjacent pairs and one
+    host read; a sliding window (of two or more) hides no predecessor.
+    """
+    rows = torch.arange(batch_size, device=device)[:, None]
+    idx = torch.arange(length, device=device)
+    q = idx[1:][None, :]
+    try:
+        sees_previous = mask_function(rows, torch.zeros_like(rows), q, q - 1)
+    except Exception:  # a mask function that only runs under vmap: nothing to learn from it
+        return None
+    sees_previous = torch.as_tensor(sees_previous, device=idx.device).bool()
+    sees_previous = sees_previous.expand(batch_size, length - 1)  # [B, S - 1]
+    if bool(sees_previous.all()):
+        return None
+    starts = torch.cat([torch.ones_like(sees_previous[:, :1]), ~sees_previous], dim=1)
+    first = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values  # [B, S]
+    return idx - first
 
 
 def _fixed_size_for_decode(mask: Tensor, q_length: int, kv_length: int, q_offset) -> Tensor:

@@ -39,7 +39,7 @@ from typing import Optional
 
 import torch
 
-from .._checks import PAGE_MULTIPLE
+from .._checks import MAX_HEAD_DIM, PAGE_MULTIPLE
 from .._runtime import interpreter_active
 from . import decode_patch, rope_patch, unpad_patch
 from .attention import ATTN_IMPLEMENTATION, hf_flash_attention_forward
@@ -316,8 +316,20 @@ def _model_type(model_cls) -> Optional[str]:
 
 
 def reject_unsupported(model) -> None:
-    """Raise at load time for features hf_flash does not implement: attention sinks of a model
-    type hf_flash has not been checked against (their meaning is the model's own)."""
+    """Raise at load time for features hf_flash does not implement: attention heads wider than
+    the kernels take, and attention sinks of a model type hf_flash has not been checked against
+    (their meaning is the model's own)."""
+    for name, module in model.named_modules():
+        if "Attention" not in type(module).__name__:
+            continue
+        for attr in ("head_dim", "qk_head_dim"):
+            size = getattr(module, attr, None)
+            if isinstance(size, int) and size > MAX_HEAD_DIM:
+                raise ValueError(
+                    f"{type(model).__name__} has attention heads of {size} ({name}.{attr}); "
+                    f"hf_flash's kernels take head dims up to {MAX_HEAD_DIM}. Load it with "
+                    "attn_implementation='sdpa' or 'eager'"
+                )
     if _model_type(type(model)) in SINK_MODEL_TYPES:
         return
     for name, module in model.named_modules():

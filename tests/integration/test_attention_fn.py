@@ -185,6 +185,35 @@ def test_packed_position_ids_under_inference_mode(device):
     assert_close_to_ref("packed (inference mode)", out, ref, ref.float(), FWD_FACTOR, torch.float32)
 
 
+def test_packing_found_by_the_mask_reaches_the_attention(device):
+    """transformers folds packed sequences (from position_ids) into the mask function; models
+    that do not pass position_ids to their layers (CTRL) still get them apart: the mask
+    function returns each token's position within its sequence, which the attention function
+    takes as position_ids. A window or plain causality separates nothing."""
+    from transformers.masking_utils import (
+        and_masks, causal_mask_function, find_packed_sequence_indices,
+        packed_sequence_mask_function, sliding_window_overlay,
+    )  # fmt: skip
+
+    lengths = [5, 17, 1, 9]
+    position_ids = torch.cat([torch.arange(n) for n in lengths]).view(1, -1).to(device)
+    packed = and_masks(  # as create_causal_mask combines them (5.17; later releases also remap)
+        causal_mask_function, packed_sequence_mask_function(find_packed_sequence_indices(position_ids))
+    )
+    positions = hf_flash_mask(1, 32, 32, mask_function=packed, device=device)
+    assert positions.dtype == torch.int64 and torch.equal(positions, position_ids)
+    window = and_masks(sliding_window_overlay(4), causal_mask_function)
+    assert hf_flash_mask(1, 32, 32, mask_function=window, device=device) is None
+    assert hf_flash_mask(1, 32, 32, mask_function=causal_mask_function, device=device) is None
+    torch.manual_seed(2)
+    q = torch.randn(1, 4, 32, 16, device=device)
+    k = torch.randn(1, 2, 32, 16, device=device)
+    v = torch.randn(1, 2, 32, 16, device=device)
+    out, _ = hf_flash_attention_forward(_Attn(), q, k, v, positions)  # no position_ids keyword
+    ref = _separate_oracle(q, k, v, lengths)
+    assert_close_to_ref("packed via the mask", out, ref, ref.float(), FWD_FACTOR, torch.float32)
+
+
 def test_plain_position_ids_take_the_dense_path(device):
     q = torch.randn(2, 2, 12, 16, device=device)
     k = torch.randn(2, 2, 12, 16, device=device)

@@ -169,6 +169,20 @@ def test_sinks_check_on_the_hook_point():
         registration.reject_unsupported(torch.nn.Sequential(WithSinks()))
 
 
+def test_heads_wider_than_the_kernels_are_rejected_at_load():
+    """Gemma 4's global layers have heads of 512: refused when the model is built on "hf_flash",
+    not at the first forward."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    config = Gemma4TextConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              vocab_size=128, layer_types=["sliding_attention", "full_attention"],
+                              global_head_dim=512)  # fmt: skip
+    with pytest.raises(ValueError, match="heads of 512.*up to 256"):
+        Gemma4ForCausalLM._from_config(config, attn_implementation="hf_flash")
+    Gemma4ForCausalLM._from_config(config, attn_implementation="eager")  # the config is fine
+
+
 def test_models_without_flash_support_are_rejected():
     class NoFlash:
         _supports_flash_attn = False
