@@ -490,17 +490,16 @@ def prepare_device(cfg: RecipeConfig) -> str:
     if cfg.attn_implementation != "hf_flash":
         return "cpu"
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    from hf_flash.kernels.configs import InterpreterUnsupported, check_interpreter, interpreting
-
-    if not interpreting():
+    if os.environ["TRITON_INTERPRET"] in ("", "0"):
         raise ConfigError(
             "no CUDA GPU and TRITON_INTERPRET=0: hf_flash's kernels run on the CPU only through "
             "Triton's interpreter; unset TRITON_INTERPRET or use --attn_implementation sdpa"
         )
-    try:
-        check_interpreter()
-    except InterpreterUnsupported as e:
-        raise ConfigError(str(e)) from e
+    from hf_flash._cli import interpreter_problem
+
+    problem = interpreter_problem()
+    if problem is not None:
+        raise ConfigError(problem)
     if cfg.dtype == "bfloat16" or cfg.mixed_precision == "bf16":
         raise ConfigError(
             f"no CUDA GPU: hf_flash runs through Triton's CPU interpreter, which computes bfloat16 "
