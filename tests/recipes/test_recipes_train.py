@@ -100,7 +100,7 @@ def test_data_files_are_read_and_bad_fields_reported(tmp_path, capsys):
     assert main(BASE + ["--output_dir", str(out), "--data", str(data)]) == 2
     assert "has no field 'text' (set text_field)" in capsys.readouterr().err
     summary = train(load_config(BASE + [
-        "--output_dir", str(out), "--data", str(data), "--text_field", "body", "--max_steps", "1",
+        "--output_dir", str(out), "--data", str(data), "--text_field", "body", "--max_steps", "1", "--warmup_steps", "0",
         "--save_every", "0",
     ]))
     assert summary["steps"] == 1
