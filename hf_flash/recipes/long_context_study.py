@@ -5,7 +5,7 @@ A small Llama (byte tokenizer) is pretrained from scratch at context ``L0`` on a
 corpus of pass-key retrieval prompts (hf_flash.eval's format, so the model learns the very task
 it is evaluated on) and long pass-key documents. It is then extended to ``4 x L0`` with each
 method through ``hf_flash.extend_context`` and evaluated as is, and again after a short LoRA
-fine-tune at the new length run by the recipe itself (``recipes.lora_long_context``). Reported
+fine-tune at the new length run by the recipe itself (``hf_flash.recipes.lora_long_context``). Reported
 for every variant (the unscaled model included): pass-key accuracy over a depth x length grid
 (PNG heatmaps) and perplexity versus context length on held-out documents (one PNG plot), plus
 ``study.json`` and a Markdown table ``study.md``.
@@ -28,8 +28,12 @@ on the H100 a step of this model was launch-bound, so 8x the tokens of the first
 little more per step. A pass-key probe at L0/2 and L0 is logged during pretraining and kept in
 ``study.json``.
 
-    python -m recipes.long_context_study --out results/study --quick   # ~4 min on one H100
-    python -m recipes.long_context_study --out results/study           # ~7 min on one H100
+    hf-flash-study --out results/study --quick   # ~4 min on one H100
+    hf-flash-study --out results/study           # ~7 min on one H100
+    hf-flash-study                               # smoke test, any machine (~1-2 min on a CPU)
+
+(``python -m hf_flash.recipes.long_context_study`` is the same command; from a checkout,
+``python -m recipes.long_context_study`` too.)
 
 Pretraining stops at ``pretrain_steps`` or after ``pretrain_s`` seconds (180 s quick, 330 s
 full; ``--pretrain-seconds`` overrides), whichever comes first; evaluation and the three
@@ -43,7 +47,7 @@ few dozen LoRA steps of language modelling at 32K on *Northanger Abbey*: windows
 never a pass-key prompt, so any retrieval after the fine-tune is not trained on the task (the PI
 paper's setting: its models fine-tuned on PG-19 books)::
 
-    python -m recipes.long_context_study --model smollm2 --out results/study-smollm2  # ~6 min
+    hf-flash-study --model smollm2 --out results/study-smollm2  # ~6 min
 
 GPU only (hf_flash attention, bf16 autocast).
 """
@@ -54,6 +58,7 @@ import argparse
 import json
 import math
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -307,7 +312,7 @@ def finetune(s: dict, base: Path, method: str, target: int, out: Path, seed: int
         "--gradient_checkpointing", str(s.get("ft_checkpointing", False)).lower(),
         "--lora_r", str(s.get("ft_lora_r", 16)), "--lora_alpha", str(2 * s.get("ft_lora_r", 16)),
         "--micro_batch_size", str(s.get("ft_micro_batch", 4)), "--max_steps", str(s["ft_steps"]),
-        "--learning_rate", str(s.get("ft_lr", 1e-3)), "--warmup_steps", str(s.get("ft_warmup", 10)),
+        "--learning_rate", str(s.get("ft_lr", 1e-3)), "--warmup_steps", str(min(s.get("ft_warmup", 10), s["ft_steps"])),
         "--output_dir", str(run), "--save_merged", "true",
         "--progress", "false", "--log_every", "10", "--seed", str(seed),
     ])
@@ -419,12 +424,26 @@ def table(results: dict, lengths: list) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The ``hf-flash-study`` command. With no arguments: the smoke settings (a 1-layer model, a
+    few steps; sdpa attention on a machine without CUDA) into runs/hf-flash-study-smoke."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        argv = ["--smoke", "--out", "runs/hf-flash-study-smoke"]
+        if not torch.cuda.is_available():
+            argv += ["--attn", "sdpa"]
+        print(f"hf-flash-study: no arguments given, running the embedded smoke test ({' '.join(argv)}): "
+              "a 1-layer model pretrained for 3 steps, extended 2x with PI, NTK and YaRN, 2 LoRA steps "
+              "each; checks the plumbing, learns nothing. The study itself needs a CUDA GPU: see --help.",
+              flush=True)
+    parser = argparse.ArgumentParser(
+        prog="hf-flash-study", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--out", type=Path, required=True, help="folder for plots, tables and models")
     parser.add_argument("--quick", action="store_true", help="smaller model and shorter runs (~4 min)")
     parser.add_argument("--pretrain-seconds", type=float, default=None,
                         help="wall-clock cap on pretraining (default: the settings' pretrain_s)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data, models and keys")
     parser.add_argument("--smoke", action="store_true", help="a few steps of a 1-layer model: plumbing check (CPU)")
     parser.add_argument("--attn", default="hf_flash", help="attention implementation (default hf_flash)")
     parser.add_argument("--model", choices=["scratch", "smollm2"], default="scratch",
