@@ -94,6 +94,16 @@ run_cmd() {  # a console command with no arguments, from outside the repository
     tail -3 "$WORK/$1.log"
 }
 
+helps() {  # every command answers --help (the eval's subcommands too), listing defaults
+    local c
+    for c in hf-flash-demo hf-flash-finetune hf-flash-study "hf-flash-eval ppl" "hf-flash-eval passkey"; do
+        (cd "$WORK/run" && "$WORK/venv/bin/"$c --help > "$WORK/help.txt" 2>&1) \
+            || { echo "$c --help failed:"; cat "$WORK/help.txt"; exit 1; }
+        grep -q "default" "$WORK/help.txt" || { echo "$c --help lists no defaults"; exit 1; }
+    done
+    "$WORK/venv/bin/hf-flash-eval" --help > /dev/null
+}
+
 clash() {
     local venv="$WORK/venv"
     if [ "${PACKAGE_CHECK_FAKE_TORCHTUNE:-0}" = 1 ]; then
@@ -122,9 +132,12 @@ step "build wheel + sdist" build
 step "wheel and sdist contents" contents
 step "install the wheel into a clean venv" install
 rm -rf "$WORK/run"; mkdir -p "$WORK/run"
+step "--help of every command" helps
 step "hf-flash-demo (no arguments)" run_cmd hf-flash-demo
 step "hf-flash-finetune (no arguments)" run_cmd hf-flash-finetune
 step "hf-flash-eval (no arguments)" run_cmd hf-flash-eval
 step "hf-flash-study (no arguments)" run_cmd hf-flash-study
 step "torchtune installed and uninstalled" clash
 echo "package check passed in $((SECONDS - START)) s (work dir $WORK)" | tee -a "$TIMES"
+# the venvs hold ~1.5 GB (torch); the logs and times stay. PACKAGE_CHECK_KEEP=1 keeps everything.
+if [ "${PACKAGE_CHECK_KEEP:-0}" != 1 ]; then rm -rf "$WORK/venv" "$WORK/build-venv" "$WORK/src"; fi
