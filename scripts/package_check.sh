@@ -117,7 +117,11 @@ clash() {
         # --no-deps: its own dependencies (torchdata, datasets, ...) play no part in the clash
         "$venv/bin/pip" install "${PIP_FLAGS[@]}" --no-deps torchtune
     fi
-    "$venv/bin/python" -c "import recipes, sys; print('torchtune recipes at', recipes.__file__)"
+    (cd "$WORK/run" && "$venv/bin/python" -c "
+import recipes
+assert 'site-packages' in recipes.__file__, recipes.__file__
+print('torchtune installed its top-level recipes package:', recipes.__file__)
+")
     "$venv/bin/pip" uninstall "${PIP_FLAGS[@]}" -y torchtune
     (cd "$WORK/run" && "$venv/bin/python" -c "
 import hf_flash.recipes, hf_flash.recipes.lora_long_context
