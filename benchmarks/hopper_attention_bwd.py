@@ -7,7 +7,8 @@ Hkv=8, head dims 128 and 64, causal and not, S = 4K, 8K, 16K, 32K with batch 16K
 provider it times the backward alone (``torch.autograd.grad`` on a kept graph: the delta
 preprocess, dK/dV and dQ) and forward + backward:
 
-  hopper:<variant>  flash_attn_func, Gluon forward, Gluon dK/dV kernel ``variant`` + Triton dQ
+  hopper:<variant>  flash_attn_func, Gluon forward, Gluon backward kernel ``variant`` (with its
+                    own dQ, or + the Triton dQ kernel for a dK/dV-only variant)
   hf_flash_tbwd     flash_attn_func, Gluon forward, Triton backward (use_hopper_backward(False))
   sdpa              F.scaled_dot_product_attention(..., enable_gqa=True), no backend forced
                     (cuDNN on an H100)
@@ -53,7 +54,7 @@ def providers(q, k, v, dout, causal, variants):
         @contextlib.contextmanager
         def pick(name=name):
             saved = dict(hb.DEFAULT)
-            hb.DEFAULT[q.shape[-1]] = name
+            hb.DEFAULT.update({(q.shape[-1], masked): name for masked in (False, True)})
             try:
                 yield
             finally:

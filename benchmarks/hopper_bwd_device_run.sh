@@ -6,8 +6,9 @@
 #   bash benchmarks/hopper_bwd_device_run.sh OUT_DIR [TEST_TIMEOUT_S] [BENCH_TIMEOUT_S]
 #
 # Writes OUT_DIR/{env.txt,smoke.log,tests.log,bench.json,bench.log}. HOPPER_BWD_VARIANTS="a b"
-# limits the smoke check and the benchmark to those variants; HOPPER_BWD_TESTS overrides the
-# pytest selection; HOPPER_BWD_BENCH_ARGS adds benchmark arguments.
+# limits the smoke check and the benchmark to those variants; HOPPER_BWD_BENCH_EXTRA="c d" adds
+# variants to the benchmark without a smoke check (ones measured before); HOPPER_BWD_TESTS
+# overrides the pytest selection; HOPPER_BWD_BENCH_ARGS adds benchmark arguments.
 set -u
 out=${1:?usage: hopper_bwd_device_run.sh OUT_DIR [TEST_TIMEOUT_S] [BENCH_TIMEOUT_S]}
 test_timeout=${2:-200}
@@ -31,7 +32,7 @@ from hf_flash.kernels import flash_bwd, flash_fwd
 from hf_flash.kernels.hopper import attention_bwd as hb
 from hf_flash.reference import GRAD_FACTOR, allowed_error, attention_ref, max_abs_err
 v = sys.argv[1]
-hb.DEFAULT.update({d: v for d in hb.VARIANTS[v].head_dims})
+hb.DEFAULT.update({(d, c): v for d in hb.VARIANTS[v].head_dims for c in (False, True)})
 worst = 0.0
 for d in hb.VARIANTS[v].head_dims:
     for causal in (False, True):
@@ -66,6 +67,7 @@ tests=${HOPPER_BWD_TESTS:-tests/hopper/test_hopper_attention_bwd_gpu.py tests/op
 timeout "$test_timeout" python3 -m pytest $tests -q -m gpu -p no:cacheprovider -n 4 >"$out/tests.log" 2>&1
 echo "tests rc $?"; tail -n 15 "$out/tests.log"
 
+ok+=(${HOPPER_BWD_BENCH_EXTRA:-})
 if [ ${#ok[@]} -gt 0 ]; then
   # HOPPER_BWD_BENCH_ARGS: extra benchmark arguments (e.g. "--head-dims 128 --rounds 3")
   timeout "$bench_timeout" python3 benchmarks/hopper_attention_bwd.py "$out/bench.json" --variants "${ok[@]}" \

@@ -221,6 +221,10 @@ def render(found: list[tuple[Path, dict]]) -> str:
         except Exception as e:  # a malformed file must not hide the others
             out += [f"(could not render with the {name} layout: {type(e).__name__}: {e})", ""]
             out += generic_section(data)
+    notes = Path(__file__).parent / "notes.md"
+    if notes.is_file():  # hand-written conditions and history, kept beside the generated tables
+        out += ["## Measurement notes", "", f"From `benchmarks/{notes.name}` (hand-written).", ""]
+        out += notes.read_text().split("\n")[1:]
     return "\n".join(out).rstrip() + "\n"
 
 

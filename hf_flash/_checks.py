@@ -203,18 +203,22 @@ def check_index_tensor(name: str, t, batch: int, device) -> None:
         raise ValueError(f"{name} is on {t.device} but q is on {device}")
 
 
-def check_paged_cache(block_table, batch: int, page_size: int, device) -> None:
-    """A page table ``(batch, max_pages >= 1)`` int32 on ``device``, for pages of a size the
-    decode kernel takes."""
+def check_page_table(block_table, batch: int, device) -> None:
+    """A page table ``(batch, max_pages >= 1)`` int32 on ``device``."""
     if not isinstance(block_table, Tensor) or block_table.dtype != torch.int32:
         raise TypeError("block_table must be an int32 tensor (batch, max_pages_per_sequence)")
     if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
         raise ValueError(
             f"block_table has shape {tuple(block_table.shape)}; expected ({batch}, "
-            "max_pages_per_sequence >= 1)"
+            "max_pages_per_sequence >= 1), one row per sequence"
         )
     if block_table.device != device:
         raise ValueError(f"block_table is on {block_table.device} but q is on {device}")
+
+
+def check_paged_cache(block_table, batch: int, page_size: int, device) -> None:
+    """A page table (:func:`check_page_table`) for pages of a size the decode kernel takes."""
+    check_page_table(block_table, batch, device)
     if page_size % PAGE_MULTIPLE:
         raise ValueError(
             f"page size (k_cache.shape[1]) is {page_size}; paged caches need a multiple of "

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from . import _checks, _packing
 from ._checks import kernel_window, unit_last_stride
-from ._runtime import direct_call
+from ._runtime import direct_call, host_reads_allowed
 from .kernels import flash_bwd as _bwd
 from .kernels import flash_fwd as _fwd
 
@@ -437,7 +437,14 @@ def flash_attn_varlen_func(
             launch grid; a longer sequence is an error, never silently truncated).
         Other arguments: as :func:`flash_attn_func`; causal alignment is bottom-right per
         sequence, and alibi_slopes may be per sequence (batch, nheads).
-        block_table: paged K/V is not supported by this function yet; must be None.
+        block_table: optional (batch, max_pages_per_sequence) int32 page table: paged K/V, as
+            in flash-attn. k and v are then (num_pages, page_size, nheads_k, headdim) caches and
+            sequence b's key j lives in page ``block_table[b, j // page_size]`` at row
+            ``j % page_size``; cu_seqlens_k still gives the sequences' key lengths. Forward only
+            (k/v must not require grad; flash-attn has no backward for it either). The pages a
+            call can see are first gathered into one contiguous buffer of
+            ``batch x max_pages x page_size`` keys (one copy of that much K/V, in a single
+            indexing launch, no device sync), then the varlen kernel runs over it.
         learnable_sink: (nheads,) sink logits, as in :func:`flash_attn_func`.
 
     Return:
@@ -465,13 +472,12 @@ def varlen_attention(
     """:func:`flash_attn_varlen_func` for callers that built ``cu_seqlens`` themselves on the
     device (hf_flash's transformers integration): ``check_cu_seqlens=False`` skips the host-side
     value check and its device sync; shapes, dtypes and devices are still checked."""
+    if block_table is not None:  # first: paged k/v would fail the contiguous checks below
+        k, v, total_k = _gather_pages(q, k, v, block_table, cu_seqlens_k, max_seqlen_k,
+                                      check_cu_seqlens)  # fmt: skip
+    else:
+        total_k = k.shape[0]
     if not torch.compiler.is_compiling():
-        if block_table is not None:  # first: paged k/v would fail the shape checks below
-            raise ValueError(
-                "block_table (paged K/V) is not supported by flash_attn_varlen_func yet; pass "
-                "contiguous (total_k, nheads_k, headdim) k/v with block_table=None, or use "
-                "flash_attn_with_kvcache(..., block_table=...) for up to 16 queries per sequence"
-            )
         _checks.check_tensor_basics(q, k, v)
         _checks.check_dims(3, "(total_tokens, nheads, headdim) for the varlen API", q=q, k=k, v=v)
         if k.shape[0] != v.shape[0]:
@@ -479,7 +485,7 @@ def varlen_attention(
         _checks.check_heads(q.shape[1], k.shape[1], v.shape[1], q.shape[2], k.shape[2], v.shape[2])
         for name, cu, total, max_len in (
             ("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
-            ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k),
+            ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k),
         ):
             _checks.check_cu_seqlens(name, cu, total, int(max_len), q.device, check_cu_seqlens)
         if cu_seqlens_q.numel() != cu_seqlens_k.numel():
@@ -497,6 +503,63 @@ def varlen_attention(
         softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
         learnable_sink=learnable_sink,
     )  # fmt: skip
+
+
+def _gather_pages(q, k_pages, v_pages, block_table, cu_seqlens_k, max_seqlen_k, check_values):
+    """Paged K/V of :func:`flash_attn_varlen_func` -> contiguous varlen k/v with the sequences
+    packed as cu_seqlens_k says, plus the number of real keys (``cu_seqlens_k[-1]``, read only
+    when host reads are allowed; otherwise the buffer's length, which the value checks skip).
+
+    The buffer holds ``batch x max_pages x page_size`` rows, an upper bound on the keys, so its
+    shape needs no device value: row t belongs to the sequence b whose range holds t, at key
+    ``t - cu_seqlens_k[b]``; rows past the last sequence gather page 0 and are never read."""
+    if not isinstance(k_pages, Tensor) or not isinstance(v_pages, Tensor):
+        raise TypeError("k and v must be torch.Tensors")
+    if k_pages.dim() != 4 or k_pages.shape != v_pages.shape:
+        raise ValueError(
+            "with block_table, k and v must be paged caches of one shape (num_pages, page_size, "
+            f"nheads_k, headdim); got k {tuple(k_pages.shape)}, v {tuple(v_pages.shape)}"
+        )
+    if k_pages.requires_grad or v_pages.requires_grad:
+        raise ValueError(
+            "gradients through paged K/V (block_table) are not supported (flash-attn has no "
+            "backward for them either); pass detached caches, or contiguous k/v to train"
+        )
+    batch = cu_seqlens_k.numel() - 1 if isinstance(cu_seqlens_k, Tensor) else -1
+    num_pages, page, hk, d = k_pages.shape
+    _checks.check_page_table(block_table, batch, q.device)
+    for name, t in (("k", k_pages), ("v", v_pages)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if cu_seqlens_k.dtype != torch.int32 or cu_seqlens_k.device != q.device:
+        raise ValueError("cu_seqlens_k must be an int32 tensor on q's device")
+    capacity = block_table.shape[1] * page
+    total = batch * capacity
+    if check_values and host_reads_allowed():
+        vals = cu_seqlens_k.tolist()
+        longest = max(b - a for a, b in zip(vals[:-1], vals[1:]))
+        if longest > capacity:
+            raise ValueError(
+                f"a sequence in cu_seqlens_k has {longest} keys but block_table holds "
+                f"{block_table.shape[1]} pages of {page} = {capacity} per sequence"
+            )
+        pages_used = [-(-(b - a) // page) for a, b in zip(vals[:-1], vals[1:])]
+        used = torch.cat([block_table[i, :n] for i, n in enumerate(pages_used)])
+        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_pages):
+            raise ValueError(
+                f"block_table points outside the {num_pages} pages of k/v (page ids "
+                f"{int(used.min())}..{int(used.max())} among the pages the sequences use)"
+            )
+        total_k = vals[-1]
+    else:
+        total_k = total
+    t = torch.arange(total, device=q.device, dtype=torch.int32)
+    seq = (torch.searchsorted(cu_seqlens_k, t, right=True) - 1).clamp_(0, batch - 1)
+    key = (t - cu_seqlens_k[seq]).clamp_(0, capacity - 1)
+    slot = block_table[seq, key // page].long().clamp_(0, num_pages - 1) * page + key % page
+    k = k_pages.reshape(num_pages * page, hk, d).index_select(0, slot)
+    v = v_pages.reshape(num_pages * page, hk, d).index_select(0, slot)
+    return k, v, total_k
 
 
 def _attention(

@@ -381,13 +381,14 @@ def _bwd_dq_kernel(
 
 def backward_path(q, k, v, out, dout, dk, dv, *, varlen, causal, window_left, window_right, softcap,
                   alibi_slopes, dropout_p, softmax_scale, sinks=None, **_) -> str:  # fmt: skip
-    """Which dK/dV kernel :func:`flash_attn_backward` runs for these arguments: ``"hopper"``
+    """Which backward kernel :func:`flash_attn_backward` runs for these arguments: ``"hopper"``
     (the Gluon sm_90a kernel, :mod:`hf_flash.kernels.hopper.attention_bwd`) when it covers the
     call and the device allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this
     module's kernels). The Hopper kernel covers what the Hopper forward covers (dense fp16/bf16,
     causal or not, no window, softcap, ALiBi, dropout or sinks) at head dim 128 (64: no measured gain,
     Triton) with out, dout, dk and dv addressable by TMA too (``None``: still to be allocated like q / k, which then are).
-    The preprocess and dQ kernels are this module's on both paths."""
+    The preprocess is this module's on both paths; the dQ kernel too unless the Hopper variant
+    computes dQ itself (its default, in a fixed order: deterministic)."""
     if varlen or sinks is not None or not configs.hopper_backward_enabled(q.device):
         return "triton"
     from .hopper import attention_bwd as hopper  # Gluon: imported only where it can run

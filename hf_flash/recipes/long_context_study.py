@@ -338,6 +338,47 @@ def prose_windows(tokenizer, n: int, length: int, seed: int) -> list[str]:
     return out
 
 
+def compare_variants(base: Path, s: dict, lengths: list, ppl_file: Path, out: Path, seed: int,
+                     header: str, record: dict, tok=None, ft_data: Path | None = None,
+                     ylabel: str = "perplexity (held-out pass-key documents)") -> None:
+    """The study's comparison: ``base`` unscaled, then each of METHODS as is and after its LoRA
+    fine-tune at ``l0 x factor``, evaluated at ``lengths``. ``study.md``, ``study.json`` (with
+    ``record``, updated with the timings and results) and the perplexity plot are rewritten after
+    every variant, so a run stopped part-way keeps its finished rows."""
+    target = s["l0"] * s["factor"]
+    t0, timings, results = time.time(), {}, {}
+    record.update(settings=s, lengths=lengths, seconds=timings, results=results)
+
+    def timed(name, fn, *a, **k):
+        start = time.time()
+        r = fn(*a, **k)
+        timings[name] = round(time.time() - start, 1)
+        return r
+
+    def save() -> str:
+        md = table(results, lengths)
+        (out / "study.md").write_text(f"{header}; settings {json.dumps(s)}.\n\n{md}\n")
+        (out / "study.json").write_text(json.dumps(record, indent=1))
+        plot_perplexity(results, out / "perplexity.png", ylabel=ylabel)
+        return md
+
+    def run_eval(name, path, method):
+        return timed(f"eval {name}", evaluate, load_for_eval(path, method, target), name, s, lengths,
+                     ppl_file, out, tok=tok)  # fmt: skip
+
+    results["none"] = run_eval("none", base, None)
+    save()
+    for method in METHODS:
+        results[method] = run_eval(method, base, method)
+        merged = timed(f"finetune {method}", finetune, s, base, method, target, out, seed, data=ft_data)
+        results[f"{method}+ft"] = run_eval(f"{method}+ft", merged, None)
+        save()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    md = save()
+    log(f"done in {time.time() - t0:.0f}s ({timings})\n{md}")
+
+
 def run_pretrained(out: Path, seed: int, ft_steps: int | None = None) -> None:
     """The study on SmolLM2-135M-Instruct (module doc): no pretraining, real text."""
     from transformers import AutoTokenizer
@@ -356,39 +397,11 @@ def run_pretrained(out: Path, seed: int, ft_steps: int | None = None) -> None:
     # the recipe adds BOS/EOS (tokenize_documents); re-encoding decoded text can shift a token or two
     texts = prose_windows(tok, s["ft_steps"] * s["ft_micro_batch"] + 8, target - 8, seed + 7)
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    t0, timings, results = time.time(), {}, {}
-
-    def timed(name, fn, *a, **k):
-        start = time.time()
-        r = fn(*a, **k)
-        timings[name] = round(time.time() - start, 1)
-        return r
-
-    def save() -> str:
-        md = table(results, lengths)
-        (out / "study.md").write_text(
-            f"SmolLM2-135M-Instruct (trained at {l0} tokens), extended to {target} "
-            f"({s['factor']}x); settings {json.dumps(s)}.\n\n{md}\n"
-        )
-        (out / "study.json").write_text(json.dumps(
-            {"model": "SmolLM2-135M-Instruct", "settings": s, "lengths": lengths,
-             "seconds": timings, "results": results}, indent=1))  # fmt: skip
-        plot_perplexity(results, out / "perplexity.png", ylabel="perplexity (Persuasion)")
-        return md
-
-    results["none"] = timed("eval none", evaluate, load_for_eval(base, None, target), "none", s,
-                            lengths, ppl_file, out, tok=tok)  # fmt: skip
-    save()
-    for method in METHODS:
-        results[method] = timed(f"eval {method}", evaluate, load_for_eval(base, method, target),
-                                method, s, lengths, ppl_file, out, tok=tok)  # fmt: skip
-        merged = timed(f"finetune {method}", finetune, s, base, method, target, out, seed, data=data)
-        results[f"{method}+ft"] = timed(f"eval {method}+ft", evaluate, load_for_eval(merged, None, target),
-                                        f"{method}+ft", s, lengths, ppl_file, out, tok=tok)  # fmt: skip
-        save()
-        torch.cuda.empty_cache()
-    md = save()
-    log(f"done in {time.time() - t0:.0f}s ({timings})\n{md}")
+    compare_variants(
+        base, s, lengths, ppl_file, out, seed, record={"model": "SmolLM2-135M-Instruct"}, tok=tok,
+        header=f"SmolLM2-135M-Instruct (trained at {l0} tokens), extended to {target} ({s['factor']}x)",
+        ft_data=data, ylabel="perplexity (Persuasion)",
+    )  # fmt: skip
 
 
 def plot_perplexity(results: dict, path: Path, ylabel: str = "perplexity (held-out pass-key documents)") -> None:
@@ -480,43 +493,14 @@ def main(argv=None) -> None:
     ppl_file = out / "heldout.txt"
     ppl_file.write_text("".join(synthetic_documents(16 if args.smoke else 64, args.seed + 1000, target, 3 * target)))
 
-    t0 = time.time()
-    timings = {}
-    results = {}
-
-    def save() -> str:
-        # after every variant, so a run stopped part-way still leaves its finished rows
-        md = table(results, lengths)
-        (out / "study.md").write_text(
-            f"Pretrained at {l0} tokens, extended to {target} ({s['factor']}x); "
-            f"{'quick' if args.quick else 'full'} settings {json.dumps(s)}.\n\n{md}\n"
-        )
-        (out / "study.json").write_text(json.dumps(
-            {"settings": s, "lengths": lengths, "seconds": timings, "pretrain_probes": probes,
-             "results": results}, indent=1))
-        return md
-
-    def timed(name, fn, *a):
-        start = time.time()
-        r = fn(*a)
-        timings[name] = round(time.time() - start, 1)
-        return r
-
-    base, probes = timed("pretrain", pretrain, s, out, args.seed)
-    results["none"] = timed("eval none", evaluate, load_for_eval(base, None, target), "none", s, lengths, ppl_file, out)
-    save()
-    for method in METHODS:
-        results[method] = timed(f"eval {method}", evaluate, load_for_eval(base, method, target), method, s,
-                                lengths, ppl_file, out)
-        merged = timed(f"finetune {method}", finetune, s, base, method, target, out, args.seed)
-        results[f"{method}+ft"] = timed(f"eval {method}+ft", evaluate, load_for_eval(merged, None, target),
-                                        f"{method}+ft", s, lengths, ppl_file, out)
-        save()
-        plot_perplexity(results, out / "perplexity.png")
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
-    md = save()
-    log(f"done in {time.time() - t0:.0f}s ({timings})\n{md}")
+    start = time.time()
+    base, probes = pretrain(s, out, args.seed)
+    compare_variants(
+        base, s, lengths, ppl_file, out, args.seed,
+        record={"pretrain_seconds": round(time.time() - start, 1), "pretrain_probes": probes},
+        header=f"Pretrained at {l0} tokens, extended to {target} ({s['factor']}x); "
+        f"{'quick' if args.quick else 'full'}",
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ def _backward(q, k, v, dout, causal, scale=None, variant=None, monkeypatch=None)
     flash_fwd.flash_attn_forward(q, k, v, out, lse, rng_state=None, **lens, **opts)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     if variant is not None:
-        monkeypatch.setitem(hb.DEFAULT, q.shape[-1], variant)
+        for masked in (False, True):
+            monkeypatch.setitem(hb.DEFAULT, (q.shape[-1], masked), variant)
     assert flash_bwd.backward_path(q, k, v, out, dout, dk, dv, varlen=False, **opts) == "hopper", (
         "the case under test must be one the Gluon backward covers"
     )
@@ -77,9 +78,9 @@ D64_VARIANT = "kv2x64-m64-s2"
 
 
 def _variant_for(head_dim):
-    from hf_flash.kernels.hopper.attention_bwd import DEFAULT
+    from hf_flash.kernels.hopper.attention_bwd import covered_head_dims
 
-    return None if head_dim in DEFAULT else D64_VARIANT
+    return None if head_dim in covered_head_dims() else D64_VARIANT
 
 
 CASES = [
@@ -161,6 +162,28 @@ def test_results_repeat_bitwise():
     a = _backward(q, k, v, dout, True)
     b = _backward(q, k, v, dout, True)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _ordered_variants():
+    from hf_flash.kernels.hopper.attention_bwd import VARIANTS
+
+    return [name for name, var in VARIANTS.items() if var.dq_ordered]
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant", _ordered_variants())
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_ordered_dq_repeats_bitwise(variant, causal, monkeypatch):
+    """The dq_ordered variants add into each query tile of dQ in a fixed order of the key
+    blocks: the gradients repeat bitwise, on a grid of several waves of programs (so programs
+    wait on others that started earlier, never on one not yet started) and odd lengths."""
+    q, k, v = _qkv(2, 4000, 4100, 16, 4, 128, torch.bfloat16, seed=11)
+    dout = torch.randn_like(q)
+    a = _backward(q, k, v, dout, causal, variant=variant, monkeypatch=monkeypatch)
+    for _ in range(2):
+        b = _backward(q, k, v, dout, causal, variant=variant, monkeypatch=monkeypatch)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    _check(q, k, v, causal, variant=variant, monkeypatch=monkeypatch, seed=11)
 
 
 @needs_hopper
@@ -251,7 +274,7 @@ def test_nondeterministic_choice_through_the_public_function(causal):
     q, k, v = (t.requires_grad_() for t in _qkv(2, 1000, 1000, 16, 4, 128, torch.bfloat16, seed=9))
     dout = torch.randn_like(q)
     with configs.use_deterministic(False):
-        assert hb.variant_for(128, causal) == hb.NONDETERMINISTIC.get((128, causal), hb.DEFAULT[128])
+        assert hb.variant_for(128, causal) == hb.NONDETERMINISTIC.get((128, causal), hb.DEFAULT[(128, causal)])
         g = torch.autograd.grad(flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     ref_g = torch.autograd.grad(attention_ref(*leaves, causal=causal), leaves, dout.float())

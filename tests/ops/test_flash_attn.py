@@ -371,14 +371,55 @@ def test_bad_cu_seqlens_raise(device):
             flash_attn_varlen_func(q, q, q, cu, good, 6, 6)
     with pytest.raises(ValueError, match="max_seqlen"):
         flash_attn_varlen_func(q, q, q, good, good, 5, 6)
-    with pytest.raises(ValueError, match="block_table"):
+    # paged k/v (block_table): the page-table checks come first, before any shape complaint
+    with pytest.raises(ValueError, match="paged caches of one shape"):
         flash_attn_varlen_func(q, q, q, good, good, 6, 6, block_table=good)
-    # paged k/v as flash-attn takes them (num_pages, page_size, nheads_k, d): the block_table
-    # message comes first, not a shape complaint about k
-    pages = torch.zeros(2, 16, q.shape[1], q.shape[2], device=device, dtype=q.dtype)
-    table = torch.zeros(2, 1, dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="block_table .paged K/V. is not supported"):
+    pages = torch.zeros(2, 4, q.shape[1], q.shape[2], device=device, dtype=q.dtype)
+    with pytest.raises(ValueError, match="expected \\(2, max_pages"):
+        flash_attn_varlen_func(q, pages, pages, good, good, 6, 6, block_table=good)
+    with pytest.raises(ValueError, match="holds 1 pages of 4 = 4"):
+        table = torch.zeros(2, 1, dtype=torch.int32, device=device)
         flash_attn_varlen_func(q, pages, pages, good, good, 6, 6, block_table=table)
+    with pytest.raises(ValueError, match="outside the 2 pages"):
+        table = torch.tensor([[0, 1], [1, 2]], dtype=torch.int32, device=device)
+        flash_attn_varlen_func(q, pages, pages, good, good, 6, 6, block_table=table)
+    with pytest.raises(ValueError, match="gradients through paged K/V"):
+        table = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32, device=device)
+        flash_attn_varlen_func(q, pages.requires_grad_(), pages, good, good, 6, 6, block_table=table)
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_varlen_paged_kv_equals_contiguous(device, page_size):
+    """flash_attn_varlen_func with block_table (flash-attn's paged varlen) gives exactly the
+    output of the same keys passed contiguously: pages scattered in a shuffled order, uneven
+    lengths, an empty sequence, GQA, causal bottom-right and a window."""
+    torch.manual_seed(3)
+    hq, hk, d = 4, 2, 32
+    lens_q, lens_k = [5, 0, 9], [13, 0, 21]
+    cu_q = torch.tensor([0, 5, 5, 14], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 13, 13, 34], dtype=torch.int32, device=device)
+    q = torch.randn(sum(lens_q), hq, d, device=device, dtype=torch.float16)
+    k = torch.randn(sum(lens_k), hk, d, device=device, dtype=torch.float16)
+    v = torch.randn_like(k)
+    max_pages = -(-max(lens_k) // page_size) + 1  # one spare page per row
+    num_pages = len(lens_k) * max_pages + 3
+    perm = torch.randperm(num_pages).tolist()
+    k_pages = torch.randn(num_pages, page_size, hk, d, device=device, dtype=q.dtype)  # junk
+    v_pages = torch.randn_like(k_pages)
+    table = torch.zeros(len(lens_k), max_pages, dtype=torch.int32)
+    start = 0
+    for b, n in enumerate(lens_k):
+        for j in range(max_pages):
+            table[b, j] = perm.pop()
+        for t in range(n):
+            page, row = table[b, t // page_size], t % page_size
+            k_pages[page, row], v_pages[page, row] = k[start + t], v[start + t]
+        start += n
+    table = table.to(device)
+    for kw in (dict(causal=True), dict(causal=False, window_size=(6, 2))):
+        want = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 9, 21, **kw)
+        got = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 9, 21, block_table=table, **kw)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-specific message")

@@ -22,16 +22,23 @@ of the GQA group (K/V are never expanded) and, for each, the query tiles that ca
   dP^T runs; dS^T is computed while the dV product runs. Registers move from the producer (24)
   to the consumers through ``setmaxnreg``.
 
-dQ: by default not computed here: :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs
-its Triton dQ kernel beside this one (no atomics, so the backward stays bitwise deterministic; it
-recomputes S and dP, 7 products for the 5 counted). The ``dq_atomic`` variants (not the default;
-``NONDETERMINISTIC`` picks them once deterministic gradients are not required) also compute
-``dQ_part = dS K`` per step (dS^T staged in shared memory, read transposed) and add it, scaled,
-into a float32 (B, H, Sq, D) accumulator with a TMA reduce-add (``cp.reduce.async.bulk.tensor
-.add``); the launcher then casts it into dq. The order of those additions varies from run to run.
-``dq_shared`` (FA3's form) puts both consumers' dS in one product, each consumer adding half of
-dQ's columns over all 128 keys (half the reduce traffic of one tile per consumer); ``dq_lag``
-runs that product one step late, so the consumers need not move in lockstep.
+dQ: the ``dq_atomic`` variants also compute ``dQ_part = dS K`` per step (dS^T staged in shared
+memory, read transposed) and add it, scaled, into a float32 (B, H, Sq, D) accumulator with a TMA
+reduce-add (``cp.reduce.async.bulk.tensor.add``); the launcher then casts it into dq: 5 products
+for the 5 counted. ``dq_shared`` (FA3's form) puts both consumers' dS in one product, each
+consumer adding half of dQ's columns over all 128 keys (half the reduce traffic of one tile per
+consumer); ``dq_lag`` runs that product one step late, so the consumers need not move in
+lockstep; ``dq_writer`` hands each consumer's dQ tile to a one-warp writer partition through
+double-buffered shared-memory slots. ``dq_ordered`` (the default, ``kv2x64-m64-s2-dqwld``) makes
+the result bitwise deterministic: one int32 counter per (batch, head, query tile); the writer
+adds into a tile only when its counter equals the program's key-block index (ascending: a
+program waits only on programs launched before it) and counts itself once its additions have
+completed (``cp.async.bulk.wait_group``, a step later, so the wait runs under the next step).
+Without dQ in the kernel (``kv2x64-m64-s2``),
+:func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton dQ kernel beside this one
+(it recomputes S and dP: 7 products for the 5 counted). The other dQ variants add in whatever
+order the reduces land (``NONDETERMINISTIC`` picks one once deterministic gradients are not
+required).
 
 Masking: causal attention is bottom-right aligned (query row i sees keys ``j <= i + seqlen_k -
 seqlen_q``). Query tiles that see none of the program's keys are skipped, tiles that see all of
@@ -106,6 +113,18 @@ class Variant:
     # products), so a consumer never waits for the other's dS of the step it is in: the two can
     # drift apart by up to a step and hide each other's elementwise work, as without dQ
     dq_lag: bool = False
+    # dq_shared with a dQ writer partition (FA3): each consumer stores its dQ tile into a
+    # double-buffered shared-memory slot and goes on; a one-warp partition issues the TMA
+    # reduce-add, waits for it and hands the slot back
+    dq_writer: bool = False
+    # dq_writer with the additions into each (batch, head, query tile) of dQ made in a fixed
+    # order of the key blocks (FA3's semaphore per query tile; the writer waits for its turn):
+    # the float32 sums, and so dQ, repeat bitwise. Ascending key blocks, causal too: a block
+    # waits only on programs launched before it (never one not yet started), and only at the
+    # start of a wave, where the blocks of one (batch, K/V head) start together (FA3 orders causal
+    # descending with a shortest-first launch: measured 0.6x here, the concurrent programs then
+    # sit far apart in the sequence and Q/dO/dQ stop hitting L2)
+    dq_ordered: bool = False
 
     @property
     def keys(self) -> int:
@@ -114,8 +133,9 @@ class Variant:
 
 # Every variant the package compiles and tests (CPU compile report, H100 timings in
 # .notes/hopper-bwd.md). dqa (one dQ tile per consumer) is the reference point of the dQ
-# variants: twice dqs's reduce traffic, slower everywhere. 128 query rows per step (d64) spills
-# ~1 KB per thread at 240 registers; a 3-stage Q/dO ring measured no faster than 2 (call 1).
+# variants: twice dqs's reduce traffic, slower everywhere; dqs/dqsl (no writer partition) and
+# s2 (+ Triton dQ) are the earlier choices, kept as measured references. 128 query rows per step
+# (d64) spills ~1 KB per thread at 240 registers; a 3-stage Q/dO ring measured no faster than 2.
 VARIANTS = {
     v.name: v
     for v in (
@@ -126,25 +146,39 @@ VARIANTS = {
                 dq_atomic=True, dq_shared=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqsl", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwl", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwld", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, head_dims=(128,)),
     )
 }  # fmt: skip
-# DEFAULT maps a head dim to the variant the backward runs; head dims without an entry keep the
-# Triton backward. H100, 2026-11-24 (.notes/hopper-bwd.md): at d128 kv2x64-m64-s2 (with the
-# Triton dQ kernel) ran 2-8% faster than the Triton backward at every point (call 3, 3 rounds);
-# at d64 it was level with it (-4%..+10%, calls 1-2), so d64 stays on Triton.
-DEFAULT = {128: "kv2x64-m64-s2"}
+# DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
+# with unordered dQ additions); head dims without an entry keep the Triton backward.
+# H100, 2026-11-24 (.notes/hopper-bwd.md, session 16 call 4, 2 rounds): d128 dqwld (fused dQ,
+# ordered) against kv2x64-m64-s2 (Gluon dK/dV + Triton dQ, the default before): causal
+# 369/400/417/447 TFLOP/s against 370/383/411/412 at 4K/8K/16K/32K (1.00-1.08x), non-causal
+# 381/453/471/446 against 373/390/379/389 (1.02-1.24x). At d64 s2 was level with the Triton
+# backward (-4%..+10%, session 15), so d64 stays on Triton.
+DEFAULT = {(128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2-dqwld"}
 # (head dim, causal) -> the variant run when deterministic gradients are not required
 # (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
-# DEFAULT (H100, call 3, 3 rounds): d128 non-causal dqs 435-474 TFLOP/s against s2's 370-396
-# (+17-20%); d128 causal dqsl 359-434 against 360-420 (0 to +8%; dqs is slower there).
-NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqs", (128, True): "kv2x64-m64-s2-dqsl"}
+# DEFAULT (H100, session 16 calls 3-4): d128 non-causal dqwl (unordered) 437-441 TFLOP/s at 4K
+# against dqwld's 378-381 (+15%; level at 8K-32K). Causal has none: dqwld is as fast as the
+# unordered forms there (dqwl 290-294 at 32K, where its programs drift apart).
+NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
+
+
+def covered_head_dims() -> set:
+    """The head dims the Gluon backward covers (those ``DEFAULT`` names a variant for)."""
+    return {d for d, _ in DEFAULT}
 
 
 def variant_for(head_dim: int, causal: bool) -> str:
     """The variant :func:`hopper_attention_backward` runs by default for this call."""
-    if not configs.deterministic() and (head_dim, bool(causal)) in NONDETERMINISTIC:
-        return NONDETERMINISTIC[(head_dim, bool(causal))]
-    return DEFAULT[head_dim]
+    key = (head_dim, bool(causal))
+    if not configs.deterministic() and key in NONDETERMINISTIC:
+        return NONDETERMINISTIC[key]
+    return DEFAULT[key]
 
 
 @gluon.jit
@@ -206,8 +240,30 @@ def _producer(
 
 
 @gluon.jit
-def _dq_shared_step(j, h, mt, b, ds_smem, k_smem, dq_tile, ds_ready, ds_free, dq_desc, dq_zero, sm_scale,
-                    INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr):  # fmt: skip
+def _dq_out(j, dq, b, h, mt, dq_smem, dq_full, dq_empty, dq_desc,
+            INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr,
+            DQ_WRITER: gl.constexpr):  # fmt: skip
+    """This consumer's (scaled) dQ tile of step ``j``: DQ_WRITER hands it to the writer partition
+    through slot (j % 2, INDEX) and goes on; otherwise it is staged and added by TMA reduce here."""
+    if DQ_WRITER:
+        slot = (j % 2) * CONSUMERS + INDEX
+        mbarrier.wait(dq_empty.index(slot), ((j // 2) & 1) ^ 1)  # the writer is done with step j - 2
+        dq_smem.index(slot).store(dq)
+        fence_async_shared()
+        mbarrier.arrive(dq_full.index(slot))
+    else:
+        dq_tile = dq_smem.index(INDEX)
+        # the previous reduce must have read the staging tile before it is rewritten
+        tma.store_wait(0)
+        dq_tile.store(dq)
+        fence_async_shared()
+        _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, INDEX * DQ_N], dq_tile.reshape([1, 1, BLOCK_M, DQ_N]))
+
+
+@gluon.jit
+def _dq_shared_step(j, h, mt, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full, dq_empty, dq_desc, dq_zero,
+                    sm_scale, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr,
+                    DQ_N: gl.constexpr, DQ_WRITER: gl.constexpr):  # fmt: skip
     """dQ[rows of (h, mt), this consumer's DQ_N columns] += sum over the consumers c of
     dS_c K_c[:, columns], for step ``j`` (its dS tiles in buffer j % 2), added by TMA reduce."""
     par = j % 2
@@ -220,21 +276,18 @@ def _dq_shared_step(j, h, mt, b, ds_smem, k_smem, dq_tile, ds_ready, ds_free, dq
                                k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok, is_async=True)
     dq = warpgroup_mma_wait(0, deps=(dq_tok,))
     mbarrier.arrive(ds_free.index(par))
-    # the previous reduce must have read the staging tile before it is rewritten
-    tma.store_wait(0)
-    dq_tile.store(dq * sm_scale)
-    fence_async_shared()
-    _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, INDEX * DQ_N], dq_tile.reshape([1, 1, BLOCK_M, DQ_N]))
+    _dq_out(j, dq * sm_scale, b, h, mt, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N,
+            DQ_WRITER)  # fmt: skip
 
 
 @gluon.jit
 def _consumer(
     q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
-    ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
+    ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, CAUSAL: gl.constexpr,
-    DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr, DQ_LAG: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr, DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -248,7 +301,7 @@ def _consumer(
     k_tile = k_smem.index(INDEX)
     v_tile = v_smem.index(INDEX)
     ds_tile = ds_smem.index(INDEX)
-    dq_tile = dq_smem.index(INDEX)
+    dq_tile = dq_smem.index(INDEX)  # dq_atomic without DQ_SHARED
     # DQ_SHARED: this consumer's dQ columns [INDEX * DQ_N, (INDEX + 1) * DQ_N)
     DQ_N: gl.constexpr = HEAD_DIM // CONSUMERS if DQ_SHARED else HEAD_DIM
     dq_zero = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=_mma_layout(DQ_N, NUM_WARPS))
@@ -318,8 +371,9 @@ def _consumer(
             dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
             mbarrier.arrive(q_empty.index(slot))
             if it > 0:
-                _dq_shared_step(it - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_tile, ds_ready, ds_free, dq_desc,
-                                dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N)  # fmt: skip
+                _dq_shared_step(it - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full,
+                                dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
+                                DQ_WRITER)  # fmt: skip
             prev_h = h
             prev_mt = mt
         elif DQ_SHARED:
@@ -345,10 +399,8 @@ def _consumer(
             mbarrier.arrive(q_empty.index(slot))
             dq = warpgroup_mma_wait(0, deps=(dq_tok,))
             mbarrier.arrive(ds_free.index(par))
-            tma.store_wait(0)
-            dq_tile.store(dq * sm_scale)
-            fence_async_shared()
-            _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, INDEX * DQ_N], dq_tile.reshape([1, 1, BLOCK_M, DQ_N]))
+            _dq_out(it, dq * sm_scale, b, h, mt, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M,
+                    DQ_N, DQ_WRITER)  # fmt: skip
         elif DQ_ATOMIC:
             # dQ_part = dS K: dS^T goes through shared memory to be read transposed
             ds_tile.store(ds)
@@ -373,8 +425,9 @@ def _consumer(
     n_steps = group * per_head
     if DQ_LAG:
         if n_steps > 0:
-            _dq_shared_step(n_steps - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_tile, ds_ready, ds_free, dq_desc,
-                            dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N)  # fmt: skip
+            _dq_shared_step(n_steps - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full,
+                            dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
+                            DQ_WRITER)  # fmt: skip
     tma.store_wait(0)
     if DQ_SHARED:
         # the other consumers read this K tile in their dQ products: wait until the last step's
@@ -392,14 +445,111 @@ def _consumer(
 
 
 @gluon.jit
+def _warp_sync_fence(x):
+    """All lanes of the warp past this point (bar.warp.sync), then a generic/async proxy fence on
+    global memory: what the semaphore ordered (in either direction) is ordered for the TMA
+    reduces too. ``x``: a per-lane int32 tensor, returned unchanged (the asm needs an operand)."""
+    return gl.inline_asm_elementwise(
+        "bar.warp.sync 0xffffffff;\n\tfence.proxy.async.global;\n\tmov.b32 $0, $1;",
+        "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _load_acquire(ptrs):
+    """``ld.acquire.gpu`` of int32 counters, one per lane (a plain load: an atomic would queue in
+    L2's atomic units behind the dQ reduce traffic)."""
+    return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptrs], dtype=gl.int32,
+                                     is_pure=False, pack=1)  # fmt: skip
+
+
+@gluon.jit
+def _release_add_one(ptrs, lane):
+    """Lane 0 adds 1 to its counter with release semantics (``red``: no value comes back, so the
+    warp does not wait for it). ``lane``: the lane index, returned unchanged."""
+    return gl.inline_asm_elementwise(
+        "{\n\t.reg .pred p;\n\tsetp.eq.s32 p, $2, 0;\n\t@p red.release.gpu.global.add.s32 [$1], 1;"
+        "\n\tmov.b32 $0, $2;\n\t}",
+        "=r,l,r", [ptrs, lane], dtype=gl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _bulk_wait(x, PENDING: gl.constexpr):
+    """``cp.async.bulk.wait_group PENDING`` (0 or 2): all but the PENDING most recent bulk groups
+    this thread committed have completed, their global writes included (``tma.store_wait`` emits
+    the ``.read`` form, which waits only until their shared-memory source has been read); then
+    :func:`_warp_sync_fence`, since one lane issued them and another releases the semaphore."""
+    gl.static_assert((PENDING == 0) or (PENDING == 2), "0 or 2 pending bulk groups")
+    if PENDING == 0:
+        x = gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tmov.b32 $0, $1;", "=r,r", [x],
+                                      dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+    else:
+        x = gl.inline_asm_elementwise("cp.async.bulk.wait_group 2;\n\tmov.b32 $0, $1;", "=r,r", [x],
+                                      dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+    return _warp_sync_fence(x)
+
+
+@gluon.jit
+def _dq_writer(
+    dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+    BLOCK_M: gl.constexpr, KEYS: gl.constexpr, DQ_N: gl.constexpr, CONSUMERS: gl.constexpr,
+    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr,
+):  # fmt: skip
+    """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
+    add them into the float32 accumulator by TMA reduce and hand the slots back once read.
+    DQ_ORDERED: before adding into query tile (b, h, mt), wait until the semaphore of that tile
+    counts the key blocks that add before this one (those below it), and count this one once the
+    additions have completed, not only read their source (a step later: the wait for completion
+    runs under the next step)."""
+    b, kv_h, n0, n_m, m_lo, m_full = _steps(
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, KEYS, BLOCK_M, CAUSAL
+    )
+    lane = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+    sem_prev = Sem + (lane * 0).to(gl.int64)  # the previous step's counter (DQ_ORDERED)
+    kt = n0 // KEYS
+    nheads = nheads_k * group
+    per_head = n_m - m_lo
+    for it in range(group * per_head):
+        h = kv_h * group + it // per_head
+        mt = m_lo + it % per_head
+        par = it % 2
+        if DQ_ORDERED:
+            # one int32 counter per (b, h, query tile), every lane reading it; this block's turn
+            # is its key-block index: every block below it sees the tile too (causal: a query row
+            # that sees key j sees every key before it)
+            sem = Sem + ((b * nheads + h).to(gl.int64) * n_m + mt + lane * 0)
+            seen = kt - 1
+            while seen != kt:
+                seen = gl.max(_load_acquire(sem), axis=0)
+            lane = _warp_sync_fence(lane)
+        for c in gl.static_range(CONSUMERS):
+            slot = par * CONSUMERS + c
+            mbarrier.wait(dq_full.index(slot), (it // 2) & 1)
+            _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, c * DQ_N], dq_smem.index(slot).reshape([1, 1, BLOCK_M, DQ_N]))
+        tma.store_wait(0)  # the slots have been read: the consumers may refill them
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.arrive(dq_empty.index(par * CONSUMERS + c))
+        if DQ_ORDERED:
+            # count this block in the previous step's tile once those additions have completed
+            # (all but this step's CONSUMERS bulk groups), so their latency runs under this step
+            if it > 0:
+                lane = _release_add_one(sem_prev, _bulk_wait(lane, CONSUMERS))
+            sem_prev = sem
+    if DQ_ORDERED:
+        if group * per_head > 0:
+            lane = _release_add_one(sem_prev, _bulk_wait(lane, 0))
+
+
+@gluon.jit
 def _attn_bwd_dkdv_kernel(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Sem,
     stride_lb, stride_lh, stride_lm,
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
-    DQ_LAG: gl.constexpr,
+    DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -414,7 +564,10 @@ def _attn_bwd_dkdv_kernel(
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
         dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_N], gl.float32)
         ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_N, BLOCK_M], ds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [CONSUMERS, BLOCK_M, DQ_N], dq_layout)
+        # DQ_WRITER: two slots per consumer (by step parity), so a consumer hands over step j
+        # while the writer still adds step j - 1
+        DQ_BUFS: gl.constexpr = 2 * CONSUMERS if DQ_WRITER else CONSUMERS
+        dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, BLOCK_M, DQ_N], dq_layout)
     else:
         ds_smem = k_smem  # unused
         dq_smem = k_smem
@@ -425,6 +578,8 @@ def _attn_bwd_dkdv_kernel(
     do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [2 * CONSUMERS, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [2 * CONSUMERS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
@@ -436,30 +591,62 @@ def _attn_bwd_dkdv_kernel(
         # DQ_SHARED: every consumer arrives once per step on each
         mbarrier.init(ds_ready.index(i), count=CONSUMERS)
         mbarrier.init(ds_free.index(i), count=CONSUMERS)
+    for i in gl.static_range(2 * CONSUMERS):
+        # DQ_WRITER: slot (parity, consumer): that consumer fills it, the writer empties it
+        mbarrier.init(dq_full.index(i), count=1)
+        mbarrier.init(dq_empty.index(i), count=1)
 
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
-    gl.warp_specialize(
-        [
-            (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
-                         do_empty, ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse, Delta,
-                         stride_lb, stride_lh, stride_lm,
-                         n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
-                         0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                         DQ_SHARED, DQ_LAG)),
-            (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
-                         do_empty, ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse, Delta,
-                         stride_lb, stride_lh, stride_lm,
-                         n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
-                         1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                         DQ_SHARED, DQ_LAG)),
-            (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
-                         kv_bar, q_ready, do_ready, q_empty, do_empty,
-                         n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-                         BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
-        ],
-        [CONSUMER_WARPS, 1],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )  # fmt: skip
+    # (Gluon takes the partitions as a literal list: the two forms differ by the dQ writer)
+    if DQ_WRITER:
+        gl.warp_specialize(
+            [
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                             stride_lb, stride_lh, stride_lm,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
+                             DQ_SHARED, DQ_LAG, DQ_WRITER)),
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                             stride_lb, stride_lh, stride_lm,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                             1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
+                             DQ_SHARED, DQ_LAG, DQ_WRITER)),
+                (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
+                             kv_bar, q_ready, do_ready, q_empty, do_empty,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
+                (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
+                               seqlen_k, BLOCK_M, BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL,
+                               DQ_ORDERED)),
+            ],
+            [CONSUMER_WARPS, 1, 1],
+            [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                             stride_lb, stride_lh, stride_lm,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
+                             DQ_SHARED, DQ_LAG, DQ_WRITER)),
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                             stride_lb, stride_lh, stride_lm,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                             1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
+                             DQ_SHARED, DQ_LAG, DQ_WRITER)),
+                (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
+                             kv_bar, q_ready, do_ready, q_empty, do_empty,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
+            ],
+            [CONSUMER_WARPS, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -471,14 +658,14 @@ def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softc
              dropout=0.0, varlen=False, softmax_scale=None) -> bool:  # fmt: skip
     """True when :func:`hopper_attention_backward` covers this call: the calls the Gluon
     forward covers (:func:`hopper.attention_fwd.supports`: dense fp16/bf16, causal or not, no
-    window, softcap, ALiBi or dropout, on sm_90) whose head dim has a ``DEFAULT`` variant (128),
+    window, softcap, ALiBi or dropout, on sm_90) for which ``DEFAULT`` names a variant (d128),
     with out, dout, dk and dv shaped like q / k and addressable by TMA too."""
     from .attention_fwd import supports as fwd_supports
 
     if not fwd_supports(q, k, v, causal=causal, window=window, softcap=softcap, alibi=alibi,
                         dropout=dropout, varlen=varlen, softmax_scale=softmax_scale):  # fmt: skip
         return False
-    if q.shape[-1] not in DEFAULT:
+    if (q.shape[-1], bool(causal)) not in DEFAULT:
         return False
     for t, like in ((out, q), (dout, q), (dk, k), (dv, k)):
         if not isinstance(t, torch.Tensor) or t.shape != like.shape or t.dtype != like.dtype:
@@ -499,10 +686,11 @@ def _descriptor_f32(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
     )
 
 
-def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, *, softmax_scale, causal, variant):
+def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *, softmax_scale, causal, variant):
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the CPU
     compile check, so both build the same kernel. ``dq_accum``: the float32 (B, Sq, H, D)
-    accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller)."""
+    accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller); ``dq_sem``: the
+    zeroed int32 counters of the ``dq_ordered`` variants, B * H * cdiv(Sq, block_m) of them."""
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     var = VARIANTS[variant]
@@ -516,14 +704,18 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, *, softmax_sca
         if dq_accum is None or dq_accum.shape != q.shape or dq_accum.dtype != torch.float32:
             raise ValueError(f"variant {variant} needs a float32 dq_accum shaped like q")
         dq_desc = _descriptor_f32(dq_accum, var.block_m, head_dim // var.consumers if var.dq_shared else head_dim)
-    else:
+    if var.dq_ordered:
+        # one counter per (batch, head, query tile): how many key blocks have added into it
+        if dq_sem is None or dq_sem.numel() < batch * nheads * configs.cdiv(seqlen_q, var.block_m):
+            raise ValueError(f"variant {variant} needs a zeroed int32 dq_sem of B * H * cdiv(Sq, {var.block_m})")
+    if not var.dq_atomic:
         dq_desc = _descriptor(dk, var.block_n)  # not read: the kernel is built without dQ
     n_bhk = batch * nheads_k
     grid = (n_bhk * configs.cdiv(seqlen_k, var.keys),)
     args = (
         _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
         _descriptor(dout, var.block_m), _descriptor(dk, var.block_n), _descriptor(dv, var.block_n), dq_desc,
-        lse, delta, lse.stride(0), lse.stride(1), lse.stride(2),
+        lse, delta, dq_sem if var.dq_ordered else lse, lse.stride(0), lse.stride(1), lse.stride(2),
         n_bhk, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k,
         float(softmax_scale) * LOG2E, float(softmax_scale),
     )  # fmt: skip
@@ -531,7 +723,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, *, softmax_sca
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic,
-        DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, num_warps=4,
+        DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
@@ -558,8 +750,13 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
         # (B, H, Sq, D) storage: a query tile of one head is one contiguous block
         b, s, h, d = q.shape
         dq_accum = torch.zeros(b, h, s, d, device=q.device, dtype=torch.float32).transpose(1, 2)
+    dq_sem = None
+    if var.dq_ordered:
+        dq_sem = torch.zeros(q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m), device=q.device,
+                             dtype=torch.int32)  # fmt: skip
     grid, args, kwargs = launch_args(
-        q, k, v, dout, lse, delta, dk, dv, dq_accum, softmax_scale=softmax_scale, causal=causal, variant=variant
+        q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, softmax_scale=softmax_scale, causal=causal,
+        variant=variant,
     )
     with torch.cuda.device(q.device):
         _attn_bwd_dkdv_kernel[grid](*args, **kwargs)
@@ -569,5 +766,6 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
 
 
 __all__ = [
-    "hopper_attention_backward", "supports", "launch_args", "variant_for", "VARIANTS", "DEFAULT", "NONDETERMINISTIC",
+    "hopper_attention_backward", "supports", "launch_args", "variant_for", "covered_head_dims", "VARIANTS", "DEFAULT",
+    "NONDETERMINISTIC",
 ]
