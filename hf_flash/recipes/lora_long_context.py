@@ -528,7 +528,7 @@ def _interrupted(cfg: RecipeConfig, argv: list) -> None:
         ckpt = latest_checkpoint(out)
     except ConfigError:
         ckpt = None
-    again = shlex.join([_prog(), *argv])
+    again = " ".join([_prog(), shlex.join(argv)]).strip()
     if ckpt is not None:
         resume = again if "--resume" in argv else f"{again} --resume"
         msg = f"interrupted: nothing half-written; latest complete checkpoint {ckpt}. Resume with: {resume}"
