@@ -117,10 +117,12 @@ clash() {
         # --no-deps: its own dependencies (torchdata, datasets, ...) play no part in the clash
         "$venv/bin/pip" install "${PIP_FLAGS[@]}" --no-deps torchtune
     fi
+    # found, not imported: torchtune's recipes/__init__.py raises on import by design
     (cd "$WORK/run" && "$venv/bin/python" -c "
-import recipes
-assert 'site-packages' in recipes.__file__, recipes.__file__
-print('torchtune installed its top-level recipes package:', recipes.__file__)
+import importlib.util
+spec = importlib.util.find_spec('recipes')
+assert spec is not None and 'site-packages' in spec.origin, spec
+print('torchtune installed its top-level recipes package:', spec.origin)
 ")
     "$venv/bin/pip" uninstall "${PIP_FLAGS[@]}" -y torchtune
     (cd "$WORK/run" && "$venv/bin/python" -c "
