@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="UTF-8 text file (.gz read too), or a packaged corpus name: persuasion, northanger-abbey")
     ppl.add_argument("--max-windows", type=int, default=4, help="windows scored per length")
     ppl.add_argument("--score-last", type=int, default=None,
-                     help="score only the last N tokens of each window (default: all)")
+                     help="score only the last N tokens of each window (None: all of them)")
     return parser
 
 

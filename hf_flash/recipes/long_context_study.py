@@ -449,7 +449,9 @@ def main(argv=None) -> None:
               "each; checks the plumbing, learns nothing. The study itself needs a CUDA GPU: see --help.",
               flush=True)
     parser = argparse.ArgumentParser(
-        prog="hf-flash-study", description=__doc__.split("\n\n")[0],
+        prog="hf-flash-study",
+        description=__doc__.split("\n\n")[0] + " With no arguments: the smoke settings (any machine, "
+        "about a minute) into runs/hf-flash-study-smoke.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--out", type=Path, required=True, help="folder for plots, tables and models")
