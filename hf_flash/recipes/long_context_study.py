@@ -440,6 +440,14 @@ def main(argv=None) -> None:
     """The ``hf-flash-study`` command. With no arguments: the smoke settings (a 1-layer model, a
     few steps; sdpa attention on a machine without CUDA) into runs/hf-flash-study-smoke."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    import importlib.util
+
+    from .lora_long_context import missing_recipe_packages
+
+    missing = missing_recipe_packages() + (["matplotlib"] if importlib.util.find_spec("matplotlib") is None else [])
+    if missing and not ({"-h", "--help"} & set(argv)):
+        raise SystemExit(f"hf-flash-study: error: the study needs hf_flash's [recipes] extra (missing: "
+                         f"{', '.join(missing)}): pip install 'hf-flash[recipes]'")
     if not argv:
         argv = ["--smoke", "--out", "runs/hf-flash-study-smoke"]
         if not torch.cuda.is_available():
