@@ -1,6 +1,6 @@
 """End-to-end long-context LoRA fine-tuning: the recipe itself, hf_flash versus sdpa.
 
-Each point runs ``python -m recipes.lora_long_context`` in a fresh process (clean peak-memory
+Each point runs ``python -m hf_flash.recipes.lora_long_context`` in a fresh process (clean peak-memory
 counters; an out-of-memory run cannot poison the next) on a randomly initialised model shape
 (``random_init``: config.json only, no weights), bf16 weights, LoRA r=16 on all projections,
 gradient checkpointing, the chunked cross-entropy, batch 1, one document per row (so sdpa gets
@@ -97,7 +97,7 @@ def run_recipe(model_dir: Path, data: Path, seq_len: int, attn: str, steps: int,
                timeout: int, launcher: list | None = None, extra: list | None = None,
                keep_attention: bool = False) -> dict:
     cmd = (launcher or [sys.executable]) + [
-        "-m", "recipes.lora_long_context", "--model", str(model_dir), "--random_init", "true",
+        "-m", "hf_flash.recipes.lora_long_context", "--model", str(model_dir), "--random_init", "true",
         "--data", str(data), "--seq_len", str(seq_len), "--rope_method", rope_method(model_dir, seq_len),
         "--attn_implementation", attn, "--max_steps", str(steps), "--warmup_steps", "1",
         "--output_dir", str(out), "--save_adapter", "false", "--progress", "false",
@@ -139,7 +139,7 @@ def loss_rows(tokens: int, quick: bool) -> list[dict]:
     gives the torch path 24.6 + 23 B x 2.10e9 / 3 TB/s = 40.7 ms, 33 ms under its measured
     73.9 ms: if the kernel also misses its model by that factor (1.8x), ~52 ms.
     """
-    from recipes.loss import chunked_linear_cross_entropy, full_linear_cross_entropy, liger_linear_cross_entropy
+    from hf_flash.recipes.loss import chunked_linear_cross_entropy, full_linear_cross_entropy, liger_linear_cross_entropy
 
     h = torch.randn(tokens, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(128256, 2048, device="cuda", dtype=torch.bfloat16) * 0.02

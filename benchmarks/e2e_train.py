@@ -19,7 +19,7 @@ so it only runs the 4K and batch workloads unless --eager-all.
 
 After the timed steps one more step runs under torch.profiler (``--no-profile`` skips it): each
 row records that step's device time and the attention kernels' share of it (``attention_share``,
-from ``recipes.profiling.attention_share``), so a kernel gain can be read through the rest of the
+from ``hf_flash.recipes.profiling.attention_share``), so a kernel gain can be read through the rest of the
 step.
 
 Every row says whether the attention outputs were kept through checkpointing (``keep_attention``,
@@ -51,6 +51,7 @@ if DEVICE == "cpu":
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import base_parser, print_table, write_results  # noqa: E402
+from hf_flash.checkpointing import enable_activation_checkpointing  # noqa: E402
 
 SHAPE = dict(
     hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
@@ -87,7 +88,7 @@ def set_checkpointing(model, keep_attention: bool) -> None:
     import hf_flash
 
     kwargs = hf_flash.gradient_checkpointing_kwargs(keep_attention=keep_attention)
-    model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    enable_activation_checkpointing(model.base_model.model, kwargs)
 
 
 def build(family: str, smoke: bool):
@@ -106,7 +107,7 @@ def build(family: str, smoke: bool):
     dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
     with torch.device(DEVICE):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(model, {"use_reentrant": False})
     model.config.use_cache = False
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_TARGETS)
     model = get_peft_model(model, lora)
@@ -184,7 +185,7 @@ def profile_step(model, optimizer, batch: dict) -> dict:
     """One more step under torch.profiler: its device time and the attention kernels' share."""
     from torch.profiler import ProfilerActivity, profile
 
-    from recipes.profiling import attention_share
+    from hf_flash.recipes.profiling import attention_share
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         _step(model, optimizer, batch)

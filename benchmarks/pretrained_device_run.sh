@@ -12,7 +12,7 @@
 # a comma list of:
 #   tests  pytest tests/pretrained (bf16 parity, Dynamic/Static cache, padded batch) -> tests.log
 #   demo   python -m hf_flash.demo (the real model)                                 -> demo.log
-#   study  python -m recipes.long_context_study --model smollm2 $STUDY_ARGS         -> study.tar
+#   study  python -m hf_flash.recipes.long_context_study --model smollm2 $STUDY_ARGS         -> study.tar
 # A later call on the same machine needs no part (carry nothing): the joined file stays there.
 set -u
 step=${1:?usage: pretrained_device_run.sh stage|STEPS OUT_DIR}
@@ -58,7 +58,7 @@ for s in ${step//,/ }; do
       tail -40 "$out/demo.log" ;;
     study)
       rm -rf /tmp/study-smollm2
-      timeout ${STUDY_TIMEOUT_S:-540} python3 -m recipes.long_context_study --model smollm2 \
+      timeout ${STUDY_TIMEOUT_S:-540} python3 -m hf_flash.recipes.long_context_study --model smollm2 \
         --out /tmp/study-smollm2 ${STUDY_ARGS:-} > "$out/study.log" 2>&1 || rc=1
       tail -30 "$out/study.log"
       (cd /tmp && tar cf "$out/study.tar" --exclude='ft-*' --exclude='*.jsonl' study-smollm2) ;;

@@ -33,6 +33,7 @@ import time
 import torch
 
 from benchmarks.harness import base_parser, bench_ms, print_table, write_results
+from hf_flash.checkpointing import enable_activation_checkpointing
 
 HQ, HKV, HEAD_DIM = 32, 8, 128
 TOKENS = (4096, 8192, 16384, 32768, 65536)
@@ -140,7 +141,7 @@ def train_rows(seqlen: int, steps: int, attn: str, device="cuda"):
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16, attn_implementation=attn)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(model, {"use_reentrant": False})
     model.config.use_cache = False
     lora = peft.LoraConfig(r=16, lora_alpha=32, target_modules=[
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])  # fmt: skip

@@ -54,7 +54,7 @@ from pathlib import Path
 out = Path(sys.argv[1])
 from hf_flash.reference import floor_for
 import torch
-args = ["-m", "recipes.lora_long_context", "--config", "recipes/configs/tiny.yaml", "--seq_len", "4096",
+args = ["-m", "hf_flash.recipes.lora_long_context", "--config", "recipes/configs/tiny.yaml", "--seq_len", "4096",
         "--max_steps", "3", "--learning_rate", "1e-2", "--warmup_steps", "1", "--lora_dropout", "0",
         "--progress", "false", "--save_adapter", "false", "--save_every", "0", "--synthetic_documents", "24",
         "--gradient_checkpointing", "true"]

@@ -7,9 +7,10 @@ Kernel API (flash-attn 2.x names and semantics, layout ``(batch, seqlen, nheads,
 Training with gradient checkpointing, keeping the attention outputs instead of recomputing
 them (:mod:`hf_flash.checkpointing`)::
 
-    model.gradient_checkpointing_enable(
-        gradient_checkpointing_kwargs=hf_flash.gradient_checkpointing_kwargs()
-    )
+    hf_flash.enable_activation_checkpointing(model, hf_flash.gradient_checkpointing_kwargs())
+
+(``model.activation_checkpointing_enable(activation_checkpointing_kwargs=...)`` on transformers
+5.23+, ``gradient_checkpointing_enable`` on older releases).
 
 Importing ``hf_flash`` does not import transformers, and the kernel modules load on first use
 (so a program can still switch on Triton's CPU interpreter, ``TRITON_INTERPRET=1``, after
@@ -37,6 +38,7 @@ _EXPORTS = {
     "apply_rotary_pos_emb": "rotary",
     "extend_context": "rope_scaling",
     "gradient_checkpointing_kwargs": "checkpointing",
+    "enable_activation_checkpointing": "checkpointing",
     "attention_checkpoint_context": "checkpointing",
     "attention_checkpoint_policy": "checkpointing",
     "load_smollm2": "pretrained",

@@ -34,11 +34,15 @@ from torch's generator just before it, and the checkpoint replays the RNG state 
 recomputation (``preserve_rng_state=True``, the default, required here), so the recomputed
 backward regenerates the same mask the kept output was computed with.
 
-Usage with transformers::
+Usage with transformers (5.23 names it ``activation_checkpointing_enable``; 5.17 has only the
+now deprecated ``gradient_checkpointing_enable``, which :func:`enable_activation_checkpointing`
+falls back to)::
 
     import hf_flash
-    model.gradient_checkpointing_enable(
-        gradient_checkpointing_kwargs=hf_flash.gradient_checkpointing_kwargs()
+    hf_flash.enable_activation_checkpointing(model, hf_flash.gradient_checkpointing_kwargs())
+    # transformers >= 5.23, the same thing:
+    model.activation_checkpointing_enable(
+        activation_checkpointing_kwargs=hf_flash.gradient_checkpointing_kwargs()
     )
 
 or with ``torch.utils.checkpoint`` directly::
@@ -61,6 +65,7 @@ __all__ = [
     "ATTENTION_OP_NAME",
     "attention_checkpoint_context",
     "attention_checkpoint_policy",
+    "enable_activation_checkpointing",
     "gradient_checkpointing_kwargs",
 ]
 
@@ -151,3 +156,20 @@ def gradient_checkpointing_kwargs(keep_attention: bool = True, **checkpoint_kwar
     _require_sac()  # fail at set-up, not in the first training step
     kwargs["context_fn"] = attention_checkpoint_context
     return kwargs
+
+
+def enable_activation_checkpointing(model, checkpoint_kwargs: dict | None = None) -> None:
+    """Switch on transformers' activation (gradient) checkpointing for ``model`` under the name
+    the installed transformers has: ``activation_checkpointing_enable`` (5.23+) or, on older
+    releases, ``gradient_checkpointing_enable`` (deprecated in 5.23).
+
+    Arguments:
+        model: a transformers ``PreTrainedModel`` (peft's wrappers forward the call).
+        checkpoint_kwargs: dict or None. Options for ``torch.utils.checkpoint.checkpoint``, e.g.
+            :func:`gradient_checkpointing_kwargs`'s result. Default None (transformers' own).
+    """
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=checkpoint_kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs)

@@ -285,7 +285,10 @@ def run_pretrained(args) -> tuple[list[dict], list[str]]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="hf-flash-demo", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument(
         "--model", choices=["smollm2", "random"], default=None,
         help="smollm2: the real SmolLM2-135M-Instruct (default when installed); random: small "
@@ -294,6 +297,12 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", default=["llama", "mistral"],
                         choices=["llama", "mistral"], help="families for --model random")  # fmt: skip
     args = parser.parse_args(argv)
+    from hf_flash._cli import interpreter_problem
+
+    problem = interpreter_problem()
+    if problem is not None:
+        print(f"hf-flash-demo: error: {problem}", file=sys.stderr)
+        return 2
     import transformers
 
     import hf_flash

@@ -15,7 +15,7 @@
 #                  DynamicCache decode step spends host and device time, hf_flash beside sdpa
 #   profile_train  benchmarks/diagnostics/profile_train_step.py (only when named in STEPS): host
 #                  vs device time of a LoRA training step, hf_flash beside sdpa
-#   study          python -m recipes.long_context_study (only when named in STEPS; --quick
+#   study          python -m hf_flash.recipes.long_context_study (only when named in STEPS; --quick
 #                  unless STUDY_FULL=1)                  -> OUTDIR/study.tar (plots, table)
 #   report         benchmarks/report.py                 -> OUTDIR/BENCHMARKS.md
 # Extra arguments per benchmark: <STEP>_ARGS, e.g. ATTENTION_ARGS="--masks causal".
@@ -176,7 +176,7 @@ fi
 if has_step study; then
     study_mode="--quick"
     if [ "${STUDY_FULL:-0}" = 1 ]; then study_mode=""; fi
-    run_step study $PY -m recipes.long_context_study --out /tmp/hf_flash_study $study_mode
+    run_step study $PY -m hf_flash.recipes.long_context_study --out /tmp/hf_flash_study $study_mode
     (cd /tmp/hf_flash_study 2>/dev/null && tar cf "$OUTDIR/study.tar" ./*.png ./*.md ./*.json 2>/dev/null) || true
 fi
 

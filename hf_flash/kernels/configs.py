@@ -40,6 +40,42 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+class InterpreterUnsupported(RuntimeError):
+    """Triton's CPU interpreter cannot run with the installed packages (one-line message)."""
+
+
+def interpreter_numpy_problem() -> Optional[str]:
+    """Why Triton's CPU interpreter would fail with the installed numpy, or None.
+
+    Triton 3.6's interpreter (and older ones) converts a loaded loop bound with ``int()``, which
+    numpy >= 2.4 refuses for one-element arrays (``InterpreterError: TypeError('only 0-dimensional
+    arrays can be converted to Python scalars')``), so kernels with data-dependent loops fail."""
+    import numpy
+    import triton
+
+    def version(text: str) -> tuple:
+        parts = []
+        for piece in text.split("+")[0].split(".")[:2]:
+            digits = "".join(ch for ch in piece if ch.isdigit())
+            parts.append(int(digits or 0))
+        return tuple(parts)
+
+    if version(triton.__version__) <= (3, 6) and version(numpy.__version__) >= (2, 4):
+        return (
+            f"Triton {triton.__version__}'s CPU interpreter (TRITON_INTERPRET=1) does not work "
+            f"with numpy {numpy.__version__}: install numpy<2.4 (pip install 'numpy<2.4')"
+        )
+    return None
+
+
+def check_interpreter() -> None:
+    """Raise :class:`InterpreterUnsupported` when the interpreter is on and cannot work here."""
+    if interpreting():
+        problem = interpreter_numpy_problem()
+        if problem is not None:
+            raise InterpreterUnsupported(problem)
+
+
 @functools.lru_cache(maxsize=None)
 def _properties(index: int):
     return torch.cuda.get_device_properties(index)

@@ -191,3 +191,24 @@ def test_command_line(tmp_path, capsys):
     assert grid["lengths"] == [200] and len(grid["accuracy"][0]) == 2
     assert (tmp_path / "o" / "passkey.png").exists()
     assert "length" in capsys.readouterr().out
+
+
+def test_command_line_on_the_recipe_tiny_model(tmp_path, capsys):
+    """The recipe's tiny model (byte tokenizer) on the CPU with hf_flash attention: device and
+    dtype chosen by themselves, the packaged corpus by name; a missing model is one line."""
+    pytest.importorskip("transformers")
+    from hf_flash.eval.__main__ import main
+    from hf_flash.recipes.data import ByteTokenizer
+    from hf_flash.recipes.model import build_tiny_model
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU defaults")
+    model_dir = build_tiny_model(tmp_path / "tiny", "llama", ByteTokenizer.vocab_size, seed=0)
+    out = tmp_path / "o"
+    assert main(["ppl", "--model", str(model_dir), "--lengths", "32", "--max-windows", "1",
+                 "--text", "persuasion", "--out", str(out)]) == 0  # fmt: skip
+    assert json.loads((out / "perplexity.json").read_text())["lengths"] == [32]
+    capsys.readouterr()
+    assert main(["ppl", "--model", str(tmp_path / "nope"), "--lengths", "32"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "does not exist" in err

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipes.config import load_config
-from recipes.data import IGNORE_INDEX
-from recipes.loss import chunked_linear_cross_entropy, full_linear_cross_entropy
+from hf_flash.recipes.config import load_config
+from hf_flash.recipes.data import IGNORE_INDEX
+from hf_flash.recipes.loss import chunked_linear_cross_entropy, full_linear_cross_entropy
 
 pytestmark = pytest.mark.gpu
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "configs" / "tiny.yaml"
@@ -33,7 +33,7 @@ def test_chunked_loss_matches_full_in_bf16():
 
 
 def test_tiny_recipe_trains_in_bf16_at_long_context(tmp_path):
-    from recipes.lora_long_context import train
+    from hf_flash.recipes.lora_long_context import train
 
     cfg = load_config([
         "--config", str(TINY), "--dtype", "bfloat16", "--mixed_precision", "bf16",
@@ -57,7 +57,7 @@ def test_fsdp_config_on_two_gpus_trains_saves_and_resumes(tmp_path):
     base = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file",
         str(repo / "recipes/configs/accelerate_fsdp.yaml"), "--num_processes", "2",
-        "-m", "recipes.lora_long_context", "--config", str(TINY), "--dtype", "bfloat16",
+        "-m", "hf_flash.recipes.lora_long_context", "--config", str(TINY), "--dtype", "bfloat16",
         "--mixed_precision", "bf16", "--seq_len", "2048", "--gradient_checkpointing", "true",
         "--max_steps", "6", "--save_every", "3", "--synthetic_documents", "128",
         "--output_dir", str(tmp_path), "--progress", "false",

@@ -4,9 +4,9 @@ and loss it gets when run alone, for hf_flash (the recipe's default) and for sdp
 import pytest
 import torch
 
-from recipes.config import RecipeConfig
-from recipes.data import ByteTokenizer, PackedBatches, labels_for, pack_documents
-from recipes.model import CausalLMWithLinearCE, apply_lora, build_tiny_model, load_model
+from hf_flash.recipes.config import RecipeConfig
+from hf_flash.recipes.data import ByteTokenizer, PackedBatches, labels_for, pack_documents
+from hf_flash.recipes.model import CausalLMWithLinearCE, apply_lora, build_tiny_model, load_model
 
 # one packed row of 64 tokens, no tail; the first document is longer than the tiny Mistral's
 # 32-token sliding window, so the window matters inside it
@@ -68,7 +68,7 @@ def test_packed_row_equals_documents_run_alone(tiny_dirs, family, attn, flash_kw
 def test_lora_without_input_casts_is_exact_under_autocast(tiny_dirs):
     """keep_lora_inputs drops peft's fp32 copy of each adapted layer's input (bf16 weights, fp32
     adapters, bf16 autocast): loss and every adapter gradient must be the same bits as with it."""
-    from recipes.model import keep_lora_inputs
+    from hf_flash.recipes.model import keep_lora_inputs
 
     cfg = RecipeConfig(attn_implementation="sdpa", dtype="bfloat16", seq_len=64, rope_method="yarn",
                        lora_dropout=0.0, gradient_checkpointing=False)

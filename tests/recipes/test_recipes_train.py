@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipes.config import ConfigError, load_config
-from recipes.lora_long_context import main, train
-from recipes.model import lr_lambda
+from hf_flash.recipes.config import ConfigError, load_config
+from hf_flash.recipes.lora_long_context import main, train
+from hf_flash.recipes.model import lr_lambda
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "recipes" / "configs" / "tiny.yaml"
@@ -100,7 +100,7 @@ def test_data_files_are_read_and_bad_fields_reported(tmp_path, capsys):
     assert main(BASE + ["--output_dir", str(out), "--data", str(data)]) == 2
     assert "has no field 'text' (set text_field)" in capsys.readouterr().err
     summary = train(load_config(BASE + [
-        "--output_dir", str(out), "--data", str(data), "--text_field", "body", "--max_steps", "1",
+        "--output_dir", str(out), "--data", str(data), "--text_field", "body", "--max_steps", "1", "--warmup_steps", "0",
         "--save_every", "0",
     ]))
     assert summary["steps"] == 1
@@ -115,7 +115,7 @@ def test_two_process_accelerate_launch(tmp_path):
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "-m", "recipes.lora_long_context", *BASE, "--output_dir", str(out), "--max_steps", "3",
+        "-m", "hf_flash.recipes.lora_long_context", *BASE, "--output_dir", str(out), "--max_steps", "3",
         "--save_every", "2",
     ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -163,7 +163,7 @@ def _launch(nproc: int, args: list, out: Path) -> dict:
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "-m", "recipes.lora_long_context", *args, "--output_dir", str(out),
+        "-m", "hf_flash.recipes.lora_long_context", *args, "--output_dir", str(out),
     ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -208,7 +208,7 @@ def test_sequence_parallel_bad_setups_fail_at_start(tmp_path, capsys):
 
 def test_checkpoints_from_before_sp_size_still_resume():
     """sp_size became a resume key later: a checkpoint without it was written with sp_size 1."""
-    from recipes.checkpoint import RESUME_KEYS, resume_differences
+    from hf_flash.recipes.checkpoint import RESUME_KEYS, resume_differences
 
     cfg = load_config(BASE)
     state = {"world_size": 1, "config": {k: cfg.to_dict()[k] for k in RESUME_KEYS if k != "sp_size"}}

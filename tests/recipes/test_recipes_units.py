@@ -6,15 +6,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipes.config import ConfigError, RecipeConfig, load_config
-from recipes.data import (
+from hf_flash.recipes.config import ConfigError, RecipeConfig, load_config
+from hf_flash.recipes.data import (
     IGNORE_INDEX, PackedBatches, cu_seqlens_from_positions, labels_for, pack_documents,
     synthetic_documents,
 )
-from recipes.loss import (
+from hf_flash.recipes.loss import (
     chunked_linear_cross_entropy, default_chunk_tokens, full_linear_cross_entropy, loss_name, resolve_impl,
 )
-from recipes.model import checkpointing_kwargs, lr_lambda, predict_memory_gib
+from hf_flash.recipes.model import checkpointing_kwargs, lr_lambda, predict_memory_gib
 
 
 def _docs(lengths, start=1000):
@@ -203,7 +203,7 @@ def test_liger_loss_matches_chunked():
     extra) computes the same sum and hidden-state gradient as the chunked loss, in fp32; its
     Triton kernels run through the interpreter here."""
     pytest.importorskip("liger_kernel", reason="liger-kernel is part of the test extra")
-    from recipes.loss import liger_linear_cross_entropy
+    from hf_flash.recipes.loss import liger_linear_cross_entropy
 
     torch.manual_seed(1)
     n, h, v = 40, 16, 37
@@ -355,8 +355,8 @@ def test_study_corpus_keeps_every_pass_key_prompt_whole():
     """The study's pretraining rows: exactly l0 tokens, and every pass-key segment is a whole
     evaluation prompt (BOS ... question) followed by its own key and EOS."""
     from hf_flash.eval import build_passkey_prompt
-    from recipes.data import ByteTokenizer
-    from recipes.long_context_study import pretraining_rows
+    from hf_flash.recipes.data import ByteTokenizer
+    from hf_flash.recipes.long_context_study import pretraining_rows
 
     tok = ByteTokenizer()
     rows = pretraining_rows(tok, 512, 40, seed=3, drill_share=0.0)
@@ -398,7 +398,7 @@ def test_study_corpus_keeps_every_pass_key_prompt_whole():
     ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
 ])
 def test_profile_kinds(name, kind):
-    from recipes.profiling import kind_of
+    from hf_flash.recipes.profiling import kind_of
 
     assert kind_of(name) == kind
 
@@ -410,7 +410,7 @@ def test_attention_share_counts_every_attention_kind():
 
     import torch
 
-    from recipes.profiling import attention_share
+    from hf_flash.recipes.profiling import attention_share
 
     cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
     events = [SimpleNamespace(name=n, device_type=t, device_time_total=us) for n, t, us in [

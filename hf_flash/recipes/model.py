@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .config import ConfigError
+from .config import MAX_ROPE_FACTOR, ConfigError
 from .loss import (
     chunked_linear_cross_entropy, default_chunk_tokens, full_linear_cross_entropy, liger_linear_cross_entropy,
 )
@@ -82,8 +82,11 @@ def original_context(config) -> int:
     return int(orig or config.max_position_embeddings)
 
 
-def extend_rope(config, cfg, log=print) -> None:
-    """Apply hf_flash.extend_context to ``config`` for ``cfg.seq_len`` (or check none is needed)."""
+def check_context(config, cfg) -> None:
+    """``cfg.seq_len`` against what the model's RoPE allows: within its context without
+    rope_method, above its original context with one, and at most :data:`MAX_ROPE_FACTOR` times
+    it. Raises ConfigError. Runs before the data is built (a huge seq_len would otherwise spend
+    minutes synthesising documents first)."""
     orig = original_context(config)
     if cfg.rope_method == "none":
         if cfg.seq_len > config.max_position_embeddings:
@@ -97,6 +100,20 @@ def extend_rope(config, cfg, log=print) -> None:
             f"rope_method={cfg.rope_method!r} extends the context, but seq_len={cfg.seq_len} is not "
             f"above the model's original context of {orig} tokens; raise seq_len or set rope_method: none"
         )
+    limit = orig * MAX_ROPE_FACTOR
+    if cfg.seq_len > limit:
+        raise ConfigError(
+            f"seq_len={cfg.seq_len} is {cfg.seq_len / orig:.0f}x the model's original context of {orig} "
+            f"tokens, beyond the {MAX_ROPE_FACTOR}x the recipe's RoPE scaling accepts; use seq_len <= {limit}"
+        )
+
+
+def extend_rope(config, cfg, log=print) -> None:
+    """Apply hf_flash.extend_context to ``config`` for ``cfg.seq_len`` (or check none is needed)."""
+    check_context(config, cfg)
+    orig = original_context(config)
+    if cfg.rope_method == "none":
+        return
     try:
         from hf_flash import rope_scaling as hf_rope
     except ImportError as e:
@@ -154,7 +171,9 @@ def apply_lora(model, cfg, autocast: bool = False):
             f"lora_target_modules {missing} match no module of this model; linear modules are: {linear}"
         )
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(cfg))
+        from hf_flash.checkpointing import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model, checkpointing_kwargs(cfg))
     model.config.use_cache = False
     lora = LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,

@@ -13,18 +13,22 @@ model is loaded, still before the first training step.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
-
-import yaml
 
 ROPE_METHODS = ("none", "pi", "linear", "ntk", "dynamic", "yarn", "llama3")
 LOSS_IMPLS = ("chunked", "liger", "full")
 DTYPES = ("float32", "bfloat16", "float16")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 TINY_FAMILIES = ("llama", "mistral")
+MAX_ROPE_FACTOR = 64
+"""Largest context extension the recipe accepts (seq_len / the model's original context): RoPE
+scaling is studied up to 32x in the literature (YaRN, LongRoPE); beyond that the positions are
+meaningless and the synthetic documents alone would take minutes to build."""
 
 
 class ConfigError(ValueError):
@@ -44,11 +48,14 @@ class RecipeConfig:
     """Initialise the weights randomly from ``model``'s config.json instead of loading them
     (throughput benchmarks of a model shape; the directory then needs no weight files)."""
     attn_implementation: str = "hf_flash"
+    """transformers attention implementation: hf_flash, or sdpa / eager / flex_attention to compare."""
     dtype: str = "bfloat16"
     """dtype of the frozen base weights; LoRA weights stay float32."""
     mixed_precision: str = "bf16"
     """accelerate autocast: bf16, fp16 or no. Overridden by ``accelerate launch`` flags."""
     gradient_checkpointing: bool = True
+    """Recompute each decoder layer's activations in the backward pass (transformers' activation
+    checkpointing) instead of keeping them: the memory that makes long contexts fit."""
     keep_attention_outputs: Optional[bool] = None
     """With gradient checkpointing, keep every layer's attention output and log-sum-exp from the
     forward pass so the backward pass does not run the attention forward kernel again
@@ -78,6 +85,7 @@ class RecipeConfig:
     """Local files/directories: .jsonl/.json (``text_field``), .txt/.md (one document per file),
     or a ``datasets`` directory saved with save_to_disk. None: synthetic long documents."""
     text_field: str = "text"
+    """Field (column) holding the text in .jsonl/.json files and ``datasets`` directories."""
     synthetic_documents: int = 256
     """Number of synthetic documents when ``data`` is None."""
     max_documents: Optional[int] = None
@@ -85,51 +93,70 @@ class RecipeConfig:
 
     # LoRA -------------------------------------------------------------------------------------
     lora_r: int = 16
+    """LoRA rank."""
     lora_alpha: float = 32.0
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_r)."""
     lora_dropout: float = 0.0
+    """Dropout on the LoRA branch's input."""
     lora_target_modules: list = field(
         default_factory=lambda: [
             "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
         ]
     )
+    """Names of the linear modules LoRA adapts (a YAML list or comma-separated)."""
 
     # optimisation -----------------------------------------------------------------------------
     micro_batch_size: int = 1
     """Packed rows per process per forward pass (flattened into one row for varlen attention)."""
     gradient_accumulation_steps: int = 1
+    """Micro-batches per optimiser step."""
     max_steps: int = 200
+    """Optimiser steps of the whole run."""
     learning_rate: float = 2e-4
+    """Peak learning rate (after warmup)."""
     min_lr_ratio: float = 0.1
     """Cosine schedule floor as a fraction of learning_rate."""
     warmup_steps: int = 20
+    """Linear warmup steps before the cosine schedule; at most max_steps."""
     weight_decay: float = 0.0
+    """AdamW weight decay of the LoRA weights."""
     adam_beta1: float = 0.9
+    """AdamW beta1."""
     adam_beta2: float = 0.95
+    """AdamW beta2."""
     max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
     loss_impl: str = "chunked"
     """chunked (hf_flash recipes' chunked linear cross-entropy), liger (Liger-Kernel's fused
     linear cross-entropy, if installed), or full (materialises the logits; small models only)."""
     loss_chunk_tokens: Optional[int] = None
     """Tokens per logits chunk of the chunked loss; None: about 512 MiB of fp32 logits."""
     seed: int = 0
+    """Seed of the data order, the synthetic documents, the tiny model and the LoRA init."""
 
     # output, checkpoints, logging -------------------------------------------------------------
     output_dir: str = "runs/lora_long_context"
+    """Where checkpoints, metrics.jsonl, config.json, summary.json and the adapter go."""
     save_every: int = 0
     """Save a resumable checkpoint every N optimiser steps (0: never)."""
     keep_checkpoints: int = 2
+    """Complete checkpoints kept (older ones are deleted)."""
     resume: bool = False
     """Continue from ``output_dir``'s latest complete checkpoint."""
     save_adapter: bool = True
+    """Save the LoRA adapter to ``output_dir/adapter`` at the end."""
     save_merged: bool = False
     """Also save base + LoRA merged into one model directory at the end."""
     log_every: int = 1
+    """Write a metrics.jsonl row every N steps."""
     progress: bool = True
+    """Show a progress bar."""
 
     # safety checks ----------------------------------------------------------------------------
     max_memory_gib: Optional[float] = None
     """Memory available per device for the start-up prediction; None: the device's total."""
     skip_memory_check: bool = False
+    """Start even when the predicted peak memory exceeds what is available."""
     interrupt_after: Optional[int] = None
     """Testing aid: stop abruptly after this many steps of this run, as a kill would."""
     profile_step: int = 0
@@ -203,6 +230,11 @@ class RecipeConfig:
             need(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1")
         for name in ("warmup_steps", "save_every", "keep_checkpoints", "profile_step"):
             need(getattr(self, name) >= 0, f"{name}={getattr(self, name)} must be >= 0")
+        need(
+            self.warmup_steps <= self.max_steps,
+            f"warmup_steps={self.warmup_steps} is longer than the whole run (max_steps={self.max_steps}); "
+            f"lower warmup_steps or raise max_steps",
+        )
         need(self.keep_checkpoints >= 1 or self.save_every == 0, "keep_checkpoints must be >= 1 when save_every > 0")
         need(
             self.profile_step <= self.max_steps,
@@ -292,6 +324,8 @@ def _coerce(name: str, value: Any, type_name: str) -> Any:
 
 
 def _parse_value(text: str) -> Any:
+    import yaml
+
     if text.lower() in ("no", "yes", "on", "off"):  # YAML 1.1 would read these as booleans
         return text
     try:
@@ -300,33 +334,117 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m recipes.lora_long_context",
-        description="Long-context LoRA fine-tuning with hf_flash attention, RoPE scaling, "
-        "packing and a chunked cross-entropy (accelerate + peft).",
+def field_docs() -> dict[str, str]:
+    """Each option's documentation: the string literal under its field in :class:`RecipeConfig`."""
+    tree = ast.parse(inspect.getsource(RecipeConfig))
+    body = tree.body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:] + [None]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            doc = ""
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+                doc = " ".join(after.value.value.split())
+            docs[node.target.id] = doc
+    return docs
+
+
+def configs_dir() -> Path:
+    """The shipped YAML configs: package data of an installed hf_flash, or the checkout's
+    ``recipes/configs`` (an editable install or ``PYTHONPATH=.``)."""
+    installed = Path(__file__).resolve().parent / "configs"
+    if installed.is_dir():
+        return installed
+    return Path(__file__).resolve().parents[2] / "recipes" / "configs"
+
+
+def shipped_configs() -> list[str]:
+    """Names of the shipped recipe configs (accelerate's launcher configs left out)."""
+    return sorted(p.stem for p in configs_dir().glob("*.yaml") if not p.stem.startswith("accelerate_"))
+
+
+def resolve_config_path(path: Path) -> Path:
+    """``--config``: a YAML file, or the name of a shipped config (``tiny``, ``llama-32k``, ...)."""
+    if path.is_file():
+        return path
+    name = path.name if path.suffix in (".yaml", ".yml") else path.name + ".yaml"
+    if path.parent == Path(".") or path.parent.parts[-2:] == ("recipes", "configs"):
+        shipped = configs_dir() / name
+        if shipped.is_file():
+            return shipped
+    names = ", ".join(shipped_configs())
+    raise ConfigError(f"config file {path} does not exist (shipped configs, usable by name: {names})")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its usage errors (unknown option, missing value) as one line, exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser(prog: str = "hf-flash-finetune") -> argparse.ArgumentParser:
+    docs = field_docs()
+    parser = OneLineParser(
+        prog=prog,
+        usage="%(prog)s [-h] [--config FILE] [--OPTION VALUE ...]",
+        description="Long-context LoRA fine-tuning with hf_flash attention, RoPE scaling, packing "
+        "and a chunked cross-entropy (accelerate + peft). Every option can be set in a YAML file "
+        "(--config) and overridden on the command line (values are YAML scalars or lists). With no "
+        "--config and no --model it runs the embedded default: a tiny Llama on synthetic pass-key "
+        "documents for a few steps (on the CPU through Triton's interpreter when there is no GPU); "
+        "any option given then changes that default.",
+        epilog="The embedded default (no --config, no --model) sets "
+        + ", ".join(f"{k}={v}" for k, v in EMBEDDED_DEFAULT.items())
+        + f" over the defaults above. Shipped configs (--config NAME): {', '.join(shipped_configs())}.",
     )
-    parser.add_argument("--config", type=Path, help="YAML file with any of the options below")
+    parser.add_argument(
+        "--config", type=Path, metavar="FILE",
+        help="YAML file with any of the options below, or the name of a shipped config (see the end)",
+    )
     defaults = RecipeConfig().to_dict()
     for f in dataclasses.fields(RecipeConfig):
+        doc = docs.get(f.name, "").replace("%", "%%")
         # nargs="?" lets boolean options be given as bare flags (--resume) or with a value
         parser.add_argument(
             f"--{f.name}", dest=f.name, type=_parse_value, nargs="?", const=True,
             default=argparse.SUPPRESS, metavar="VALUE",
-            help=f"{f.type}, default {defaults[f.name]!r} (documented in recipes/config.py)",
+            help=f"{doc} [{f.type}; default {defaults[f.name]!r}]".strip(),
         )
     return parser
 
 
-def load_config(argv: Optional[list] = None) -> RecipeConfig:
-    """YAML file first, then command-line overrides; validated."""
-    args = vars(build_parser().parse_args(argv))
-    values: dict = {}
+EMBEDDED_DEFAULT = dict(
+    model=None, tiny_model="llama", seq_len=64, rope_method="yarn", dtype="float32",
+    mixed_precision="no", gradient_checkpointing=False, synthetic_documents=16, lora_r=8,
+    lora_alpha=16, max_steps=4, warmup_steps=1, learning_rate=1e-2, save_every=2,
+    output_dir="runs/hf-flash-finetune-default",
+)
+"""What the recipe runs when given neither --config nor --model: the embedded tiny Llama (2 layers,
+hidden 64, original context 32) extended 2x with YaRN, 4 LoRA steps on 64-token rows of synthetic
+pass-key documents, in float32 (the CPU interpreter is not faithful for bfloat16), a checkpoint
+every 2 steps. A plumbing check that finishes on a CPU in about a minute, not a useful model."""
+
+
+def uses_embedded_default(argv: list) -> bool:
+    """True when ``argv`` names neither a config file nor a model."""
+    return not any(a in ("--config", "--model") or a.startswith(("--config=", "--model=")) for a in argv)
+
+
+def load_config(argv: Optional[list] = None, base: Optional[dict] = None,
+                prog: str = "hf-flash-finetune") -> RecipeConfig:
+    """``base`` (e.g. :data:`EMBEDDED_DEFAULT`), then the YAML file, then command-line
+    overrides; validated."""
+    import yaml
+
+    args = vars(build_parser(prog).parse_args(argv))
+    values: dict = dict(base or {})
     config_path = args.pop("config", None)
     if config_path is not None:
-        if not config_path.is_file():
-            raise ConfigError(f"config file {config_path} does not exist")
-        loaded = yaml.safe_load(config_path.read_text()) or {}
+        config_path = resolve_config_path(config_path)
+        try:
+            loaded = yaml.safe_load(config_path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{config_path} is not valid YAML: {' '.join(str(e).split())}") from e
         if not isinstance(loaded, dict):
             raise ConfigError(f"{config_path} must hold a mapping of option: value")
         RecipeConfig.from_dict(loaded, source=str(config_path))  # unknown keys named per file

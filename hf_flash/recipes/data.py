@@ -120,7 +120,12 @@ def _read_json_lines(path: Path, field: str) -> Iterator[str]:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
+            if not isinstance(row, dict):
+                raise ConfigError(f"{path}:{lineno}: expected a JSON object with field {field!r}")
             if field not in row:
                 raise ConfigError(f"{path}:{lineno} has no field {field!r} (set text_field)")
             yield row[field]
@@ -131,11 +136,14 @@ def _read_file(path: Path, field: str) -> Iterator[str]:
     if suffix == ".jsonl":
         yield from _read_json_lines(path, field)
     elif suffix == ".json":
-        rows = json.loads(path.read_text())
+        try:
+            rows = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
         if not isinstance(rows, list):
             raise ConfigError(f"{path}: expected a JSON list of objects with field {field!r}")
         for i, row in enumerate(rows):
-            if field not in row:
+            if not isinstance(row, dict) or field not in row:
                 raise ConfigError(f"{path}[{i}] has no field {field!r} (set text_field)")
             yield row[field]
     elif suffix in (".txt", ".md", ".text", ""):
