@@ -5,12 +5,11 @@ the loss) and must run hf_flash's attention."""
 
 from __future__ import annotations
 
-import pytest
 import torch
+from tiny_models import load
+
 import hf_flash
 from hf_flash.reference import FWD_FACTOR, allowed_error
-
-from tiny_models import load
 
 
 def _train(path_root, attn: str, tmp_path) -> list[float]:
