@@ -230,7 +230,7 @@ def _agreement(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a[:, :m] == b[:, :m]).sum().item() / (a.shape[0] * max(a.shape[1], b.shape[1]))
 
 
-def run_pretrained(args) -> tuple[list[dict], list[str]]:
+def run_pretrained() -> tuple[list[dict], list[str]]:
     """Rows of the comparison table, and hf_flash's decoded answers."""
     import transformers
 
@@ -339,7 +339,7 @@ def _main_pretrained(args) -> int:
         f"{size['new_tokens']} greedy tokens"
         + ("" if ON_GPU else "; expect a few minutes on the CPU")
     )
-    rows, answers = run_pretrained(args)
+    rows, answers = run_pretrained()
     _print_table(rows)
     errs = {r["attn"]: r["max |logit err| vs float64"] for r in rows}
     allowed = allowed_error(errs["eager"], FWD_FACTOR, dtype)

@@ -443,8 +443,9 @@ def flash_attn_varlen_func(
             ``j % page_size``; cu_seqlens_k still gives the sequences' key lengths. Forward only
             (k/v must not require grad; flash-attn has no backward for it either). The pages a
             call can see are first gathered into one contiguous buffer of
-            ``batch x max_pages x page_size`` keys (one copy of that much K/V, in a single
-            indexing launch, no device sync), then the varlen kernel runs over it.
+            ``batch x max_pages x page_size`` keys (one copy of that much K/V in one indexing
+            launch, sized from shapes alone), then the varlen kernel runs over it. The page
+            table's values are checked on the host together with cu_seqlens.
         learnable_sink: (nheads,) sink logits, as in :func:`flash_attn_func`.
 
     Return:

@@ -47,8 +47,7 @@ def folder():
 
 
 def _load(attn, dtype, device):
-    model, tok = pretrained.load_smollm2(attn, dtype=dtype, device=device)
-    return model, tok
+    return pretrained.load_smollm2(attn, dtype=dtype, device=device)
 
 
 def _batch(tok, device):
