@@ -121,7 +121,8 @@ def hf_flash_mask(
         if KEY_BLOCKS.usable(rows.mask):  # for the attention layers of this forward pass
             KEY_BLOCKS.put(rows.mask, (rows.start, rows.end))
         return rows.mask
-    if q_length == kv_length > 1 and _may_separate(mask_function) and host_reads_allowed():
+    # host_reads_allowed first: it is False while tracing, where a closure walk cannot be traced
+    if q_length == kv_length > 1 and host_reads_allowed() and _may_separate(mask_function):
         positions = packed_positions(mask_function, batch_size, q_length, kwargs.get("device"))
         if positions is not None:
             return positions
@@ -144,11 +145,33 @@ def hf_flash_mask(
     return _fixed_size_for_decode(mask, q_length, kv_length, q_offset)
 
 
+# transformers.masking_utils pieces that never hide a token's predecessor, and the wrappers
+# looked through (their closures hold the combined pieces)
+_SEES_PREVIOUS = ("causal_mask_function", "bidirectional_mask_function")
+_WRAPPERS = ("and_masks.", "or_masks.", "add_offsets_to_mask_function.")
+
+
 def _may_separate(mask_function) -> bool:
-    """Whether a mask function may hide a token's predecessor: anything but transformers' plain
-    causal one (packed sequences and windows come as combinations, named ``and_mask``)."""
-    name = getattr(mask_function, "__name__", "")
-    return mask_function is not None and name != "causal_mask_function"
+    """Whether a mask function may hide a token's predecessor (and so separate packed
+    sequences), decided without evaluating it where transformers' own pieces tell: its causal
+    and bidirectional functions and windows of two or more never do, its and/or/offset wrappers
+    are looked through; any other piece (packed sequences, chunks, a model's own function) may,
+    and :func:`packed_positions` then evaluates it (one host read). So a plain causal or windowed
+    model pays no host read here."""
+    if mask_function is None:
+        return False
+    name = getattr(mask_function, "__qualname__", "")
+    if getattr(mask_function, "__module__", "") != "transformers.masking_utils":
+        return True
+    if name in _SEES_PREVIOUS:
+        return False
+    cells = [c.cell_contents for c in (getattr(mask_function, "__closure__", None) or ())]
+    if name.startswith("sliding_window_overlay."):
+        return any(isinstance(c, int) and c < 2 for c in cells)
+    if name.startswith(_WRAPPERS):
+        parts = [f for c in cells for f in (c if isinstance(c, tuple) else (c,)) if callable(f)]
+        return not parts or any(_may_separate(f) for f in parts)
+    return True
 
 
 def packed_positions(mask_function, batch_size: int, length: int, device=None) -> Optional[Tensor]:

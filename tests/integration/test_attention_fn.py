@@ -458,3 +458,20 @@ def test_cached_packed_boundaries_die_with_their_position_ids(device):
     del pos, found
     gc.collect()
     assert len(_packing.BOUNDARIES) == 0
+
+
+def test_mask_pieces_that_cannot_separate_sequences_are_not_evaluated():
+    """hf_flash_mask evaluates a mask function (one host read) only when it may hide a token's
+    predecessor: not for transformers' causal or windowed (>= 2) masks, yes for packed
+    sequences, a window of one, and any function transformers did not build."""
+    import torch
+    from transformers import masking_utils as m
+
+    from hf_flash.integration.masks import _may_separate
+
+    assert not _may_separate(m.causal_mask_function)
+    assert not _may_separate(m.sliding_window_causal_mask_function(8))
+    assert _may_separate(m.and_masks(m.causal_mask_function, m.sliding_window_overlay(1)))
+    packed = m.packed_sequence_mask_function(torch.tensor([[0, 0, 1, 1]]))
+    assert _may_separate(m.and_masks(m.sliding_window_causal_mask_function(8), packed))
+    assert _may_separate(lambda b, h, q, kv: q >= kv)
