@@ -37,7 +37,7 @@ def test_tiny_recipe_trains_in_bf16_at_long_context(tmp_path):
 
     cfg = load_config([
         "--config", str(TINY), "--dtype", "bfloat16", "--mixed_precision", "bf16",
-        "--seq_len", "4096", "--gradient_checkpointing", "true", "--max_steps", "30",
+        "--seq_len", "2048", "--gradient_checkpointing", "true", "--max_steps", "30",
         "--synthetic_documents", "256", "--output_dir", str(tmp_path), "--progress", "false",
         "--save_every", "0",
     ])
