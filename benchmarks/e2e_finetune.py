@@ -139,7 +139,7 @@ def loss_rows(tokens: int, quick: bool) -> list[dict]:
     gives the torch path 24.6 + 23 B x 2.10e9 / 3 TB/s = 40.7 ms, 33 ms under its measured
     73.9 ms: if the kernel also misses its model by that factor (1.8x), ~52 ms.
     """
-    from hf_flash.recipes.loss import chunked_linear_cross_entropy, full_linear_cross_entropy, liger_linear_cross_entropy
+    from hf_flash.training.loss import chunked_linear_cross_entropy, full_linear_cross_entropy, liger_linear_cross_entropy
 
     h = torch.randn(tokens, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(128256, 2048, device="cuda", dtype=torch.bfloat16) * 0.02

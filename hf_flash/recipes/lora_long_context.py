@@ -42,7 +42,7 @@ from .checkpoint import (
 )
 from .config import EMBEDDED_DEFAULT, ConfigError, RecipeConfig, load_config, uses_embedded_default
 from .data import IGNORE_INDEX, PackedBatches, build_rows, load_tokenizer
-from .loss import loss_name
+from hf_flash.training.loss import loss_name
 from .model import (
     CausalLMWithLinearCE, apply_lora, build_tiny_model, check_context, check_memory, count_parameters,
     human, load_model, lr_lambda,

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .config import MAX_ROPE_FACTOR, ConfigError
-from .loss import (
+from hf_flash.training.loss import (
     chunked_linear_cross_entropy, default_chunk_tokens, full_linear_cross_entropy, liger_linear_cross_entropy,
 )
 

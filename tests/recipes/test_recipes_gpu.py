@@ -8,7 +8,7 @@ import torch
 
 from hf_flash.recipes.config import load_config
 from hf_flash.recipes.data import IGNORE_INDEX
-from hf_flash.recipes.loss import chunked_linear_cross_entropy, full_linear_cross_entropy
+from hf_flash.training.loss import chunked_linear_cross_entropy, full_linear_cross_entropy
 
 pytestmark = pytest.mark.gpu
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "configs" / "tiny.yaml"

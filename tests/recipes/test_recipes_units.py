@@ -11,7 +11,7 @@ from hf_flash.recipes.data import (
     IGNORE_INDEX, PackedBatches, cu_seqlens_from_positions, labels_for, pack_documents,
     synthetic_documents,
 )
-from hf_flash.recipes.loss import (
+from hf_flash.training.loss import (
     chunked_linear_cross_entropy, default_chunk_tokens, full_linear_cross_entropy, loss_name, resolve_impl,
 )
 from hf_flash.recipes.model import checkpointing_kwargs, lr_lambda, predict_memory_gib
@@ -203,7 +203,7 @@ def test_liger_loss_matches_chunked():
     extra) computes the same sum and hidden-state gradient as the chunked loss, in fp32; its
     Triton kernels run through the interpreter here."""
     pytest.importorskip("liger_kernel", reason="liger-kernel is part of the test extra")
-    from hf_flash.recipes.loss import liger_linear_cross_entropy
+    from hf_flash.training.loss import liger_linear_cross_entropy
 
     torch.manual_seed(1)
     n, h, v = 40, 16, 37

@@ -35,7 +35,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .data import IGNORE_INDEX
+IGNORE_INDEX = -100
+"""Label value the loss skips (transformers' convention)."""
 
 IMPLS = ("auto", "triton", "torch")
 
