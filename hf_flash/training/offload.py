@@ -233,6 +233,9 @@ class _OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
             target = state.get("x")
             if target is None or not _same_tensor(t, target):
                 return t
+            if t.is_leaf and t.requires_grad:
+                # the graph's AccumulateGrad node holds a leaf: a host copy would free nothing
+                return t
             del state["x"]  # once: an argument repeated stays on the device
             box = _OffloadedInput(t, _current_step())
             if stats is not None:
@@ -318,6 +321,7 @@ def checkpoint_with_offload(function: Callable, *args, **kwargs) -> Any:
     Raises TypeError when ``args[0]`` is missing or not a floating-point tensor, ValueError for
     ``use_reentrant=True``. On the CPU the same path runs with plain copies.
 
+    An ``args[0]`` that is a leaf requiring grad stays on the device (the graph holds it anyway).
     Assumes ``function`` does not write into ``args[0]`` in place (the copy to host runs while
     the layer computes); transformers' decoder layers do not.
     """
@@ -346,6 +350,12 @@ def _base_model(model):
     return get_base() if callable(get_base) else model
 
 
+def _detach_leaf_output(module, args, output):
+    if isinstance(output, torch.Tensor) and output.is_leaf and output.requires_grad:
+        return output.detach()
+    return None
+
+
 def offload_checkpoints(model, checkpoint_kwargs: Optional[dict] = None) -> OffloadStats:
     """Switch on transformers' activation checkpointing for ``model`` with every checkpointed
     decoder layer's input held in pinned host memory (:func:`checkpoint_with_offload`).
@@ -360,9 +370,11 @@ def offload_checkpoints(model, checkpoint_kwargs: Optional[dict] = None) -> Offl
     offloaded (updated as the model runs).
 
     Checkpointing is switched on the usual way first (:func:`hf_flash.enable_activation_checkpointing`:
-    ``activation_checkpointing_enable``, or ``gradient_checkpointing_enable`` before 5.23, which
-    also makes the embedding output require grad under peft); then each checkpointed layer's
-    ``_gradient_checkpointing_func`` is replaced, and the module that runs the layers gets a
+    ``activation_checkpointing_enable``, or ``gradient_checkpointing_enable`` before 5.23). Under
+    peft, transformers then makes the embedding output require grad (a leaf of the graph, which
+    would keep the first layer's input on the device); a forward hook on the input embeddings
+    undoes that (the non-reentrant checkpoint does not need it). Then each
+    checkpointed layer's ``_gradient_checkpointing_func`` is replaced, and the module that runs the layers gets a
     forward pre-hook marking where a forward pass starts (for the prefetch order). Calling it again
     replaces the previous set-up. :func:`unoffload_checkpoints` undoes it.
     """
@@ -380,6 +392,15 @@ def offload_checkpoints(model, checkpoint_kwargs: Optional[dict] = None) -> Offl
             f"offload needs the non-reentrant checkpoint. Pass use_reentrant=False or leave it out"
         )
     enable_activation_checkpointing(base, kwargs)
+    # Under peft, transformers makes the embedding output require grad (for the reentrant
+    # checkpoint, which needs a differentiable input; its hooks stack up when enabled twice).
+    # That output is then a leaf, held by the graph until the backward, so the first layer's
+    # input could not leave the device. The non-reentrant checkpoint does not need it (the LoRA
+    # gradients are the same bits without): a hook after theirs hands on a detached output.
+    hooks = []
+    embeddings = base.get_input_embeddings() if hasattr(base, "get_input_embeddings") else None
+    if isinstance(embeddings, torch.nn.Module):
+        hooks.append(embeddings.register_forward_hook(_detach_leaf_output))
     stats = OffloadStats()
     func = _OffloadingCheckpoint(kwargs, stats)
     replaced = []
@@ -400,7 +421,6 @@ def offload_checkpoints(model, checkpoint_kwargs: Optional[dict] = None) -> Offl
             _begin_step()
             stats._start_step()
 
-    hooks = []
     layer_ids = {id(m) for m, _ in replaced}
     for module in base.modules():
         runs_layers = any(
@@ -415,7 +435,7 @@ def offload_checkpoints(model, checkpoint_kwargs: Optional[dict] = None) -> Offl
 
 def unoffload_checkpoints(model) -> int:
     """Undo :func:`offload_checkpoints`: the layers go back to the checkpoint function they had
-    (plain checkpointing with the same options; checkpointing stays on, switch it off with
+    (plain checkpointing with the same options) and the hooks go (checkpointing stays on, switch it off with
     ``model.gradient_checkpointing_disable()``). Returns the number of layers restored (0 when
     offload was not on)."""
     base = _base_model(model)
