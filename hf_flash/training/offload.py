@@ -337,7 +337,8 @@ class _OffloadingCheckpoint:
         self.stats = stats
 
     def __call__(self, function, *args, **kwargs):
-        return _checkpoint_offloaded(function, args, {**self.checkpoint_kwargs, **kwargs}, self.stats)
+        kwargs = {**self.checkpoint_kwargs, **kwargs}
+        return _checkpoint_offloaded(function, args, kwargs, self.stats)
 
 
 # --------------------------------------------------------------------------------------------
@@ -369,14 +370,15 @@ def offload_checkpoints(model, checkpoint_kwargs: Optional[dict] = None) -> Offl
     Return: :class:`OffloadStats`: the number of layers, and the bytes the last forward pass
     offloaded (updated as the model runs).
 
-    Checkpointing is switched on the usual way first (:func:`hf_flash.enable_activation_checkpointing`:
-    ``activation_checkpointing_enable``, or ``gradient_checkpointing_enable`` before 5.23). Under
-    peft, transformers then makes the embedding output require grad (a leaf of the graph, which
-    would keep the first layer's input on the device); a forward hook on the input embeddings
-    undoes that (the non-reentrant checkpoint does not need it). Then each
-    checkpointed layer's ``_gradient_checkpointing_func`` is replaced, and the module that runs the layers gets a
-    forward pre-hook marking where a forward pass starts (for the prefetch order). Calling it again
-    replaces the previous set-up. :func:`unoffload_checkpoints` undoes it.
+    Checkpointing is switched on the usual way first
+    (:func:`hf_flash.enable_activation_checkpointing`: ``activation_checkpointing_enable``, or
+    ``gradient_checkpointing_enable`` before 5.23). Under peft, transformers then makes the
+    embedding output require grad (a leaf of the graph, which would keep the first layer's input
+    on the device); a forward hook on the input embeddings undoes that (the non-reentrant
+    checkpoint does not need it). Then each checkpointed layer's ``_gradient_checkpointing_func``
+    is replaced, and the module that runs the layers gets a forward pre-hook marking where a
+    forward pass starts (for the prefetch order). Calling it again replaces the previous set-up.
+    :func:`unoffload_checkpoints` undoes it.
     """
     from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -435,9 +437,9 @@ def offload_checkpoints(model, checkpoint_kwargs: Optional[dict] = None) -> Offl
 
 def unoffload_checkpoints(model) -> int:
     """Undo :func:`offload_checkpoints`: the layers go back to the checkpoint function they had
-    (plain checkpointing with the same options) and the hooks go (checkpointing stays on, switch it off with
-    ``model.gradient_checkpointing_disable()``). Returns the number of layers restored (0 when
-    offload was not on)."""
+    (plain checkpointing with the same options) and its hooks are removed. Checkpointing stays
+    on (``model.gradient_checkpointing_disable()`` switches it off). Returns the number of layers
+    restored (0 when offload was not on)."""
     base = _base_model(model)
     state = base.__dict__.get(_STATE_ATTR)
     if state is None:

@@ -76,7 +76,9 @@ def _autocast(state: tuple):
     states, cache = state
     with contextlib.ExitStack() as stack:
         for dt, enabled, dtype in states:
-            stack.enter_context(torch.autocast(dt, dtype=dtype, enabled=enabled, cache_enabled=cache))
+            stack.enter_context(
+                torch.autocast(dt, dtype=dtype, enabled=enabled, cache_enabled=cache)
+            )
         yield
 
 
@@ -110,7 +112,7 @@ def _chunks(n: int, chunk: int):
 
 
 def _chunk_view(flat: torch.Tensor, start: int, end: int, ndim: int) -> torch.Tensor:
-    """Rows start:end of the flattened input, shaped with the input's rank: (1, ..., rows, hidden)."""
+    """Rows start:end of the flattened input, with the input's rank: (1, ..., rows, hidden)."""
     rows = flat[start:end]
     return rows.view(*((1,) * (ndim - 2)), end - start, flat.shape[-1])
 
@@ -201,7 +203,8 @@ def _make_tiled_forward(previous: Callable) -> Callable:
     def tiled_forward(self, x, *args, **kwargs):
         chunk = self.__dict__.get(_CHUNK_ATTR)
         # reverted under another patch that wraps this one, or a call the tiling does not cover
-        if _RECORD not in self.__dict__ or chunk is None or args or kwargs or not isinstance(x, torch.Tensor):
+        tiled = _RECORD in self.__dict__ and chunk is not None
+        if not tiled or args or kwargs or not isinstance(x, torch.Tensor):
             return previous(x, *args, **kwargs)
         return _tiled_call(previous, self, x, chunk)
 
@@ -263,7 +266,8 @@ def tile_mlp(model: nn.Module, chunk_tokens: int) -> int:
         raise ValueError(f"tile_mlp: chunk_tokens must be positive, got {chunk_tokens}")
     mlps, moe = _find_mlps(model)
     if not mlps:
-        skipped = f"; mixture-of-experts blocks are not tiled: {', '.join(n for n, _ in moe[:3])}" if moe else ""
+        names = ", ".join(n for n, _ in moe[:3])
+        skipped = f"; mixture-of-experts blocks are not tiled: {names}" if moe else ""
         raise ValueError(
             f"tile_mlp: found no MLP to tile in {type(model).__name__}: it looks for a submodule "
             f"named 'mlp' in each decoder layer (transformers GradientCheckpointingLayer){skipped}"
