@@ -37,7 +37,10 @@ it pushes its own saved-tensor hooks (torch 2.13: ``_CheckpointFrame.save_inputs
 layer (plus a 0-element dummy before 2.13), and the device tensor is freed. Everything saved
 inside the layer goes to the checkpoint's inner hooks (which take precedence, and store nothing).
 Counted on a tiny 3-layer Llama: 3 pack calls, each the (1, 32, 64) layer input, and every layer
-input's device storage freed after the forward (.notes/offload.md). What it lacks: both copies run
+input's device storage freed after the forward (.notes/offload.md). Except under peft: there
+transformers makes the embedding output require grad, a graph leaf that stays alive anyway, so
+the first layer's input is copied and not freed (:func:`offload_checkpoints` avoids that). What
+it lacks: both copies run
 on the compute stream (the device-to-host copy delays the next layer; the host-to-device copy
 runs only when the recomputation asks for the input, and the compute waits for it), and nothing
 is prefetched. That is what this module adds.
