@@ -26,6 +26,12 @@ _EXPORTS = {
     "use_chunked_loss": "causal_lm",
     "restore_loss": "causal_lm",
     "chunked_linear_cross_entropy": "loss",
+    "OffloadStats": "offload",
+    "checkpoint_with_offload": "offload",
+    "offload_checkpoints": "offload",
+    "unoffload_checkpoints": "offload",
+    "tile_mlp": "tiled_mlp",
+    "untile_mlp": "tiled_mlp",
 }
 
 __all__ = sorted(_EXPORTS)
