@@ -95,7 +95,9 @@ def rope_method(model_dir: Path, seq_len: int) -> str:
 
 def run_recipe(model_dir: Path, data: Path, seq_len: int, attn: str, steps: int, out: Path,
                timeout: int, launcher: list | None = None, extra: list | None = None,
-               keep_attention: bool = False) -> dict:
+               keep_attention: bool | None = False) -> dict:
+    """One recipe run in a fresh process; ``keep_attention`` None leaves keep_attention_outputs
+    to the recipe (its memory planner decides)."""
     cmd = (launcher or [sys.executable]) + [
         "-m", "hf_flash.recipes.lora_long_context", "--model", str(model_dir), "--random_init", "true",
         "--data", str(data), "--seq_len", str(seq_len), "--rope_method", rope_method(model_dir, seq_len),
@@ -103,8 +105,8 @@ def run_recipe(model_dir: Path, data: Path, seq_len: int, attn: str, steps: int,
         "--output_dir", str(out), "--save_adapter", "false", "--progress", "false",
         "--skip_memory_check", "true", "--dtype", "bfloat16", "--mixed_precision", "bf16",
         "--lora_r", "16", "--gradient_checkpointing", "true",
-        "--keep_attention_outputs", "true" if keep_attention else "false",
-    ] + (extra or [])
+    ] + ([] if keep_attention is None else ["--keep_attention_outputs", "true" if keep_attention else "false"]) + (
+        extra or [])
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     try:
@@ -114,8 +116,11 @@ def run_recipe(model_dir: Path, data: Path, seq_len: int, attn: str, steps: int,
     summary = out / "summary.json"
     if proc.returncode == 0 and summary.is_file():
         s = json.loads(summary.read_text())
+        plan = {k: s[k] for k in ("memory_plan", "predicted_peak_gib", "predicted_host_gib", "peak_host_gib")
+                if k in s}  # fmt: skip
         return {"status": "ok", "keep_attention_outputs": s.get("keep_attention_outputs"),
-                "tok_per_s": s["tok_per_s"], "peak_gib": s["peak_mem_gib"], "final_loss": s["final_loss"]}
+                "tok_per_s": s["tok_per_s"], "peak_gib": s["peak_mem_gib"], "final_loss": s["final_loss"],
+                **plan}
     tail = (proc.stdout + proc.stderr)[-2000:]
     if "OutOfMemoryError" in tail or "out of memory" in tail:
         return {"status": "OOM"}

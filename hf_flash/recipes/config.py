@@ -62,6 +62,22 @@ class RecipeConfig:
     (``hf_flash.gradient_checkpointing_kwargs``; costs tokens x heads x head_dim in the compute
     dtype plus tokens x heads float32 per layer). None: on when attn_implementation is hf_flash
     and gradient_checkpointing is on, off otherwise. true needs both."""
+    memory_plan: str = "auto"
+    """auto: hf_flash.training's planner picks, from the model shape, the tokens per micro-batch
+    and the free device and host memory, the fastest checkpointing form that fits (within what
+    gradient_checkpointing and keep_attention_outputs allow: keeping the attention outputs,
+    plain, or with each checkpointed layer input offloaded to pinned host memory) and whether the
+    MLP runs in sequence chunks; it prints the plan and its predicted peak. fixed: exactly
+    gradient_checkpointing and keep_attention_outputs, no tiled MLP or offload. Runs with FSDP or
+    sp_size > 1 always use fixed."""
+    offload_activations: Optional[bool] = None
+    """Hold each checkpointed layer input in pinned host memory between the forward pass and its
+    recomputation (asynchronous copies, prefetched; ``hf_flash.training.offload``). None: the
+    planner decides (memory_plan auto). true needs gradient_checkpointing and memory_plan auto."""
+    tiled_mlp_tokens: Optional[int] = None
+    """Run every MLP over chunks of this many tokens in forward and backward, so its
+    intermediate (tokens x intermediate_size) never exists whole (``hf_flash.training.tiled_mlp``).
+    None: the planner decides (memory_plan auto); 0: off."""
 
     sp_size: int = 1
     """Sequence parallelism: processes sharing one sequence (1: off). Each rank of a group of
@@ -277,6 +293,22 @@ class RecipeConfig:
                 "(without checkpointing nothing is recomputed); enable gradient_checkpointing or "
                 "set keep_attention_outputs: false",
             )
+        need(self.memory_plan in ("auto", "fixed"), f"memory_plan={self.memory_plan!r}; choose auto or fixed")
+        if self.offload_activations:
+            need(
+                self.gradient_checkpointing and self.memory_plan == "auto",
+                "offload_activations: true holds checkpointed layer inputs on the host: it needs "
+                "gradient_checkpointing: true and memory_plan: auto",
+            )
+            need(
+                not self.keep_attention_outputs,
+                "offload_activations: true with keep_attention_outputs: true: the offload recomputes "
+                "the attention; set keep_attention_outputs: false (or leave it unset)",
+            )
+        need(self.tiled_mlp_tokens is None or self.tiled_mlp_tokens >= 0,
+             f"tiled_mlp_tokens={self.tiled_mlp_tokens} must be >= 0 (0: off)")
+        need(not self.tiled_mlp_tokens or self.memory_plan == "auto",
+             "tiled_mlp_tokens needs memory_plan: auto")
         need(not self.random_init or self.model is not None, "random_init needs model (a directory with config.json)")
         need(not (self.random_init and self.save_merged), "save_merged with random_init: there are no base weights to merge into")
         if self.model is not None:

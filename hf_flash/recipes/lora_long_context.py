@@ -45,6 +45,7 @@ from .data import IGNORE_INDEX, PackedBatches, build_rows, load_tokenizer
 from hf_flash.training.loss import loss_name
 from .model import (
     CausalLMWithLinearCE, apply_lora, build_tiny_model, check_context, check_memory, count_parameters,
+    plan_memory, plan_summary,
     human, load_model, lr_lambda,
 )
 
@@ -59,10 +60,15 @@ def write_atomic(path: Path, text: str) -> None:
 def _memory_gib(device) -> tuple[float, float]:
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device) / 2**30, torch.cuda.max_memory_allocated(device) / 2**30
+    rss = _host_peak_gib()
+    return rss, rss
+
+
+def _host_peak_gib() -> float:
+    """This process's peak resident host memory (pinned offload buffers included once touched)."""
     import resource
 
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-    return rss, rss
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 class MetricsLog:
@@ -101,6 +107,7 @@ class _Run:
     scheduler: Any = None
     params: list = field(default_factory=list)  # the trainable parameters, for gradient clipping
     sp: Any = None  # hf_flash's SequenceParallel of this process (sp_size > 1), else None
+    plan: Any = None  # hf_flash.training's Plan (memory_plan auto), else None
 
     @property
     def main(self) -> bool:
@@ -215,15 +222,22 @@ def _prepare_model(run: _Run) -> None:
         raise ConfigError(
             f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {model.config.vocab_size}"
         )
-    model = apply_lora(model, cfg, autocast=accelerator.mixed_precision in ("bf16", "fp16"))
+    planned = cfg.memory_plan == "auto" and not fsdp and cfg.sp_size == 1
+    model = apply_lora(model, cfg, autocast=accelerator.mixed_precision in ("bf16", "fp16"),
+                       checkpointing=not planned)  # fmt: skip
     total, trainable = count_parameters(model)
     checkpointing = "off"
-    if cfg.gradient_checkpointing:
+    if planned:
+        checkpointing = "planned"
+    elif cfg.gradient_checkpointing:
         checkpointing = "keeping attention outputs" if cfg.keeps_attention_outputs() else "on"
     log(f"model: {human(total)} parameters, {human(trainable)} trainable (LoRA r={cfg.lora_r}), "
         f"attention {cfg.attn_implementation}, loss {loss_name(cfg.loss_impl, device)}, gradient checkpointing "
         f"{checkpointing}")
-    check_memory(model, cfg, device, accelerator.num_processes, fsdp, log)
+    if planned:
+        run.plan = plan_memory(model, cfg, device, log)
+    else:
+        check_memory(model, cfg, device, accelerator.num_processes, fsdp, log)
     if cfg.sp_size > 1:
         from hf_flash.integration.sequence_parallel import enable_sequence_parallel
 
@@ -377,9 +391,11 @@ def _finish(run: _Run, progress: _Progress) -> dict:
         "final_loss": progress.loss, "steps": progress.step,
         "tok_per_s": progress.run_tokens / progress.run_time if progress.run_time else None,
         "peak_mem_gib": _memory_gib(run.device)[1],
+        "peak_host_gib": _host_peak_gib(),
         "gradient_checkpointing": cfg.gradient_checkpointing,
         "keep_attention_outputs": cfg.keeps_attention_outputs(),
         "num_processes": accelerator.num_processes,
+        **(plan_summary(run.plan) if run.plan is not None else {}),
         "sp_size": cfg.sp_size,
     }
     accelerator.wait_for_everyone()

@@ -158,9 +158,11 @@ def load_model(cfg, model_path: Path, log=print, device: Optional[torch.device] 
     return model
 
 
-def apply_lora(model, cfg, autocast: bool = False):
+def apply_lora(model, cfg, autocast: bool = False, checkpointing: bool = True):
     """peft LoRA on ``cfg.lora_target_modules``. ``autocast``: the forward runs under bf16/fp16
-    autocast (the recipe's mixed precision), see :func:`keep_lora_inputs`."""
+    autocast (the recipe's mixed precision): peft's input casts are then skipped
+    (``hf_flash.training.keep_lora_inputs_under_autocast``). ``checkpointing``:
+    switch on ``cfg.gradient_checkpointing`` here (False: :func:`plan_memory` does it)."""
     from peft import LoraConfig, get_peft_model
 
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
@@ -170,7 +172,7 @@ def apply_lora(model, cfg, autocast: bool = False):
         raise ConfigError(
             f"lora_target_modules {missing} match no module of this model; linear modules are: {linear}"
         )
-    if cfg.gradient_checkpointing:
+    if cfg.gradient_checkpointing and checkpointing:
         from hf_flash.checkpointing import enable_activation_checkpointing
 
         enable_activation_checkpointing(model, checkpointing_kwargs(cfg))
@@ -181,29 +183,10 @@ def apply_lora(model, cfg, autocast: bool = False):
     )
     model = get_peft_model(model, lora)
     if autocast:
-        keep_lora_inputs(model)
+        from hf_flash.training import keep_lora_inputs_under_autocast
+
+        keep_lora_inputs_under_autocast(model)
     return model
-
-
-def keep_lora_inputs(model) -> int:
-    """Stop peft from casting each adapted layer's input to the adapter's dtype; returns the number
-    of layers changed.
-
-    peft keeps the adapter weights in fp32 and casts the layer input to fp32 before ``lora_A``;
-    under autocast the matmul then casts it back to bf16. The result is the same bits as using the
-    bf16 input directly (bf16 -> fp32 -> bf16 is exact, and the gradient takes the same casts in
-    reverse), but each cast is a full-size pass over the input: on the 1.2B Llama shape at 32K
-    tokens these copies were ~200 ms of a 1.65 s step (``profile_step``). Only valid under
-    autocast, which casts the fp32 adapter weights for each matmul instead. (peft's
-    ``helpers.disable_input_dtype_casting`` flips the same switch for the length of a block; the
-    recipe needs it for the whole run.)
-    """
-    changed = 0
-    for module in model.modules():
-        if hasattr(module, "cast_input_dtype_enabled") and hasattr(module, "lora_A"):
-            module.cast_input_dtype_enabled = False
-            changed += 1
-    return changed
 
 
 def checkpointing_kwargs(cfg) -> dict:
@@ -286,6 +269,45 @@ def predict_memory_gib(model, cfg, world_size: int, fsdp: bool) -> float:
         logits = c.vocab_size * min(chunk, tokens) * wbytes
     total = weights + lora_state + saved + per_layer + logits + tokens * hidden * 4
     return total * 1.15 / 2**30  # allocator slack
+
+
+def plan_memory(model, cfg, device, log=print):
+    """memory_plan auto: ``hf_flash.training.enable`` on the LoRA model for one micro-batch of
+    ``cfg.seq_len`` tokens per row (the recipe's own chunked loss counted, not patched in).
+    Raises ConfigError when no setting is predicted to fit, unless ``skip_memory_check``."""
+    from hf_flash.training import enable
+
+    if not cfg.gradient_checkpointing:
+        form = "none"
+    elif cfg.keep_attention_outputs is None:
+        form = "on" if cfg.attn_implementation == "hf_flash" else "no_keep"
+    else:
+        form = "keep_attention" if cfg.keep_attention_outputs else "no_keep"
+    tiled = "auto" if cfg.tiled_mlp_tokens is None else (cfg.tiled_mlp_tokens or False)
+    offload = "auto" if cfg.offload_activations is None else cfg.offload_activations
+    plan = enable(
+        model, seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size, checkpointing=form,
+        chunked_loss="external" if cfg.loss_impl != "full" else False, tiled_mlp=tiled,
+        offload=offload, device=device, device_budget_gib=available_memory_gib(cfg, device), log=log,
+    )  # fmt: skip
+    if not plan.fits and not cfg.skip_memory_check:
+        host = f" and {plan.host_gib:.1f} GiB of pinned host memory" if plan.host_gib else ""
+        raise ConfigError(
+            f"predicted peak memory {plan.device_gib:.1f} GiB per device{host} with the most frugal memory "
+            f"plan ({plan.name}) exceeds the {plan.device_budget_gib or 0:.1f} GiB available (seq_len="
+            f"{cfg.seq_len}, micro_batch_size={cfg.micro_batch_size}); lower seq_len or micro_batch_size, "
+            f"or set skip_memory_check: true to try anyway"
+        )
+    return plan
+
+
+def plan_summary(plan) -> dict:
+    """The plan's fields for summary.json."""
+    return {
+        "memory_plan": plan.name, "checkpointing": plan.checkpointing,
+        "tiled_mlp_tokens": plan.tiled_mlp_tokens, "offload_activations": plan.checkpointing == "offload",
+        "predicted_peak_gib": round(plan.device_gib, 2), "predicted_host_gib": round(plan.host_gib, 2),
+    }  # fmt: skip
 
 
 def available_memory_gib(cfg, device) -> Optional[float]:

@@ -21,6 +21,7 @@ import importlib
 _EXPORTS = {
     "enable": "api",
     "plan_of": "api",
+    "keep_lora_inputs_under_autocast": "api",
     "Plan": "plan",
     "make_plan": "plan",
     "use_chunked_loss": "causal_lm",

@@ -59,10 +59,13 @@ def enable(
         seq_len, micro_batch_size: tokens per row and rows per micro-batch; or ``tokens``: their
             product (a packed row of ``DataCollatorWithFlattening`` holds ``per_device_train_batch_size``
             documents: pass the longest row you expect).
-        checkpointing: ``"auto"`` (the plan's choice), ``"none"``, ``"keep_attention"``,
-            ``"recompute"`` or ``"offload"``.
+        checkpointing: ``"auto"`` (the plan's choice), ``"on"`` (the plan's choice among the
+            checkpointing forms), ``"no_keep"`` (recompute or offload), ``"none"``,
+            ``"keep_attention"``, ``"recompute"`` or ``"offload"``.
         chunked_loss, tiled_mlp, offload: ``"auto"`` or True/False to force; ``tiled_mlp`` may be
-            an int, the tokens per MLP chunk.
+            an int, the tokens per MLP chunk. ``chunked_loss="external"``: the caller computes a
+            chunked loss of its own (hf_flash's recipe, TRL's fused LM head); planned as chunked,
+            the model's forward is left alone.
         autocast: whether the forward runs under bf16/fp16 autocast (``Trainer``'s ``bf16=True``
             with fp32 weights); None reads the weights' dtype. Only sizes activations.
         device: where training runs (default: the model's device, or the current CUDA device when
@@ -86,10 +89,12 @@ def enable(
         tokens = int(seq_len) * int(micro_batch_size)
     if tokens < 1:
         raise ValueError(f"tokens per micro-batch must be >= 1, got {tokens}")
-    if checkpointing not in ("auto", "none", "keep_attention", "recompute", "offload"):
-        raise ValueError(f"checkpointing={checkpointing!r}; choose auto, none, keep_attention, recompute or offload")
+    if checkpointing not in ("auto", "on", "no_keep", "none", "keep_attention", "recompute", "offload"):
+        raise ValueError(f"checkpointing={checkpointing!r}; choose auto, on, no_keep, none, keep_attention, recompute "
+                         "or offload")  # fmt: skip
     allow: dict = {"checkpointing": checkpointing}
-    want_loss = _tri("chunked_loss", chunked_loss)
+    external_loss = chunked_loss == "external"
+    want_loss = True if external_loss else _tri("chunked_loss", chunked_loss)
     want_offload = _tri("offload", offload)
     if isinstance(tiled_mlp, int) and not isinstance(tiled_mlp, bool):
         if tiled_mlp < 1:
@@ -98,12 +103,12 @@ def enable(
     else:
         allow["tiled_mlp"] = _tri("tiled_mlp", tiled_mlp)
     if want_offload is True:
-        if checkpointing not in ("auto", "offload"):
+        if checkpointing not in ("auto", "on", "no_keep", "offload"):
             raise ValueError(f"offload=True needs checkpointing 'offload' or 'auto', not {checkpointing!r}")
         allow["checkpointing"] = "offload"
     elif want_offload is False:
         allow["offload"] = False
-    problem = causal_lm.chunked_loss_problem(base)
+    problem = None if external_loss else causal_lm.chunked_loss_problem(base)
     if want_loss and problem:
         raise causal_lm.ChunkedLossUnsupported(f"chunked_loss=True: {problem}")
     allow["chunked_loss"] = False if problem else want_loss
@@ -117,7 +122,7 @@ def enable(
     shape = Shape.of(model)
     plan = make_plan(shape, tokens, act_bytes=_act_bytes(base, autocast), device_budget_gib=budget,
                      host_budget_gib=host, allow=allow)  # fmt: skip
-    _apply(model, plan)
+    _apply(model, plan, apply_loss=not external_loss)
     setattr(base, _PLAN_ATTR, plan)
     if log is not None:
         if problem and want_loss is None:
@@ -131,23 +136,19 @@ def plan_of(model) -> Optional[Plan]:
     return getattr(_base(model), _PLAN_ATTR, None)
 
 
-def _apply(model, plan: Plan) -> None:
+def _apply(model, plan: Plan, apply_loss: bool = True) -> None:
     base = _base(model)
     if plan.tiled_mlp_tokens:
         from .tiled_mlp import tile_mlp
 
         tile_mlp(base, plan.tiled_mlp_tokens)
-    if plan.chunked_loss:
+    if plan.chunked_loss and apply_loss:
         causal_lm.use_chunked_loss(base)
     _apply_checkpointing(base, plan.checkpointing)
-    _keep_lora_inputs_under_autocast(base)
+    keep_lora_inputs_under_autocast(base)
     # Trainer (TrainingArguments(gradient_checkpointing=True)) calls this after enable(): keep the
     # plan's form, or the fastest one when the plan had none
-    # (one entry point: 5.23+ routes a gradient_checkpointing_enable override through it, 5.17
-    # has only gradient_checkpointing_enable)
-    name = ("activation_checkpointing_enable" if hasattr(type(base), "activation_checkpointing_enable")
-            else "gradient_checkpointing_enable")  # fmt: skip
-    setattr(base, name, types.MethodType(_planned_checkpointing_enable, base))
+    setattr(base, _override_name(base), types.MethodType(_planned_checkpointing_enable, base))
 
 
 def _checkpoint_kwargs(form: str) -> dict:
@@ -156,45 +157,55 @@ def _checkpoint_kwargs(form: str) -> dict:
     return gradient_checkpointing_kwargs(keep_attention=form == "keep_attention")
 
 
+def _override_name(base) -> str:
+    # one entry point: 5.23+ routes a gradient_checkpointing_enable override through
+    # activation_checkpointing_enable; 5.17 has only gradient_checkpointing_enable
+    return ("activation_checkpointing_enable" if hasattr(type(base), "activation_checkpointing_enable")
+            else "gradient_checkpointing_enable")  # fmt: skip
+
+
 def _apply_checkpointing(base, form: str) -> None:
     if form == "none":
         return
-    if form == "offload":
-        from .offload import offload_checkpoints
+    # transformers' own method, not the plan's override (which calls back into here)
+    override = base.__dict__.pop(_override_name(base), None)
+    try:
+        if form == "offload":
+            from .offload import offload_checkpoints
 
-        offload_checkpoints(base, checkpoint_kwargs=_checkpoint_kwargs("recompute"))
-        return
-    from hf_flash.checkpointing import enable_activation_checkpointing
+            offload_checkpoints(base, checkpoint_kwargs=_checkpoint_kwargs("recompute"))
+        else:
+            from hf_flash.checkpointing import enable_activation_checkpointing
 
-    # transformers' own method, not the planned override (which would call back into here)
-    enable_activation_checkpointing(_Unpatched(base), _checkpoint_kwargs(form))
-
-
-class _Unpatched:
-    """``base`` with its class's checkpointing methods (skipping the plan's instance override)."""
-
-    def __init__(self, base):
-        self._base = base
-
-    def __getattr__(self, name):
-        method = getattr(type(self._base), name, None)
-        if method is None:
-            raise AttributeError(name)
-        return types.MethodType(method, self._base)
+            enable_activation_checkpointing(base, _checkpoint_kwargs(form))
+    finally:
+        if override is not None:
+            setattr(base, _override_name(base), override)
 
 
 def _planned_checkpointing_enable(self, *args, **kwargs):
+    """Installed on the model by :func:`enable`: a later request for activation checkpointing
+    (``Trainer`` with ``gradient_checkpointing=True``, TRL's default) gets the plan's form, or
+    keep-attention checkpointing when the plan had none; its own options are not used."""
     plan = getattr(self, _PLAN_ATTR)
-    form = plan.checkpointing if plan.checkpointing != "none" else "keep_attention"
     if plan.checkpointing == "none":
-        plan.checkpointing = form
-    _apply_checkpointing(self, form)
+        plan.checkpointing = "keep_attention"
+    _apply_checkpointing(self, plan.checkpointing)
 
 
-def _keep_lora_inputs_under_autocast(base) -> int:
-    """peft casts each adapted layer's input to the adapter's dtype (fp32) before ``lora_A``;
-    under autocast the matmul casts it straight back, so the cast is a full-size copy that
-    changes no bit. A forward pre-hook switches the cast off exactly while autocast is on."""
+def keep_lora_inputs_under_autocast(model) -> int:
+    """Skip peft's cast of each adapted layer's input while autocast is on; returns the number of
+    LoRA layers (0: none, nothing installed).
+
+    peft keeps the adapter weights in fp32 and casts the layer input to fp32 before ``lora_A``;
+    under autocast the matmul then casts it back to bf16. The result is the same bits as using the
+    bf16 input directly (bf16 -> fp32 -> bf16 is exact, and the gradient takes the same casts in
+    reverse), but each cast is a full-size pass over the input: on the 1.2B Llama shape at 32K
+    tokens these copies were ~200 ms of a 1.65 s step. Without autocast the cast is what makes the
+    fp32 matmul work, so a forward pre-hook on the model sets peft's switch
+    (``cast_input_dtype_enabled``) from the autocast state of each forward. Idempotent.
+    """
+    base = _base(model)
     layers = [m for m in base.modules() if hasattr(m, "cast_input_dtype_enabled") and hasattr(m, "lora_A")]
     if not layers or getattr(base, "_hf_flash_lora_hook", None) is not None:
         return len(layers)

@@ -14,8 +14,8 @@ The loss equals transformers' ``ForCausalLMLoss``: labels shifted left by one in
 when the caller passes it (``Trainer`` does, for exact gradient accumulation) and by the number
 of labelled tokens otherwise (a batch with none gives 0, where torch's mean would give NaN).
 
-TRL's ``SFTTrainer`` brings its own fused LM head (``fused_lm_head=True`` calls bypass the
-model's forward altogether), so with TRL this patch is simply not reached and does no harm.
+TRL's ``SFTTrainer`` brings its own fused LM head, which also never builds the full logits: its
+calls (``fused_lm_head=True``) pass through this forward untouched, whichever was patched first.
 """
 
 from __future__ import annotations
@@ -102,7 +102,9 @@ def _forward(self, input_ids=None, attention_mask=None, position_ids=None, past_
              inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, shift_labels=None,
              num_items_in_batch=None, **kwargs):  # fmt: skip
     original = self.__dict__[_ATTR]
-    if not self.training or (labels is None and shift_labels is None):
+    # TRL's fused LM head (patched onto the forward before or after this one) computes its own
+    # chunked loss: its calls pass through untouched
+    if not self.training or (labels is None and shift_labels is None) or kwargs.get("fused_lm_head"):
         for name, value in (("labels", labels), ("shift_labels", shift_labels),
                             ("num_items_in_batch", num_items_in_batch)):  # fmt: skip
             if value is not None:

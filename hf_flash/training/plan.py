@@ -28,7 +28,8 @@ The model of a step's memory, per token (``a``: bytes of an activation element; 
 - what crosses layers: nothing extra without checkpointing (every layer keeps its working set),
   ``a h`` per layer with checkpointing (its input), plus ``q a + 4 heads`` per layer when the
   attention outputs are kept; with offload two layer inputs stay on the device (the one being
-  recomputed and the one prefetched);
+  recomputed and the one prefetched) and each layer's input takes a pinned host block rounded up
+  to a power of two (how torch's caching host allocator sizes them);
 - the loss: ``V (2a + 8)`` per token for transformers' loss (the logits, their fp32 copy and
   gradients) or one chunk of ``V a`` plus ``a h`` per token (``dL/dh``) for the chunked loss;
 - 3 ``a h`` per token of gradients and residuals in flight, and 10% allocator slack.
@@ -40,6 +41,7 @@ search), and the printed plan always says what it assumed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 GIB = 2**30
@@ -149,7 +151,8 @@ def predict(shape: Shape, tokens: int, *, checkpointing: str, chunked_loss: bool
         if checkpointing == "keep_attention":
             per_layer += tokens * (q * a + 4 * shape.heads)
         if checkpointing == "offload":
-            host = shape.layers * tokens * a * h
+            # pinned host blocks come in powers of two (torch's caching host allocator)
+            host = shape.layers * 2 ** math.ceil(math.log2(tokens * a * h))
             crossing = 2 * tokens * a * h
         else:
             host = 0
@@ -204,7 +207,8 @@ def make_plan(shape: Shape, tokens: int, *, act_bytes: int, device_budget_gib: O
     """The fastest rung of :data:`LADDER` predicted to fit ``device_budget_gib`` (and, when it
     offloads, 80% of ``host_budget_gib``); without a device budget (CPU) the first rung.
     ``allow`` restricts the choice: ``{"chunked_loss": False}``, ``{"checkpointing": "recompute"}``,
-    ``{"tiled_mlp": False}``, ``{"offload": False}`` (a fixed value forces it)."""
+    ``{"tiled_mlp": False}``, ``{"offload": False}`` (a fixed value forces it; ``"checkpointing"``
+    also takes ``"on"``: any form but none, and ``"no_keep"``: recompute or offload)."""
     if tokens < 1:
         raise ValueError(f"tokens={tokens} must be >= 1")
     allow = dict(allow or {})
@@ -217,7 +221,11 @@ def make_plan(shape: Shape, tokens: int, *, act_bytes: int, device_budget_gib: O
     candidates = []
     for _, ckpt, chunked, tiled in LADDER:
         # a fixed value replaces the rung's own; the other features still climb the ladder
-        if allow.get("checkpointing") not in (None, "auto"):
+        if allow.get("checkpointing") == "on":  # any form but none
+            ckpt = "keep_attention" if ckpt == "none" else ckpt
+        elif allow.get("checkpointing") == "no_keep":  # a form that recomputes the attention
+            ckpt = "recompute" if ckpt in ("none", "keep_attention") else ckpt
+        elif allow.get("checkpointing") not in (None, "auto"):
             ckpt = allow["checkpointing"]
         if allow.get("offload") is False and ckpt == "offload":
             ckpt = "recompute"

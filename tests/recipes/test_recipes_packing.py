@@ -66,9 +66,10 @@ def test_packed_row_equals_documents_run_alone(tiny_dirs, family, attn, flash_kw
 
 
 def test_lora_without_input_casts_is_exact_under_autocast(tiny_dirs):
-    """keep_lora_inputs drops peft's fp32 copy of each adapted layer's input (bf16 weights, fp32
-    adapters, bf16 autocast): loss and every adapter gradient must be the same bits as with it."""
-    from hf_flash.recipes.model import keep_lora_inputs
+    """keep_lora_inputs_under_autocast drops peft's fp32 copy of each adapted layer's input (bf16
+    weights, fp32 adapters, bf16 autocast): loss and every adapter gradient must be the same bits
+    as with it; without autocast peft's cast stays on."""
+    from hf_flash.training import keep_lora_inputs_under_autocast
 
     cfg = RecipeConfig(attn_implementation="sdpa", dtype="bfloat16", seq_len=64, rope_method="yarn",
                        lora_dropout=0.0, gradient_checkpointing=False)
@@ -89,8 +90,13 @@ def test_lora_without_input_casts_is_exact_under_autocast(tiny_dirs):
         return loss.detach(), {n: p.grad.clone() for n, p in peft_model.named_parameters() if p.requires_grad}
 
     loss_cast, grads_cast = run()
-    assert keep_lora_inputs(peft_model) == 7 * peft_model.config.num_hidden_layers
+    assert keep_lora_inputs_under_autocast(peft_model) == 7 * peft_model.config.num_hidden_layers
     loss_kept, grads_kept = run()
+    lora_layers = [m for m in peft_model.modules() if hasattr(m, "cast_input_dtype_enabled")]
+    assert lora_layers and not any(m.cast_input_dtype_enabled for m in lora_layers)
+    with torch.no_grad():
+        peft_model(input_ids=ids)  # no autocast: the cast is needed and back on
+    assert all(m.cast_input_dtype_enabled for m in lora_layers)
     assert torch.equal(loss_cast, loss_kept)
     assert grads_cast.keys() == grads_kept.keys() and len(grads_cast) > 0
     for n in grads_cast:

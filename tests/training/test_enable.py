@@ -92,7 +92,7 @@ def test_enable_errors_name_the_fix():
         hf_flash.training.enable(gemma, seq_len=64, chunked_loss=True, log=None)
     # "auto" leaves such a model's loss alone and says why
     lines = []
-    plan = hf_flash.training.enable(gemma, seq_len=64, device_budget_gib=1e-3, log=lines.append)
+    plan = hf_flash.training.enable(gemma, seq_len=64, device_budget_gib=1e-6, log=lines.append)
     assert not plan.chunked_loss and "chunked loss is not available" in lines[0]
 
 
@@ -171,7 +171,7 @@ def test_trainer_with_the_plan_matches_trainer_without(tmp_path, launches):
     # a budget no rung fits forces the most frugal device-only form the constraints allow:
     # keep-attention checkpointing and the chunked loss, asked for through TrainingArguments too
     got, plan, model = _trainer_losses(
-        tmp_path, "planned", dict(seq_len=64, checkpointing="keep_attention", device_budget_gib=1e-3, tiled_mlp=False),
+        tmp_path, "planned", dict(seq_len=64, checkpointing="keep_attention", device_budget_gib=1e-6, tiled_mlp=False),
         gradient_checkpointing=True,
     )  # fmt: skip
     assert plan.checkpointing == "keep_attention" and plan.chunked_loss
@@ -182,4 +182,67 @@ def test_trainer_with_the_plan_matches_trainer_without(tmp_path, launches):
     assert len(got) == len(ref) == 2
     for a, b in zip(got, ref):
         # the Trainer rounds logged losses to 4 decimals
+        assert abs(a - b) <= allowed_error(0.0, FWD_FACTOR, torch.float32) + 1e-4, (got, ref)
+
+
+def test_trainer_with_every_memory_feature_matches_trainer_without(tmp_path):
+    ref, _, _ = _trainer_losses(tmp_path, "plain")
+    # nothing fits a tiny budget: the ladder's last rung (offload + tiled MLP + chunked loss)
+    got, plan, model = _trainer_losses(tmp_path, "frugal", dict(seq_len=64, device_budget_gib=1e-6))
+    assert (plan.checkpointing, plan.chunked_loss) == ("offload", True) and plan.tiled_mlp_tokens
+    assert not plan.fits
+    for a, b in zip(got, ref):
+        # the tiled MLP sums its parameter gradients per chunk: fp32 rounding, well inside the
+        # loss's error rule after one Adam step; the Trainer rounds logged losses to 4 decimals
+        assert abs(a - b) <= allowed_error(0.0, FWD_FACTOR, torch.float32) + 1e-4, (got, ref)
+
+
+# ---- TRL's SFTTrainer ---------------------------------------------------------------------
+
+
+def _tokenizer():
+    """A word-level tokenizer over the tiny vocabulary, built in memory (no files, no hub)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 128)}}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
+        pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+    )  # fmt: skip
+
+
+def _sft_losses(tmp_path, tag, plan_kwargs=None):
+    trl = pytest.importorskip("trl")
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    g = torch.Generator().manual_seed(0)
+    docs = Dataset.from_list([{"input_ids": torch.randint(3, 128, (n,), generator=g).tolist()}
+                              for n in (9, 17, 5, 12, 20, 7, 14, 11)])  # fmt: skip
+    model = _tiny("hf_flash").train()
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path / tag), max_steps=2, per_device_train_batch_size=2,
+        learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="no", seed=0, data_seed=0,
+        use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, packing=True,
+        padding_free=True, max_length=64, bf16=False,
+    )  # fmt: skip
+    torch.manual_seed(0)  # the adapters' initialisation
+    trainer = trl.SFTTrainer(
+        model=model, args=args, train_dataset=docs, processing_class=_tokenizer(),
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "gate_proj",
+                                                                   "down_proj"], task_type="CAUSAL_LM"),
+    )  # fmt: skip
+    plan = hf_flash.training.enable(trainer.model, log=None, **plan_kwargs) if plan_kwargs else None
+    trainer.train()
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h], plan
+
+
+def test_sft_trainer_with_the_plan_matches_sft_trainer_without(tmp_path, launches):
+    ref, _ = _sft_losses(tmp_path, "plain")
+    assert launches["fwd"] > 0 and launches["bwd"] > 0  # packed rows through hf_flash
+    got, plan = _sft_losses(tmp_path, "frugal", dict(seq_len=64, device_budget_gib=1e-6))
+    assert plan.checkpointing == "offload" and plan.tiled_mlp_tokens, plan.describe()
+    assert len(got) == len(ref) == 2
+    for a, b in zip(got, ref):
         assert abs(a - b) <= allowed_error(0.0, FWD_FACTOR, torch.float32) + 1e-4, (got, ref)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 16's GPU work in device calls of <= 10 minutes:
+#   bash benchmarks/long_context_device_run.sh OUT long     the tests/training GPU tests, then the
+#                                                           8B shape at 256K and 128K (one step each)
+#   bash benchmarks/long_context_device_run.sh OUT planner  the 1.2B shape at 512K (one step), then
+#                                                           the planner against today's recipe
+#                                                           (memory_plan fixed) at 32K and 64K
+# Logs and long_context_search-<gpu>.json land in OUT.
+set -u
+OUT=${1:?usage: long_context_device_run.sh OUT long|planner}
+WHAT=${2:?usage: long_context_device_run.sh OUT long|planner}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/env.txt"
+free -g | tee -a "$OUT/env.txt"
+case $WHAT in
+    long)
+        timeout 170 python -m pytest tests/training -m gpu -q -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/training-gpu-tests.log"
+        timeout 400 python benchmarks/long_context_search.py --points llama-8b:262144,llama-8b:131072 \
+            --steps 1 --timeout 330 --out "$OUT" 2>&1 | tee "$OUT/search-long.log" | grep -v "^ "
+        ;;
+    planner)
+        timeout 300 python benchmarks/long_context_search.py --points llama-1.2b:524288 \
+            --steps 1 --timeout 280 --out "$OUT/big" 2>&1 | tee "$OUT/search-big.log" | grep -v "^ "
+        timeout 260 python benchmarks/long_context_search.py --points llama-1.2b:32768,llama-8b:65536 \
+            --steps 3 --fixed --timeout 120 --out "$OUT/planner" 2>&1 | tee "$OUT/search-planner.log" | grep -v "^ "
+        ;;
+    *) echo "unknown step $WHAT" >&2; exit 2 ;;
+esac
