@@ -131,13 +131,13 @@ class Variant:
     # consumer stores its 64 x 64 fp32 tile with 16-byte shared stores, four registers per thread
     # contiguous and the threads of a warp side by side (no swizzle, no bank conflicts), and the
     # writer adds the 16 KB tile into a flat float32 accumulator, one (batch, head, query tile,
-    # consumer) tile after another, with one TMA reduce; :func:`_dq_frag_to_bshd` then writes dQ
+    # consumer) tile after another, with one TMA reduce of a 16 x 256 box; :func:`_dq_frag_to_bshd` then writes dQ
     # in (B, S, H, D) (the cast copy the other dQ variants run anyway)
     dq_frag: bool = False
-    # dq_lag with the dQ product of step j - 1 queued right behind step j's dK product, before the
-    # waits for dV and dK (whose operands stay live the while), so the warpgroup's wgmma queue
-    # does not drain between them; the consumer waits once for dV, dK and dQ
-    dq_early: bool = False
+    # dq_writer with one writer warp per consumer (2): each adds its consumer's tiles only, so the
+    # two tiles of a step go out in parallel and one consumer's wait does not hold the other's
+    # slot; dq_ordered keeps one counter per (batch, head, query tile, consumer)
+    dq_writers: int = 1
 
     @property
     def keys(self) -> int:
@@ -166,9 +166,12 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfe", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+        Variant("kv2x64-m64-s2-dqw2ld", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_writers=2,
+                head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqw2ldf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_early=True, head_dims=(128,)),
+                dq_writers=2, head_dims=(128,)),
     )
 }  # fmt: skip
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
@@ -200,10 +203,11 @@ def variant_for(head_dim: int, causal: bool) -> str:
     return DEFAULT[key]
 
 
-# DQ_FRAG: the flat float32 dQ tile (64 query rows x 64 columns) is 4 x 256 x 4 floats, the box
-# of one TMA reduce (a rank-3 view of the accumulator, 16-byte rows, no swizzle: shared memory and
-# global memory in the same linear order)
-DQ_FRAG_BOX = (4, 256, 4)
+# DQ_FRAG: the flat float32 dQ tile (64 query rows x 64 columns) is 16 x 256 floats, the box of
+# one TMA reduce (a rank-2 view of the accumulator, 1 KB rows, no swizzle: shared memory and
+# global memory in the same linear order). A 4 x 256 x 4 box (16-byte rows) measured 8x the L2
+# reduce requests (one per box row) and 0.6x the speed (session 17, call 2).
+DQ_FRAG_BOX = (16, 256)
 
 
 @gluon.constexpr_function
@@ -330,7 +334,7 @@ def _consumer(
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, CAUSAL: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr, DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
-    DQ_FRAG: gl.constexpr, DQ_EARLY: gl.constexpr,
+    DQ_FRAG: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -409,42 +413,14 @@ def _consumer(
             ds_smem.index(par * CONSUMERS + INDEX).store(ds)
             fence_async_shared()
             mbarrier.arrive(ds_ready.index(par))
-            if DQ_EARLY:
-                if it > 0:
-                    # dQ of step it - 1 (both consumers' dS in buffer (it - 1) % 2) behind dK:
-                    # four groups in flight (dV, dK, dQ over keys 0-63, dQ over keys 64-127)
-                    ppar = (it - 1) % 2
-                    mbarrier.wait(ds_ready.index(ppar), ((it - 1) // 2) & 1)
-                    dq_tok = warpgroup_mma(ds_smem.index(ppar * CONSUMERS).permute((1, 0)),
-                                           k_smem.index(0).slice(INDEX * DQ_N, DQ_N, dim=1), dq_zero,
-                                           use_acc=False, is_async=True)  # fmt: skip
-                    for c in gl.static_range(1, CONSUMERS):
-                        dq_tok = warpgroup_mma(ds_smem.index(ppar * CONSUMERS + c).permute((1, 0)),
-                                               k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok,
-                                               is_async=True)  # fmt: skip
-                    dv, p_op = warpgroup_mma_wait(1 + CONSUMERS, deps=(dv_tok, p_op))
-                    mbarrier.arrive(do_empty.index(slot))
-                    dk, ds_op = warpgroup_mma_wait(CONSUMERS, deps=(dk_tok, ds_op))
-                    mbarrier.arrive(q_empty.index(slot))
-                    dq = warpgroup_mma_wait(0, deps=(dq_tok,))
-                    mbarrier.arrive(ds_free.index(ppar))
-                    _dq_out(it - 1, dq * sm_scale, b, prev_h, prev_mt, dq_smem, dq_full, dq_empty, dq_desc, INDEX,
-                            CONSUMERS, BLOCK_M, DQ_N, DQ_WRITER, DQ_FRAG)  # fmt: skip
-                else:
-                    dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
-                    mbarrier.arrive(do_empty.index(slot))
-                    dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
-                    mbarrier.arrive(q_empty.index(slot))
-            else:
-                dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
-                mbarrier.arrive(do_empty.index(slot))
-                dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
-                mbarrier.arrive(q_empty.index(slot))
-            if not DQ_EARLY:
-                if it > 0:
-                    _dq_shared_step(it - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free,
-                                    dq_full, dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
-                                    DQ_WRITER, DQ_FRAG)  # fmt: skip
+            dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
+            mbarrier.arrive(do_empty.index(slot))
+            dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
+            mbarrier.arrive(q_empty.index(slot))
+            if it > 0:
+                _dq_shared_step(it - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full,
+                                dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
+                                DQ_WRITER, DQ_FRAG)  # fmt: skip
             prev_h = h
             prev_mt = mt
         elif DQ_SHARED:
@@ -547,13 +523,16 @@ def _release_add_one(ptrs, lane):
 
 @gluon.jit
 def _bulk_wait(x, PENDING: gl.constexpr):
-    """``cp.async.bulk.wait_group PENDING`` (0 or 2): all but the PENDING most recent bulk groups
+    """``cp.async.bulk.wait_group PENDING`` (0, 1 or 2): all but the PENDING most recent bulk groups
     this thread committed have completed, their global writes included (``tma.store_wait`` emits
     the ``.read`` form, which waits only until their shared-memory source has been read); then
     :func:`_warp_sync_fence`, since one lane issued them and another releases the semaphore."""
-    gl.static_assert((PENDING == 0) or (PENDING == 2), "0 or 2 pending bulk groups")
+    gl.static_assert((PENDING == 0) or (PENDING == 1) or (PENDING == 2), "0, 1 or 2 pending bulk groups")
     if PENDING == 0:
         x = gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tmov.b32 $0, $1;", "=r,r", [x],
+                                      dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+    elif PENDING == 1:
+        x = gl.inline_asm_elementwise("cp.async.bulk.wait_group 1;\n\tmov.b32 $0, $1;", "=r,r", [x],
                                       dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
     else:
         x = gl.inline_asm_elementwise("cp.async.bulk.wait_group 2;\n\tmov.b32 $0, $1;", "=r,r", [x],
@@ -565,14 +544,19 @@ def _bulk_wait(x, PENDING: gl.constexpr):
 def _dq_writer(
     dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
     BLOCK_M: gl.constexpr, KEYS: gl.constexpr, DQ_N: gl.constexpr, CONSUMERS: gl.constexpr,
-    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
+    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr, WRITERS: gl.constexpr,
+    WRITER: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
     add them into the float32 accumulator by TMA reduce and hand the slots back once read.
     DQ_ORDERED: before adding into query tile (b, h, mt), wait until the semaphore of that tile
     counts the key blocks that add before this one (those below it), and count this one once the
     additions have completed, not only read their source (a step later: the wait for completion
-    runs under the next step)."""
+    runs under the next step). WRITERS == 2: this warp serves consumer WRITER alone, with one
+    counter per (b, h, query tile, consumer)."""
+    # the consumers this writer serves, and the bulk groups it commits per step (one per tile)
+    C0: gl.constexpr = WRITER if WRITERS == CONSUMERS else 0
+    NC: gl.constexpr = 1 if WRITERS == CONSUMERS else CONSUMERS
     b, kv_h, n0, n_m, m_lo, m_full = _steps(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, KEYS, BLOCK_M, CAUSAL
     )
@@ -589,29 +573,29 @@ def _dq_writer(
             # one int32 counter per (b, h, query tile), every lane reading it; this block's turn
             # is its key-block index: every block below it sees the tile too (causal: a query row
             # that sees key j sees every key before it)
-            sem = Sem + ((b * nheads + h).to(gl.int64) * n_m + mt + lane * 0)
+            sem = Sem + (((b * nheads + h).to(gl.int64) * n_m + mt) * WRITERS + C0 + lane * 0)
             seen = kt - 1
             while seen != kt:
                 seen = gl.max(_load_acquire(sem), axis=0)
             lane = _warp_sync_fence(lane)
-        for c in gl.static_range(CONSUMERS):
+        for c in gl.static_range(C0, C0 + NC):
             slot = par * CONSUMERS + c
             mbarrier.wait(dq_full.index(slot), (it // 2) & 1)
             if DQ_FRAG:
-                # flat accumulator: tile ((b * H + h) * n_m + mt) * CONSUMERS + c, 4 box rows each
+                # flat accumulator: tile ((b * H + h) * n_m + mt) * CONSUMERS + c, 16 box rows each
                 tile = ((b * nheads + h) * n_m + mt) * CONSUMERS + c
-                _tma_reduce_add(dq_desc, [tile * 4, 0, 0], dq_smem.index(slot))
+                _tma_reduce_add(dq_desc, [tile * 16, 0], dq_smem.index(slot))
             else:
                 _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, c * DQ_N],
                                 dq_smem.index(slot).reshape([1, 1, BLOCK_M, DQ_N]))  # fmt: skip
         tma.store_wait(0)  # the slots have been read: the consumers may refill them
-        for c in gl.static_range(CONSUMERS):
+        for c in gl.static_range(C0, C0 + NC):
             mbarrier.arrive(dq_empty.index(par * CONSUMERS + c))
         if DQ_ORDERED:
             # count this block in the previous step's tile once those additions have completed
-            # (all but this step's CONSUMERS bulk groups), so their latency runs under this step
+            # (all but this step's NC bulk groups), so their latency runs under this step
             if it > 0:
-                lane = _release_add_one(sem_prev, _bulk_wait(lane, CONSUMERS))
+                lane = _release_add_one(sem_prev, _bulk_wait(lane, NC))
             sem_prev = sem
     if DQ_ORDERED:
         if group * per_head > 0:
@@ -627,7 +611,7 @@ def _attn_bwd_dkdv_kernel(
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    DQ_EARLY: gl.constexpr,
+    DQ_WRITERS: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -647,9 +631,9 @@ def _attn_bwd_dkdv_kernel(
         DQ_BUFS: gl.constexpr = 2 * CONSUMERS if DQ_WRITER else CONSUMERS
         if DQ_FRAG:
             gl.static_assert(DQ_WRITER, "fragment-order dQ goes through the writer partition")
-            gl.static_assert(BLOCK_M * DQ_N == 4 * 256 * 4, "one 4 x 256 x 4 box per dQ tile")
-            frag_box: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
-            dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, 4, 256, 4], frag_box)
+            gl.static_assert(BLOCK_M * DQ_N == 16 * 256, "one 16 x 256 box per dQ tile")
+            frag_box: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+            dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, 16, 256], frag_box)
         else:
             dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, BLOCK_M, DQ_N], dq_layout)
     else:
@@ -682,7 +666,8 @@ def _attn_bwd_dkdv_kernel(
 
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
     # (Gluon takes the partitions as a literal list: the two forms differ by the dQ writer)
-    if DQ_WRITER:
+    if DQ_WRITERS == 2:
+        gl.static_assert(DQ_WRITER, "two writers are dQ writer partitions")
         gl.warp_specialize(
             [
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
@@ -690,20 +675,49 @@ def _attn_bwd_dkdv_kernel(
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, DQ_EARLY)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, DQ_EARLY)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k,
                              BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, BLOCK_M, BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL,
-                               DQ_ORDERED, DQ_FRAG)),
+                               DQ_ORDERED, DQ_FRAG, 2, 0)),
+                (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
+                               seqlen_k, BLOCK_M, BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL,
+                               DQ_ORDERED, DQ_FRAG, 2, 1)),
+            ],
+            [CONSUMER_WARPS, 1, 1, 1],
+            [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    elif DQ_WRITER:
+        gl.warp_specialize(
+            [
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                             stride_lb, stride_lh, stride_lm,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                             stride_lb, stride_lh, stride_lm,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                             1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
+                (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
+                             kv_bar, q_ready, do_ready, q_empty, do_empty,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
+                (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
+                               seqlen_k, BLOCK_M, BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL,
+                               DQ_ORDERED, DQ_FRAG, 1, 0)),
             ],
             [CONSUMER_WARPS, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -716,13 +730,13 @@ def _attn_bwd_dkdv_kernel(
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, DQ_EARLY)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, DQ_EARLY)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k,
@@ -771,12 +785,11 @@ def _descriptor_f32(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
 
 
 def _descriptor_frag(t: torch.Tensor) -> TensorDescriptor:
-    """The flat float32 fragment-order dQ accumulator as (tiles * 4, 256, 4), one 4 x 256 x 4 box
-    (16 KB, 16-byte rows, no swizzle) per (batch, head, query tile, consumer) tile."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+    """The flat float32 fragment-order dQ accumulator as (tiles * 16, 256), one 16 x 256 box (16 KB,
+    1 KB rows, no swizzle) per (batch, head, query tile, consumer) tile."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
     box = list(DQ_FRAG_BOX)
-    per = box[0] * box[1] * box[2]
-    return TensorDescriptor(t, [t.numel() // per * box[0], box[1], box[2]], [box[1] * box[2], box[2], 1], box, layout)
+    return TensorDescriptor(t, [t.numel() // box[1], box[1]], [box[1], 1], box, layout)
 
 
 def dq_accum_for(q: torch.Tensor, variant: str, device=None) -> torch.Tensor:
@@ -838,8 +851,9 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         dq_desc = _descriptor_f32(dq_accum, var.block_m, head_dim // var.consumers if var.dq_shared else head_dim)
     if var.dq_ordered:
         # one counter per (batch, head, query tile): how many key blocks have added into it
-        if dq_sem is None or dq_sem.numel() < batch * nheads * configs.cdiv(seqlen_q, var.block_m):
-            raise ValueError(f"variant {variant} needs a zeroed int32 dq_sem of B * H * cdiv(Sq, {var.block_m})")
+        if dq_sem is None or dq_sem.numel() < batch * nheads * configs.cdiv(seqlen_q, var.block_m) * var.dq_writers:
+            raise ValueError(f"variant {variant} needs a zeroed int32 dq_sem of B * H * cdiv(Sq, {var.block_m})"
+                             f" * {var.dq_writers}")
     if not var.dq_atomic:
         dq_desc = _descriptor(dk, var.block_n)  # not read: the kernel is built without dQ
     n_bhk = batch * nheads_k
@@ -856,7 +870,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered, DQ_FRAG=var.dq_frag,
-        DQ_EARLY=var.dq_early, num_warps=4,
+        DQ_WRITERS=var.dq_writers, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
@@ -881,8 +895,8 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     dq_accum = dq_accum_for(q, variant) if var.dq_atomic else None
     dq_sem = None
     if var.dq_ordered:
-        dq_sem = torch.zeros(q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m), device=q.device,
-                             dtype=torch.int32)  # fmt: skip
+        dq_sem = torch.zeros(q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m) * var.dq_writers,
+                             device=q.device, dtype=torch.int32)  # fmt: skip
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, softmax_scale=softmax_scale, causal=causal,
         variant=variant,
