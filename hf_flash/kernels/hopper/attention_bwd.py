@@ -147,7 +147,9 @@ class Variant:
 # Every variant the package compiles and tests (CPU compile report, H100 timings in
 # .notes/hopper-bwd.md). dqa (one dQ tile per consumer) is the reference point of the dQ
 # variants: twice dqs's reduce traffic, slower everywhere; dqs/dqsl (no writer partition) and
-# s2 (+ Triton dQ) are the earlier choices, kept as measured references. 128 query rows per step
+# s2 (+ Triton dQ) are the earlier choices, kept as measured references. dqwldf (fragment-order
+# dQ) measured 0.97-1.09x dqwld (mean 1.04, 2 rounds, session 17): not faster at every point yet;
+# dqw2ldf (a writer warp per consumer) 0.93-1.12x (mean 0.99), kept as the two-writer reference. 128 query rows per step
 # (d64) spills ~1 KB per thread at 240 registers; a 3-stage Q/dO ring measured no faster than 2.
 VARIANTS = {
     v.name: v
@@ -165,9 +167,6 @@ VARIANTS = {
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwldf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqw2ld", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_writers=2,
                 head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqw2ldf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
