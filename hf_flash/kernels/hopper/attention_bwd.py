@@ -207,6 +207,8 @@ def variant_for(head_dim: int, causal: bool) -> str:
 # global memory in the same linear order). A 4 x 256 x 4 box (16-byte rows) measured 8x the L2
 # reduce requests (one per box row) and 0.6x the speed (session 17, call 2).
 DQ_FRAG_BOX = (16, 256)
+# offset bit k of a fragment-order dQ tile -> the (row, col) it adds (_dq_frag_layout)
+DQ_FRAG_BASES = ((0, 1), (8, 0), (0, 2), (0, 4), (1, 0), (2, 0), (4, 0), (16, 0), (32, 0), (0, 8), (0, 16), (0, 32))
 
 
 @gluon.constexpr_function
@@ -218,8 +220,7 @@ def _dq_frag_layout(block_m, dq_n):
     threads of a warp sit side by side, so the tile goes out in 16-byte stores without bank
     conflicts. Offset bit k maps to the (row, col) of basis k; :func:`_dq_frag_to_bshd` inverts it."""
     assert block_m == 64 and dq_n == 64, "fragment order is written for 64 x 64 dQ tiles"
-    return gl.SharedLinearLayout(offset_bases=[[0, 1], [8, 0], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0], [16, 0],
-                                               [32, 0], [0, 8], [0, 16], [0, 32]])
+    return gl.SharedLinearLayout(offset_bases=[list(basis) for basis in DQ_FRAG_BASES])
 
 
 @gluon.jit
@@ -821,8 +822,18 @@ def _dq_frag_to_bshd(Acc, DQ, stride_db, stride_ds, stride_dh, stride_dd, seqlen
            | (((cc >> 3) & 7) << 9))  # fmt: skip
     x = tl.load(Acc + pid.to(tl.int64) * (BLOCK_M * HEAD_DIM) + (col // DQ_N) * (BLOCK_M * DQ_N) + off)
     rows = mt * BLOCK_M + r
-    ptrs = DQ + b.to(tl.int64) * stride_db + rows.to(tl.int64) * stride_ds + h.to(tl.int64) * stride_dh + col * stride_dd
+    ptrs = (DQ + b.to(tl.int64) * stride_db + rows.to(tl.int64) * stride_ds + h.to(tl.int64) * stride_dh
+            + col * stride_dd)  # fmt: skip
     tl.store(ptrs, x.to(DQ.dtype.element_ty), mask=rows < seqlen)
+
+
+def dq_frag_to_bshd(dq_accum: torch.Tensor, dq: torch.Tensor, block_m: int = 64, consumers: int = 2) -> None:
+    """Write dq (B, S, H, D) from a flat fragment-order accumulator (:func:`dq_accum_for` of a
+    ``dq_frag`` variant; already scaled), cast to dq's dtype."""
+    b, s, h, d = dq.shape
+    n_m = configs.cdiv(s, block_m)
+    _dq_frag_to_bshd[(b * h * n_m,)](dq_accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), dq.stride(3), s, h, n_m,
+                                     BLOCK_M=block_m, HEAD_DIM=d, DQ_N=d // consumers, num_warps=8)  # fmt: skip
 
 
 def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *, softmax_scale, causal, variant):
@@ -868,8 +879,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic,
-        DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered, DQ_FRAG=var.dq_frag,
-        DQ_WRITERS=var.dq_writers, num_warps=4,
+        DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
+        DQ_FRAG=var.dq_frag, DQ_WRITERS=var.dq_writers, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
@@ -903,19 +914,15 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     with torch.cuda.device(q.device):
         _attn_bwd_dkdv_kernel[grid](*args, **kwargs)
     if var.dq_frag:
-        b, s, h, d = q.shape
-        n_m = configs.cdiv(s, var.block_m)
         with torch.cuda.device(q.device):
-            _dq_frag_to_bshd[(b * h * n_m,)](dq_accum, dq, dq.stride(0), dq.stride(1), dq.stride(2),
-                                             dq.stride(3), s, h, n_m,
-                                             BLOCK_M=var.block_m, HEAD_DIM=d, DQ_N=d // var.consumers,
-                                             num_warps=8)  # fmt: skip
+            dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers)
     elif var.dq_atomic:
         dq.copy_(dq_accum)  # already scaled; float32 -> q's dtype
     return var.dq_atomic
 
 
 __all__ = [
-    "hopper_attention_backward", "supports", "launch_args", "dq_accum_for", "variant_for", "covered_head_dims", "VARIANTS", "DEFAULT",
+    "hopper_attention_backward", "supports", "launch_args", "dq_accum_for", "dq_frag_to_bshd", "variant_for", "covered_head_dims",
+    "VARIANTS", "DEFAULT",
     "NONDETERMINISTIC",
 ]
