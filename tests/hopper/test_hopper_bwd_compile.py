@@ -48,10 +48,10 @@ def test_bwd_variant_builds_for_sm90a(reports, spec):
     dq_steps *= 2 if var.dq_lag else 1
     assert r["wgmma"] == (2 * head_dim // 16 + 2 * var.block_m // 16 + dq_steps) * var.consumers, r
     assert r["tma_loads"] > 0, r
-    # one reduce per consumer (dq_lag: also after the loop); the one-warp dQ writer issues each
-    # consumer's 64-column float32 tile as its two 128-byte TMA boxes, in one place
+    # one reduce per consumer (dq_lag: also after the loop); the dQ writer issues each consumer's
+    # 64-column float32 tile as its two 128-byte TMA boxes (dq_frag: one 16 x 256 box), in one place
     if var.dq_writer:
-        assert r["tma_reduces"] == 2 * var.consumers, r
+        assert r["tma_reduces"] == (1 if var.dq_frag else 2) * var.consumers, r
     else:
         assert r["tma_reduces"] == (var.consumers * (2 if var.dq_lag else 1) if var.dq_atomic else 0), r
     assert hb.PRODUCER_REGS in r["setmaxnreg"] and var.consumer_regs in r["setmaxnreg"], r
@@ -171,3 +171,27 @@ def test_variant_choice_is_deterministic_unless_allowed():
             assert hb.variant_for(d, causal) == name and d in hb.VARIANTS[name].head_dims
     assert configs.deterministic()
 
+
+
+def test_dq_frag_postprocess_inverts_the_fragment_layout(device):
+    """The dq_frag variants store each 64 x 64 dQ tile in fragment order (offset bit k holds the
+    (row, col) of DQ_FRAG_BASES[k]); the postprocess must put every element back at its (row,
+    col) of dQ (B, S, H, D), clipping the rows past the end (Triton kernel: runs in the
+    interpreter on the CPU)."""
+    batch, seqlen, heads, head_dim, block_m, consumers = 2, 97, 3, 128, 64, 2
+    n_m = configs.cdiv(seqlen, block_m)
+    dq_n = head_dim // consumers
+    acc = torch.randn(batch * heads * n_m * block_m * head_dim, device=device)
+    dq = torch.full((batch, seqlen, heads, head_dim), float("nan"), device=device)
+    hb.dq_frag_to_bshd(acc, dq, block_m, consumers)
+    off = torch.arange(block_m * dq_n)
+    row = sum(((off >> k) & 1) * r for k, (r, _) in enumerate(hb.DQ_FRAG_BASES))
+    col = sum(((off >> k) & 1) * c for k, (_, c) in enumerate(hb.DQ_FRAG_BASES))
+    assert sorted((row * dq_n + col).tolist()) == list(range(block_m * dq_n))  # a permutation
+    want = torch.empty(batch, n_m * block_m, heads, head_dim)
+    tiles = acc.cpu().view(batch, heads, n_m, consumers, block_m * dq_n)
+    for c in range(consumers):
+        tile = torch.empty(batch, heads, n_m, block_m, dq_n)
+        tile[..., row, col] = tiles[:, :, :, c]
+        want[..., c * dq_n:(c + 1) * dq_n] = tile.permute(0, 2, 3, 1, 4).reshape(batch, n_m * block_m, heads, dq_n)
+    assert torch.equal(dq.cpu(), want[:, :seqlen])

@@ -58,6 +58,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -125,6 +127,17 @@ class Variant:
     # descending with a shortest-first launch: measured 0.6x here, the concurrent programs then
     # sit far apart in the sequence and Q/dO/dQ stop hitting L2)
     dq_ordered: bool = False
+    # dq_writer with the dQ tiles in the wgmma accumulator's fragment order (FA3's dQaccum): a
+    # consumer stores its 64 x 64 fp32 tile with 16-byte shared stores, four registers per thread
+    # contiguous and the threads of a warp side by side (no swizzle, no bank conflicts), and the
+    # writer adds the 16 KB tile into a flat float32 accumulator, one (batch, head, query tile,
+    # consumer) tile after another, with one TMA reduce of a 16 x 256 box; :func:`_dq_frag_to_bshd` then writes dQ
+    # in (B, S, H, D) (the cast copy the other dQ variants run anyway)
+    dq_frag: bool = False
+    # dq_writer with one writer warp per consumer (2): each adds its consumer's tiles only, so the
+    # two tiles of a step go out in parallel and one consumer's wait does not hold the other's
+    # slot; dq_ordered keeps one counter per (batch, head, query tile, consumer)
+    dq_writers: int = 1
 
     @property
     def keys(self) -> int:
@@ -134,7 +147,9 @@ class Variant:
 # Every variant the package compiles and tests (CPU compile report, H100 timings in
 # .notes/hopper-bwd.md). dqa (one dQ tile per consumer) is the reference point of the dQ
 # variants: twice dqs's reduce traffic, slower everywhere; dqs/dqsl (no writer partition) and
-# s2 (+ Triton dQ) are the earlier choices, kept as measured references. 128 query rows per step
+# s2 (+ Triton dQ) are the earlier choices, kept as measured references. dqwldf (fragment-order
+# dQ) measured 0.97-1.09x dqwld (mean 1.04, 2 rounds, session 17): not faster at every point yet;
+# dqw2ldf (a writer warp per consumer) 0.93-1.12x (mean 0.99), kept as the two-writer reference. 128 query rows per step
 # (d64) spills ~1 KB per thread at 240 registers; a 3-stage Q/dO ring measured no faster than 2.
 VARIANTS = {
     v.name: v
@@ -150,6 +165,12 @@ VARIANTS = {
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwld", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqw2ldf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_writers=2, head_dims=(128,)),
     )
 }  # fmt: skip
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
@@ -179,6 +200,27 @@ def variant_for(head_dim: int, causal: bool) -> str:
     if not configs.deterministic() and key in NONDETERMINISTIC:
         return NONDETERMINISTIC[key]
     return DEFAULT[key]
+
+
+# DQ_FRAG: the flat float32 dQ tile (64 query rows x 64 columns) is 16 x 256 floats, the box of
+# one TMA reduce (a rank-2 view of the accumulator, 1 KB rows, no swizzle: shared memory and
+# global memory in the same linear order). A 4 x 256 x 4 box (16-byte rows) measured 8x the L2
+# reduce requests (one per box row) and 0.6x the speed (session 17, call 2).
+DQ_FRAG_BOX = (16, 256)
+# offset bit k of a fragment-order dQ tile -> the (row, col) it adds (_dq_frag_layout)
+DQ_FRAG_BASES = ((0, 1), (8, 0), (0, 2), (0, 4), (1, 0), (2, 0), (4, 0), (16, 0), (32, 0), (0, 8), (0, 16), (0, 32))
+
+
+@gluon.constexpr_function
+def _dq_frag_layout(block_m, dq_n):
+    """The shared layout of a dQ tile in fragment order: element (row, col) of the consumer's
+    wgmma accumulator (m64 x n64, 4 warps) at offset ``((col >> 3) << 9) | (warp << 7) |
+    (lane << 2) | (row8 << 1) | (col & 1)`` with lane = ((row & 7) << 2) | ((col >> 1) & 3), warp =
+    row >> 4, row8 = (row >> 3) & 1: each thread's registers 4j..4j+3 are contiguous and the
+    threads of a warp sit side by side, so the tile goes out in 16-byte stores without bank
+    conflicts. Offset bit k maps to the (row, col) of basis k; :func:`_dq_frag_to_bshd` inverts it."""
+    assert block_m == 64 and dq_n == 64, "fragment order is written for 64 x 64 dQ tiles"
+    return gl.SharedLinearLayout(offset_bases=[list(basis) for basis in DQ_FRAG_BASES])
 
 
 @gluon.jit
@@ -242,13 +284,17 @@ def _producer(
 @gluon.jit
 def _dq_out(j, dq, b, h, mt, dq_smem, dq_full, dq_empty, dq_desc,
             INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr,
-            DQ_WRITER: gl.constexpr):  # fmt: skip
+            DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr):  # fmt: skip
     """This consumer's (scaled) dQ tile of step ``j``: DQ_WRITER hands it to the writer partition
-    through slot (j % 2, INDEX) and goes on; otherwise it is staged and added by TMA reduce here."""
+    through slot (j % 2, INDEX) and goes on; otherwise it is staged and added by TMA reduce here.
+    DQ_FRAG: the slot holds the tile in fragment order (:func:`_dq_frag_layout`)."""
     if DQ_WRITER:
         slot = (j % 2) * CONSUMERS + INDEX
         mbarrier.wait(dq_empty.index(slot), ((j // 2) & 1) ^ 1)  # the writer is done with step j - 2
-        dq_smem.index(slot).store(dq)
+        if DQ_FRAG:
+            dq_smem.index(slot)._reinterpret(gl.float32, [BLOCK_M, DQ_N], _dq_frag_layout(BLOCK_M, DQ_N)).store(dq)
+        else:
+            dq_smem.index(slot).store(dq)
         fence_async_shared()
         mbarrier.arrive(dq_full.index(slot))
     else:
@@ -263,7 +309,7 @@ def _dq_out(j, dq, b, h, mt, dq_smem, dq_full, dq_empty, dq_desc,
 @gluon.jit
 def _dq_shared_step(j, h, mt, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full, dq_empty, dq_desc, dq_zero,
                     sm_scale, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr,
-                    DQ_N: gl.constexpr, DQ_WRITER: gl.constexpr):  # fmt: skip
+                    DQ_N: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr):  # fmt: skip
     """dQ[rows of (h, mt), this consumer's DQ_N columns] += sum over the consumers c of
     dS_c K_c[:, columns], for step ``j`` (its dS tiles in buffer j % 2), added by TMA reduce."""
     par = j % 2
@@ -277,7 +323,7 @@ def _dq_shared_step(j, h, mt, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq
     dq = warpgroup_mma_wait(0, deps=(dq_tok,))
     mbarrier.arrive(ds_free.index(par))
     _dq_out(j, dq * sm_scale, b, h, mt, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N,
-            DQ_WRITER)  # fmt: skip
+            DQ_WRITER, DQ_FRAG)  # fmt: skip
 
 
 @gluon.jit
@@ -288,6 +334,7 @@ def _consumer(
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, CAUSAL: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr, DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
+    DQ_FRAG: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -373,7 +420,7 @@ def _consumer(
             if it > 0:
                 _dq_shared_step(it - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full,
                                 dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
-                                DQ_WRITER)  # fmt: skip
+                                DQ_WRITER, DQ_FRAG)  # fmt: skip
             prev_h = h
             prev_mt = mt
         elif DQ_SHARED:
@@ -400,7 +447,7 @@ def _consumer(
             dq = warpgroup_mma_wait(0, deps=(dq_tok,))
             mbarrier.arrive(ds_free.index(par))
             _dq_out(it, dq * sm_scale, b, h, mt, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M,
-                    DQ_N, DQ_WRITER)  # fmt: skip
+                    DQ_N, DQ_WRITER, DQ_FRAG)  # fmt: skip
         elif DQ_ATOMIC:
             # dQ_part = dS K: dS^T goes through shared memory to be read transposed
             ds_tile.store(ds)
@@ -427,7 +474,7 @@ def _consumer(
         if n_steps > 0:
             _dq_shared_step(n_steps - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full,
                             dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
-                            DQ_WRITER)  # fmt: skip
+                            DQ_WRITER, DQ_FRAG)  # fmt: skip
     tma.store_wait(0)
     if DQ_SHARED:
         # the other consumers read this K tile in their dQ products: wait until the last step's
@@ -476,13 +523,16 @@ def _release_add_one(ptrs, lane):
 
 @gluon.jit
 def _bulk_wait(x, PENDING: gl.constexpr):
-    """``cp.async.bulk.wait_group PENDING`` (0 or 2): all but the PENDING most recent bulk groups
+    """``cp.async.bulk.wait_group PENDING`` (0, 1 or 2): all but the PENDING most recent bulk groups
     this thread committed have completed, their global writes included (``tma.store_wait`` emits
     the ``.read`` form, which waits only until their shared-memory source has been read); then
     :func:`_warp_sync_fence`, since one lane issued them and another releases the semaphore."""
-    gl.static_assert((PENDING == 0) or (PENDING == 2), "0 or 2 pending bulk groups")
+    gl.static_assert((PENDING == 0) or (PENDING == 1) or (PENDING == 2), "0, 1 or 2 pending bulk groups")
     if PENDING == 0:
         x = gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tmov.b32 $0, $1;", "=r,r", [x],
+                                      dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+    elif PENDING == 1:
+        x = gl.inline_asm_elementwise("cp.async.bulk.wait_group 1;\n\tmov.b32 $0, $1;", "=r,r", [x],
                                       dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
     else:
         x = gl.inline_asm_elementwise("cp.async.bulk.wait_group 2;\n\tmov.b32 $0, $1;", "=r,r", [x],
@@ -494,14 +544,19 @@ def _bulk_wait(x, PENDING: gl.constexpr):
 def _dq_writer(
     dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
     BLOCK_M: gl.constexpr, KEYS: gl.constexpr, DQ_N: gl.constexpr, CONSUMERS: gl.constexpr,
-    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr,
+    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr, WRITERS: gl.constexpr,
+    WRITER: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
     add them into the float32 accumulator by TMA reduce and hand the slots back once read.
     DQ_ORDERED: before adding into query tile (b, h, mt), wait until the semaphore of that tile
     counts the key blocks that add before this one (those below it), and count this one once the
     additions have completed, not only read their source (a step later: the wait for completion
-    runs under the next step)."""
+    runs under the next step). WRITERS == 2: this warp serves consumer WRITER alone, with one
+    counter per (b, h, query tile, consumer)."""
+    # the consumers this writer serves, and the bulk groups it commits per step (one per tile)
+    C0: gl.constexpr = WRITER if WRITERS == CONSUMERS else 0
+    NC: gl.constexpr = 1 if WRITERS == CONSUMERS else CONSUMERS
     b, kv_h, n0, n_m, m_lo, m_full = _steps(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, KEYS, BLOCK_M, CAUSAL
     )
@@ -518,23 +573,29 @@ def _dq_writer(
             # one int32 counter per (b, h, query tile), every lane reading it; this block's turn
             # is its key-block index: every block below it sees the tile too (causal: a query row
             # that sees key j sees every key before it)
-            sem = Sem + ((b * nheads + h).to(gl.int64) * n_m + mt + lane * 0)
+            sem = Sem + (((b * nheads + h).to(gl.int64) * n_m + mt) * WRITERS + C0 + lane * 0)
             seen = kt - 1
             while seen != kt:
                 seen = gl.max(_load_acquire(sem), axis=0)
             lane = _warp_sync_fence(lane)
-        for c in gl.static_range(CONSUMERS):
+        for c in gl.static_range(C0, C0 + NC):
             slot = par * CONSUMERS + c
             mbarrier.wait(dq_full.index(slot), (it // 2) & 1)
-            _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, c * DQ_N], dq_smem.index(slot).reshape([1, 1, BLOCK_M, DQ_N]))
+            if DQ_FRAG:
+                # flat accumulator: tile ((b * H + h) * n_m + mt) * CONSUMERS + c, 16 box rows each
+                tile = ((b * nheads + h) * n_m + mt) * CONSUMERS + c
+                _tma_reduce_add(dq_desc, [tile * 16, 0], dq_smem.index(slot))
+            else:
+                _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, c * DQ_N],
+                                dq_smem.index(slot).reshape([1, 1, BLOCK_M, DQ_N]))  # fmt: skip
         tma.store_wait(0)  # the slots have been read: the consumers may refill them
-        for c in gl.static_range(CONSUMERS):
+        for c in gl.static_range(C0, C0 + NC):
             mbarrier.arrive(dq_empty.index(par * CONSUMERS + c))
         if DQ_ORDERED:
             # count this block in the previous step's tile once those additions have completed
-            # (all but this step's CONSUMERS bulk groups), so their latency runs under this step
+            # (all but this step's NC bulk groups), so their latency runs under this step
             if it > 0:
-                lane = _release_add_one(sem_prev, _bulk_wait(lane, CONSUMERS))
+                lane = _release_add_one(sem_prev, _bulk_wait(lane, NC))
             sem_prev = sem
     if DQ_ORDERED:
         if group * per_head > 0:
@@ -549,7 +610,8 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
-    DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr,
+    DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
+    DQ_WRITERS: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -567,7 +629,13 @@ def _attn_bwd_dkdv_kernel(
         # DQ_WRITER: two slots per consumer (by step parity), so a consumer hands over step j
         # while the writer still adds step j - 1
         DQ_BUFS: gl.constexpr = 2 * CONSUMERS if DQ_WRITER else CONSUMERS
-        dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, BLOCK_M, DQ_N], dq_layout)
+        if DQ_FRAG:
+            gl.static_assert(DQ_WRITER, "fragment-order dQ goes through the writer partition")
+            gl.static_assert(BLOCK_M * DQ_N == 16 * 256, "one 16 x 256 box per dQ tile")
+            frag_box: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+            dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, 16, 256], frag_box)
+        else:
+            dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, BLOCK_M, DQ_N], dq_layout)
     else:
         ds_smem = k_smem  # unused
         dq_smem = k_smem
@@ -598,7 +666,8 @@ def _attn_bwd_dkdv_kernel(
 
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
     # (Gluon takes the partitions as a literal list: the two forms differ by the dQ writer)
-    if DQ_WRITER:
+    if DQ_WRITERS == 2:
+        gl.static_assert(DQ_WRITER, "two writers are dQ writer partitions")
         gl.warp_specialize(
             [
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
@@ -606,20 +675,49 @@ def _attn_bwd_dkdv_kernel(
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k,
                              BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, BLOCK_M, BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL,
-                               DQ_ORDERED)),
+                               DQ_ORDERED, DQ_FRAG, 2, 0)),
+                (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
+                               seqlen_k, BLOCK_M, BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL,
+                               DQ_ORDERED, DQ_FRAG, 2, 1)),
+            ],
+            [CONSUMER_WARPS, 1, 1, 1],
+            [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    elif DQ_WRITER:
+        gl.warp_specialize(
+            [
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                             stride_lb, stride_lh, stride_lm,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                             stride_lb, stride_lh, stride_lm,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                             1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
+                (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
+                             kv_bar, q_ready, do_ready, q_empty, do_empty,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
+                (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
+                               seqlen_k, BLOCK_M, BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL,
+                               DQ_ORDERED, DQ_FRAG, 1, 0)),
             ],
             [CONSUMER_WARPS, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -632,13 +730,13 @@ def _attn_bwd_dkdv_kernel(
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k,
@@ -686,6 +784,58 @@ def _descriptor_f32(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
     )
 
 
+def _descriptor_frag(t: torch.Tensor) -> TensorDescriptor:
+    """The flat float32 fragment-order dQ accumulator as (tiles * 16, 256), one 16 x 256 box (16 KB,
+    1 KB rows, no swizzle) per (batch, head, query tile, consumer) tile."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    box = list(DQ_FRAG_BOX)
+    return TensorDescriptor(t, [t.numel() // box[1], box[1]], [box[1], 1], box, layout)
+
+
+def dq_accum_for(q: torch.Tensor, variant: str, device=None) -> torch.Tensor:
+    """A zeroed float32 dQ accumulator for a ``dq_atomic`` variant: (B, Sq, H, D) over (B, H, Sq, D)
+    storage (a query tile of one head is one block), or for ``dq_frag`` the flat fragment-order
+    tiles, B * H * cdiv(Sq, block_m) * consumers of block_m * D / consumers floats."""
+    var = VARIANTS[variant]
+    b, s, h, d = q.shape
+    device = q.device if device is None else device
+    if var.dq_frag:
+        return torch.zeros(b * h * configs.cdiv(s, var.block_m) * var.block_m * d, device=device, dtype=torch.float32)
+    return torch.zeros(b, h, s, d, device=device, dtype=torch.float32).transpose(1, 2)
+
+
+@triton.jit
+def _dq_frag_to_bshd(Acc, DQ, stride_db, stride_ds, stride_dh, stride_dd, seqlen, nheads, n_m,
+                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, DQ_N: tl.constexpr):  # fmt: skip
+    """dQ (B, S, H, D) from the fragment-order accumulator: program = query tile (b * H + h) *
+    n_m + mt; column block c = col // DQ_N is consumer c's tile; the offset inverts
+    :func:`_dq_frag_layout`."""
+    pid = tl.program_id(0)
+    mt = pid % n_m
+    bh = pid // n_m
+    h = bh % nheads
+    b = bh // nheads
+    r = tl.arange(0, BLOCK_M)[:, None]
+    col = tl.arange(0, HEAD_DIM)[None, :]
+    cc = col % DQ_N
+    off = ((cc & 1) | (((r >> 3) & 1) << 1) | (((cc >> 1) & 3) << 2) | ((r & 7) << 4) | (((r >> 4) & 3) << 7)
+           | (((cc >> 3) & 7) << 9))  # fmt: skip
+    x = tl.load(Acc + pid.to(tl.int64) * (BLOCK_M * HEAD_DIM) + (col // DQ_N) * (BLOCK_M * DQ_N) + off)
+    rows = mt * BLOCK_M + r
+    ptrs = (DQ + b.to(tl.int64) * stride_db + rows.to(tl.int64) * stride_ds + h.to(tl.int64) * stride_dh
+            + col * stride_dd)  # fmt: skip
+    tl.store(ptrs, x.to(DQ.dtype.element_ty), mask=rows < seqlen)
+
+
+def dq_frag_to_bshd(dq_accum: torch.Tensor, dq: torch.Tensor, block_m: int = 64, consumers: int = 2) -> None:
+    """Write dq (B, S, H, D) from a flat fragment-order accumulator (:func:`dq_accum_for` of a
+    ``dq_frag`` variant; already scaled), cast to dq's dtype."""
+    b, s, h, d = dq.shape
+    n_m = configs.cdiv(s, block_m)
+    _dq_frag_to_bshd[(b * h * n_m,)](dq_accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), dq.stride(3), s, h, n_m,
+                                     BLOCK_M=block_m, HEAD_DIM=d, DQ_N=d // consumers, num_warps=8)  # fmt: skip
+
+
 def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *, softmax_scale, causal, variant):
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the CPU
     compile check, so both build the same kernel. ``dq_accum``: the float32 (B, Sq, H, D)
@@ -700,14 +850,20 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
     if lse.stride() != delta.stride() or lse.stride(2) != 1:
         raise ValueError("lse and delta must share strides, unit along the rows")
-    if var.dq_atomic:
+    if var.dq_frag:
+        want = batch * nheads * configs.cdiv(seqlen_q, var.block_m) * var.block_m * head_dim
+        if dq_accum is None or dq_accum.dim() != 1 or dq_accum.numel() != want or dq_accum.dtype != torch.float32:
+            raise ValueError(f"variant {variant} needs a flat float32 dq_accum of {want} (dq_accum_for)")
+        dq_desc = _descriptor_frag(dq_accum)
+    elif var.dq_atomic:
         if dq_accum is None or dq_accum.shape != q.shape or dq_accum.dtype != torch.float32:
             raise ValueError(f"variant {variant} needs a float32 dq_accum shaped like q")
         dq_desc = _descriptor_f32(dq_accum, var.block_m, head_dim // var.consumers if var.dq_shared else head_dim)
     if var.dq_ordered:
         # one counter per (batch, head, query tile): how many key blocks have added into it
-        if dq_sem is None or dq_sem.numel() < batch * nheads * configs.cdiv(seqlen_q, var.block_m):
-            raise ValueError(f"variant {variant} needs a zeroed int32 dq_sem of B * H * cdiv(Sq, {var.block_m})")
+        if dq_sem is None or dq_sem.numel() < batch * nheads * configs.cdiv(seqlen_q, var.block_m) * var.dq_writers:
+            raise ValueError(f"variant {variant} needs a zeroed int32 dq_sem of B * H * cdiv(Sq, {var.block_m})"
+                             f" * {var.dq_writers}")
     if not var.dq_atomic:
         dq_desc = _descriptor(dk, var.block_n)  # not read: the kernel is built without dQ
     n_bhk = batch * nheads_k
@@ -723,7 +879,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic,
-        DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered, num_warps=4,
+        DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
+        DQ_FRAG=var.dq_frag, DQ_WRITERS=var.dq_writers, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
@@ -745,27 +902,27 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
         dk.zero_()
         dv.zero_()
         return False
-    dq_accum = None
-    if var.dq_atomic:
-        # (B, H, Sq, D) storage: a query tile of one head is one contiguous block
-        b, s, h, d = q.shape
-        dq_accum = torch.zeros(b, h, s, d, device=q.device, dtype=torch.float32).transpose(1, 2)
+    dq_accum = dq_accum_for(q, variant) if var.dq_atomic else None
     dq_sem = None
     if var.dq_ordered:
-        dq_sem = torch.zeros(q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m), device=q.device,
-                             dtype=torch.int32)  # fmt: skip
+        dq_sem = torch.zeros(q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m) * var.dq_writers,
+                             device=q.device, dtype=torch.int32)  # fmt: skip
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, softmax_scale=softmax_scale, causal=causal,
         variant=variant,
     )
     with torch.cuda.device(q.device):
         _attn_bwd_dkdv_kernel[grid](*args, **kwargs)
-    if var.dq_atomic:
+    if var.dq_frag:
+        with torch.cuda.device(q.device):
+            dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers)
+    elif var.dq_atomic:
         dq.copy_(dq_accum)  # already scaled; float32 -> q's dtype
     return var.dq_atomic
 
 
 __all__ = [
-    "hopper_attention_backward", "supports", "launch_args", "variant_for", "covered_head_dims", "VARIANTS", "DEFAULT",
+    "hopper_attention_backward", "supports", "launch_args", "dq_accum_for", "dq_frag_to_bshd", "variant_for", "covered_head_dims",
+    "VARIANTS", "DEFAULT",
     "NONDETERMINISTIC",
 ]

@@ -81,8 +81,8 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
         var = attention_bwd.VARIANTS[variant[len(BWD_PREFIX):]]
         _, args, kwargs = attention_bwd.launch_args(
             q, k, v, out, lse, torch.empty_like(lse), torch.empty_like(k), torch.empty_like(k),
-            torch.empty(q.shape, dtype=torch.float32),
-            torch.zeros(batch * nheads * -(-SEQLEN // var.block_m), dtype=torch.int32), softmax_scale=head_dim**-0.5,
+            attention_bwd.dq_accum_for(q, var.name) if var.dq_atomic else None,
+            torch.zeros(batch * nheads * -(-SEQLEN // var.block_m) * var.dq_writers, dtype=torch.int32), softmax_scale=head_dim**-0.5,
             causal=causal,
             variant=var.name,
         )  # fmt: skip
