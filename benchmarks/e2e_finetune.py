@@ -123,7 +123,8 @@ def run_recipe(model_dir: Path, data: Path, seq_len: int, attn: str, steps: int,
                 **plan}
     tail = (proc.stdout + proc.stderr)[-2000:]
     if "OutOfMemoryError" in tail or "out of memory" in tail:
-        return {"status": "OOM"}
+        lines = [line for line in tail.splitlines() if "Tried to allocate" in line or "memory_plan" in line]
+        return {"status": "OOM", "detail": " | ".join(lines)[-600:]}
     print(tail, file=sys.stderr)
     return {"status": f"error rc={proc.returncode}"}
 
