@@ -104,7 +104,10 @@ def main() -> None:
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     torch.cuda.memory._record_memory_history(max_entries=2_000_000)
-    step(model, args.tokens)
+    try:
+        step(model, args.tokens)
+    except torch.cuda.OutOfMemoryError as e:  # what was alive when it ran out is the answer
+        print("OUT OF MEMORY:", " ".join(str(e).split())[:400])
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
