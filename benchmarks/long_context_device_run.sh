@@ -21,10 +21,10 @@ case $WHAT in
             --steps 1 --timeout 330 --out "$OUT" 2>&1 | tee "$OUT/search-long.log" | grep -v "^ "
         ;;
     planner)
-        timeout 300 python benchmarks/long_context_search.py --points llama-1.2b:524288 \
-            --steps 1 --timeout 280 --out "$OUT/big" 2>&1 | tee "$OUT/search-big.log" | grep -v "^ "
-        timeout 260 python benchmarks/long_context_search.py --points llama-1.2b:32768,llama-8b:65536 \
-            --steps 3 --fixed --timeout 120 --out "$OUT/planner" 2>&1 | tee "$OUT/search-planner.log" | grep -v "^ "
+        timeout 310 python benchmarks/long_context_search.py --points llama-1.2b:524288 \
+            --steps 1 --timeout 290 --out "$OUT/big" 2>&1 | tee "$OUT/search-big.log" | grep -v "^ "
+        timeout 250 python benchmarks/long_context_search.py --points llama-1.2b:32768,llama-8b:65536 \
+            --steps 3 --fixed --timeout 110 --out "$OUT/planner" 2>&1 | tee "$OUT/search-planner.log" | grep -v "^ "
         ;;
     *) echo "unknown step $WHAT" >&2; exit 2 ;;
 esac
