@@ -22,7 +22,8 @@ The model of a step's memory, per token (``a``: bytes of an activation element; 
 - weights and LoRA state: every parameter's bytes, plus a gradient and two fp32 Adam moments per
   trainable parameter;
 - a layer's forward-and-backward working set: ``attn = a(3h + 2q + 2kv) + 4h + 4 heads`` (norm
-  input and output, projections, attention output, the RMSNorm's fp32 copy, the log-sum-exp) and
+  input and output, projections, attention output, the RMSNorm's fp32 copy, the log-sum-exp)
+  plus the attention backward's ``4q + a(q + 2kv)`` (dQ's fp32 accumulator, dQ, dK, dV) and
   ``mlp = a(4i + 2h) + 4h`` (gate, up, activation, product), the MLP term ``a 4i`` counted for one
   chunk only when tiled;
 - what crosses layers: nothing extra without checkpointing (every layer keeps its working set),
@@ -139,6 +140,10 @@ def predict(shape: Shape, tokens: int, *, checkpointing: str, chunked_loss: bool
     a, h, i = act_bytes, shape.hidden, shape.intermediate
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     attn = a * (3 * h + 2 * q + 2 * kv) + 4 * h + 4 * shape.heads
+    # the attention backward's own buffers: dQ accumulated in fp32, then dQ, dK, dV in the
+    # activation dtype (measured: without them the plan under-predicted the 8B shape at 256K
+    # tokens by 3.3 GiB and the 1.2B shape at 512K by more than 4.5 GiB, an OOM)
+    attn += 4 * q + a * (q + 2 * kv)
     mlp_rest = a * 2 * h + 4 * h
     mlp_wide = a * 4 * i
     wide_tokens = min(tokens, tiled_mlp_tokens) if tiled_mlp_tokens else tokens
