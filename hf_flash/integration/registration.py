@@ -141,7 +141,7 @@ def _check_flash_loader_shape(fa_utils) -> None:
             "attention_wrapper, allow_all_kernels) is missing or changed in transformers "
             f"{transformers.__version__}; hf_flash cannot plug into its flash loader. Install "
             f"transformers>={MIN_TRANSFORMERS},<{MAX_TRANSFORMERS_EXCLUSIVE} at a release hf_flash "
-            "was tested with (5.17 ... 5.23)"
+            "was tested with (5.17 ... 5.24)"
         )
 
 
