@@ -50,7 +50,7 @@ from ..decode import MAX_DECODE_QUERIES, attend_kv
 from ..interface import dense_attention, flash_attn_varlen_func, varlen_attention
 from . import ATTN_IMPLEMENTATION
 from .common import cast_to_kernel_dtype, flash_window
-from .continuous_batching import paged_cache_attention
+from .continuous_batching import paged_cache_attention, updated_step_attention
 from .masks import hf_flash_mask, key_blocks
 
 __all__ = ["ATTN_IMPLEMENTATION", "hf_flash_attention_forward", "hf_flash_mask"]
@@ -92,9 +92,10 @@ def hf_flash_attention_forward(
             every row's softmax, with no value; every path takes them (``learnable_sink``).
         kwargs: ``position_ids`` (packed sequences are detected from restarts), and
             ``cu_seq_lens_q/k``, ``max_length_q/k`` from ``DataCollatorWithFlattening``.
-            ``cache`` (a ``PagedAttentionCache``) with its batch keywords comes from
-            transformers' continuous batching (``generate_batch``): the step runs on the varlen
-            or paged kernels, see :mod:`hf_flash.integration.continuous_batching`.
+            transformers' continuous batching (``generate_batch``) passes its batch keywords
+            (``read_index``, ``write_index``, ``block_table``, ...) and, before 5.24, the
+            ``PagedAttentionCache`` as ``cache``: the step runs on the varlen or paged kernels,
+            see :mod:`hf_flash.integration.continuous_batching`.
 
     Return:
         (out (B, Sq, Hq, D), None). Attention probabilities are never materialised.
@@ -115,12 +116,17 @@ def hf_flash_attention_forward(
         learnable_sink=s_aux,
     )
     cache = kwargs.pop("cache", None)
-    if cache is not None:  # transformers' continuous batching (generate_batch)
+    # transformers' continuous batching (generate_batch): 5.17 ... 5.23 hand the paged cache
+    # over as cache=; from 5.24 on the attention module has updated it, and only the batch
+    # keywords (write_index among them) say it is such a step
+    if cache is not None or kwargs.get("write_index") is not None:
         if value.shape[-1] != query.shape[-1]:
             raise ValueError(
                 f"continuous batching with hf_flash needs one head dim for query and value, got "
                 f"{query.shape[-1]} and {value.shape[-1]}"
             )
+        if cache is None:
+            return updated_step_attention(module, query, key, value, opts, kwargs), None
         return paged_cache_attention(module, query, key, value, cache, opts, kwargs), None
 
     _, _, seqlen_q, head_dim = query.shape

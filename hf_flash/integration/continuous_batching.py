@@ -2,8 +2,10 @@
 
 transformers' continuous-batching manager packs every scheduled request into one row: query,
 key and value are ``(1, heads, total_tokens, head_dim)``, each request's new tokens one after
-the other, and the attention function gets the ``PagedAttentionCache`` as ``cache=`` with the
-batch layout in keywords. Two forms of step reach it:
+the other, and the attention function gets the batch layout in keywords; before transformers
+5.24 it also gets the ``PagedAttentionCache`` as ``cache=`` and updates it here, from 5.24 on
+the attention module has updated it already (see the cache APIs below). Two forms of step reach
+it:
 
 * varlen (prefill, chunked prefill, mixed batches, and every decode step without a block
   table): the cache writes the new K/V into its pages and hands back each request's whole key
@@ -28,9 +30,14 @@ sync, capturable): padding tokens belong to no request, so the varlen kernel nev
 output rows (they hold garbage, never sampled, as with flash-attn), and a zero-length request in
 the block-table form writes and reads nothing.
 
-Two cache APIs exist (this module never imports transformers; it looks at the cache object):
+Three forms of the cache API exist (this module never imports transformers; it looks at the
+cache object, or at the keywords):
 
-* transformers >= 5.20 (tested 5.23): ``cache.update(key_states, value_states, layer_idx,
+* transformers >= 5.24: the attention module itself calls ``cache.update(key_states,
+  value_states, layer_idx, kwargs=kwargs)`` before the attention function, which gets no
+  ``cache`` but the keywords that update resolved (below) and its key/value:
+  :func:`updated_step_attention`.
+* transformers 5.20 ... 5.23: ``cache.update(key_states, value_states, layer_idx,
   kwargs)`` resolves the per-layer-type keywords in place (``cu_seq_lens_k`` / ``max_length_k``
   are dicts keyed by layer type) and, with a block table, puts the layer's page views in
   ``kwargs["k_cache"]``/``["v_cache"]`` and its group's table in ``["block_table"]``.
@@ -60,7 +67,7 @@ from ..decode import append_attend_paged
 from ..interface import varlen_attention
 from .common import cast_to_kernel_dtype
 
-__all__ = ["paged_cache_attention", "cache_api"]
+__all__ = ["paged_cache_attention", "updated_step_attention", "cache_api"]
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 # what PagedAttentionCache.update (transformers >= 5.20) reads and resolves per layer
@@ -89,7 +96,7 @@ def cache_api(cache) -> str:
         f"hf_flash got cache={type(cache).__name__}, which is not a transformers "
         "PagedAttentionCache it knows (update(key_states, value_states, layer_idx, kwargs) or "
         "update(..., read_index, write_index)); continuous batching needs transformers "
-        "5.17 ... 5.23"
+        "5.17 ... 5.24"
     )
 
 
@@ -110,16 +117,7 @@ def paged_cache_attention(
             f"continuous batching needs the attention module's layer_idx (an int) to find its "
             f"cache pages; {type(module).__name__}.layer_idx is {layer_idx!r}"
         )
-    if query.shape[0] != 1:
-        raise ValueError(
-            f"continuous batching packs all requests into one row, but query has batch "
-            f"{query.shape[0]} (shape {tuple(query.shape)})"
-        )
-    if opts["dropout_p"] > 0.0:
-        raise ValueError(
-            "continuous batching is inference-only, but attention dropout is "
-            f"{opts['dropout_p']}; call model.eval() first"
-        )
+    _check_step(query, opts)
     cu_q = _required(kwargs, "cu_seq_lens_q")
     max_q = _first_present(kwargs, "max_length_q", "max_seqlen_q")
     _check_cu("cu_seq_lens_q", cu_q, query.device)
@@ -135,11 +133,7 @@ def paged_cache_attention(
     cu_k = _per_layer_type(_required(kwargs, "cu_seq_lens_k"), layer_type)
     max_k = _per_layer_type(_first_present(kwargs, "max_length_k", "max_seqlen_k"), layer_type)
     _check_cu("cu_seq_lens_k", cu_k, query.device)
-    if cu_k.numel() != cu_q.numel():
-        raise ValueError(
-            f"cu_seq_lens_q has {cu_q.numel()} entries but this layer's cu_seq_lens_k has "
-            f"{cu_k.numel()}; both must be number of requests + 1"
-        )
+    _check_counts(cu_q, cu_k)
     block_table = kwargs.get("block_table")
     if block_table is None:
         _required(kwargs, "read_index")
@@ -172,8 +166,46 @@ def paged_cache_attention(
             )
             # (total_k, Hkv, D) -> the (1, Hkv, total_k, D) layout of the other API
             key, value = key.transpose(0, 1).unsqueeze(0), value.transpose(0, 1).unsqueeze(0)
-    cu_k = cu_k.to(torch.int32)
+    return _step(module, query, key, value, cu_q, cu_k, max_q, max_k, block_table, pages, opts)
 
+
+def updated_step_attention(
+    module, query: Tensor, key: Tensor, value: Tensor, opts: dict, kwargs: dict
+) -> Tensor:
+    """Attention for one layer of a continuous-batching step in transformers >= 5.24, where the
+    attention module has already run ``cache.update(..., kwargs=kwargs)`` itself: no ``cache=``
+    reaches the attention function, ``cu_seq_lens_k`` / ``max_length_k`` are this layer's, and
+    key/value are the whole histories (varlen) or, with a ``block_table`` (the layer group's
+    ``(requests, blocks)`` table), the new tokens, the pages in ``k_cache``/``v_cache``.
+
+    Shapes and return as :func:`paged_cache_attention`.
+    """
+    _check_step(query, opts)
+    cu_q = _required(kwargs, "cu_seq_lens_q")
+    max_q = _required(kwargs, "max_length_q")
+    _check_cu("cu_seq_lens_q", cu_q, query.device)
+    cu_k = _required(kwargs, "cu_seq_lens_k")
+    max_k = _required(kwargs, "max_length_k")
+    if isinstance(cu_k, dict) or isinstance(max_k, dict):
+        raise ValueError(
+            "continuous-batching keywords are still keyed by layer type: the attention module "
+            "did not run the paged cache's update(..., kwargs=kwargs) before attention"
+        )
+    _check_cu("cu_seq_lens_k", cu_k, query.device)
+    _check_counts(cu_q, cu_k)
+    block_table = kwargs.get("block_table")
+    pages = (kwargs.get("k_cache"), kwargs.get("v_cache"))
+    if block_table is not None and (not isinstance(block_table, Tensor) or block_table.dim() != 2):
+        raise ValueError(
+            "after the paged cache's update, block_table must be this layer group's 2-D "
+            f"(requests, max blocks per request) table, got {type(block_table).__name__} "
+            f"{tuple(getattr(block_table, 'shape', ()))}"
+        )
+    return _step(module, query, key, value, cu_q, cu_k, max_q, max_k, block_table, pages, opts)
+
+
+def _step(module, query, key, value, cu_q, cu_k, max_q, max_k, block_table, pages, opts):
+    cu_k = cu_k.to(torch.int32)
     q, k, v = (t.transpose(1, 2)[0] for t in (query, key, value))  # (tokens, heads, D)
     q, k, v = cast_to_kernel_dtype(module, q, k, v)
     if block_table is not None:
@@ -226,6 +258,27 @@ def _decode_fast_path(q, k, v, pages, block_table, cu_k, opts) -> Tensor:
     return out.squeeze(1)
 
 
+def _check_step(query: Tensor, opts: dict) -> None:
+    if query.shape[0] != 1:
+        raise ValueError(
+            f"continuous batching packs all requests into one row, but query has batch "
+            f"{query.shape[0]} (shape {tuple(query.shape)})"
+        )
+    if opts["dropout_p"] > 0.0:
+        raise ValueError(
+            "continuous batching is inference-only, but attention dropout is "
+            f"{opts['dropout_p']}; call model.eval() first"
+        )
+
+
+def _check_counts(cu_q: Tensor, cu_k: Tensor) -> None:
+    if cu_k.numel() != cu_q.numel():
+        raise ValueError(
+            f"cu_seq_lens_q has {cu_q.numel()} entries but this layer's cu_seq_lens_k has "
+            f"{cu_k.numel()}; both must be number of requests + 1"
+        )
+
+
 def _layer_is_sliding(cache, layer_idx: int, api: str) -> bool:
     try:
         if api == "kwargs":
@@ -255,7 +308,7 @@ def _required(kwargs: dict, name: str):
     value = kwargs.get(name)
     if value is None:
         raise ValueError(
-            f"continuous batching (cache=...) needs the keyword {name!r}, which transformers' "
+            f"continuous batching needs the keyword {name!r}, which transformers' "
             "continuous-batching manager passes; call the model through generate_batch() or "
             "init_continuous_batching()"
         )

@@ -2,7 +2,8 @@
 instance at a time.
 
 transformers' decode step for one attention layer is: project q/k/v, apply RoPE to q and k,
-``past_key_values.update`` (copy k/v into the cache), then attention over the cache. With
+``cache.update`` (copy k/v into the cache; the argument is ``past_key_values`` before
+transformers 5.24), then attention over the cache. With
 ``attn_implementation="hf_flash"`` the patched forward does the last three in one
 :func:`hf_flash.flash_attn_with_kvcache` launch: the kernel rotates q and the new k, appends k/v
 to the cache buffers in place, and attends (split-KV, GQA groups read each K/V tile once).
@@ -50,7 +51,7 @@ from ..decode import MAX_DECODE_QUERIES, decode_attention, full_lengths
 from .common import flash_window
 from .families import patch_target
 from .masks import key_blocks
-from .patching import is_wrapped, unwrap_forwards, wrap_instances
+from .patching import cache_parameter, is_wrapped, unwrap_forwards, wrap_instances
 
 __all__ = ["patch_model", "revert_model", "is_patched"]
 
@@ -83,13 +84,17 @@ def is_patched(module) -> bool:
 
 
 def _make_forward(fallback):
-    def forward(self, hidden_states, position_embeddings=None, attention_mask=None,
-                past_key_values=None, **kwargs):  # fmt: skip
-        found = _fusable_layer(self, hidden_states, position_embeddings, attention_mask,
-                               past_key_values, kwargs)  # fmt: skip
+    # the fourth parameter: "cache" from transformers 5.24 on, "past_key_values" before; the
+    # call is handed on to ``fallback`` exactly as it came, under whichever name it used
+    cache_name = cache_parameter(fallback)
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, *args,
+                **kwargs):  # fmt: skip
+        cache = args[0] if args else kwargs.get(cache_name)
+        found = _fusable_layer(self, hidden_states, position_embeddings, attention_mask, cache,
+                               kwargs)  # fmt: skip
         if found is None:
-            return fallback(hidden_states, position_embeddings, attention_mask, past_key_values,
-                            **kwargs)  # fmt: skip
+            return fallback(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
         layer, static = found
         return _fused_decode(self, layer, static, hidden_states, position_embeddings, attention_mask)
 

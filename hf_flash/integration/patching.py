@@ -11,14 +11,37 @@ patch (accelerate moves ``forward`` to ``_old_forward``) is kept on revert: the 
 now holds the patch is pointed back at what the patch replaced. A patch's forward that
 another patch may wrap checks its record at each call and passes the call through once the
 record is gone, so reverting it takes effect under the other wrapper too.
+
+transformers 5.24 renamed the KV-cache argument of the models' and attention layers' forwards
+from ``past_key_values`` to ``cache`` (the old name still works through a ``deprecate_kwarg``
+wrapper); :func:`cache_parameter` reads which one a forward takes from its signature, once, when
+a patch is made.
 """
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Callable
 
 _MARK = "__hf_flash_patch__"  # on an installed forward function: its record name
+
+# the KV-cache argument of transformers' forwards: its name from 5.24 on, and before
+CACHE_NAMES = ("cache", "past_key_values")
+
+
+def cache_parameter(forward: Callable) -> str:
+    """The name under which ``forward`` takes the KV cache: ``"cache"`` (transformers >= 5.24)
+    or ``"past_key_values"`` (5.17 ... 5.23). Read from its signature (decorators that set
+    ``__wrapped__`` are looked through); TypeError when it has neither."""
+    params = inspect.signature(forward).parameters
+    for name in CACHE_NAMES:
+        if name in params:
+            return name
+    raise TypeError(
+        f"{getattr(forward, '__qualname__', forward)!r} takes neither of {CACHE_NAMES} "
+        f"(parameters: {list(params)}); hf_flash's patches know transformers 5.17 ... 5.24"
+    )
 
 
 def wrap_forward(

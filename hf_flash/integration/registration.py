@@ -20,7 +20,8 @@ What :func:`register` does, each step idempotent:
 5. Continuous batching (``generate_batch``, :mod:`hf_flash.integration.continuous_batching`):
    transformers 5.17 - 5.19 switch the model to ``"paged|hf_flash"``, so that name is registered
    too (same attention function) and the flash loader resolves it like "hf_flash"; 5.20+ strip
-   the ``paged|`` prefix and call "hf_flash" with ``cache=``. transformers enables the
+   the ``paged|`` prefix and call "hf_flash" (with ``cache=`` before 5.24; from 5.24 on the
+   attention module updates the paged cache itself). transformers enables the
    block-table decode path only for names matching ``flash.*2``/``flash.*3`` on CUDA
    (``continuous_batching.initialization.ensure_decode_fast_path_is_available``); that function
    is wrapped so that for "hf_flash" the path stays on when hf_flash's paged kernel can serve
@@ -141,7 +142,7 @@ def _check_flash_loader_shape(fa_utils) -> None:
             "attention_wrapper, allow_all_kernels) is missing or changed in transformers "
             f"{transformers.__version__}; hf_flash cannot plug into its flash loader. Install "
             f"transformers>={MIN_TRANSFORMERS},<{MAX_TRANSFORMERS_EXCLUSIVE} at a release hf_flash "
-            "was tested with (5.17 ... 5.23)"
+            "was tested with (5.17 ... 5.24)"
         )
 
 

@@ -1,6 +1,6 @@
 """Fused RoPE for Llama-family attention modules, one model instance at a time.
 
-In transformers 5.17 ... 5.23 ``LlamaAttention.forward`` (and Mistral's, Qwen2's, Qwen3's, which
+In transformers 5.17 ... 5.24 ``LlamaAttention.forward`` (and Mistral's, Qwen2's, Qwen3's, which
 are generated from it) calls the module-level function ``apply_rotary_pos_emb(q, k, cos, sin)``
 of its modeling file; there is no per-instance hook (the ``use_kernelized_func`` class decorator
 is a no-op unless the Hub ``kernels`` package is installed and enabled). Replacing that
@@ -9,6 +9,8 @@ module of the patched model gets an instance-level ``forward``: the class's own 
 (same code object, same defaults and closure) whose globals map ``apply_rotary_pos_emb`` to
 :func:`hf_flash.rotary.apply_rotary_pos_emb`. Everything else in the forward (projections, KV
 cache, the attention function chosen by ``config._attn_implementation``) is transformers' code.
+A decorator on the class's forward (5.24's ``deprecate_kwarg``, which still accepts the old
+``past_key_values`` keyword) is rebuilt around the patched function, so calls behave the same.
 Other instances, and models loaded later, are untouched; :func:`revert_model` deletes the
 instance attribute (:mod:`hf_flash.integration.patching`), and the fused path also checks its
 per-module record at each call, so a revert takes effect even when another per-instance wrapper
@@ -44,27 +46,30 @@ def _patched_forward(cls, modeling) -> Callable:
     from hf_flash.rotary import apply_rotary_pos_emb
 
     fn = cls.__dict__.get("forward")
-    if not isinstance(fn, types.FunctionType) or _ROTARY_NAME not in fn.__code__.co_names:
-        raise _Unsupported(
-            f"{cls.__name__}.forward does not call {_ROTARY_NAME} by its module-level name in "
-            "this transformers release"
-        )
+    # the class's forward may be decorated (transformers 5.24: ``deprecate_kwarg`` maps the old
+    # ``past_key_values`` keyword to ``cache``): the chain down to the function that calls RoPE
+    chain = [fn]
+    while not (isinstance(chain[-1], types.FunctionType)
+               and _ROTARY_NAME in chain[-1].__code__.co_names):  # fmt: skip
+        inner = getattr(chain[-1], "__wrapped__", None)
+        if inner is None or len(chain) > 8:
+            raise _Unsupported(
+                f"{cls.__name__}.forward does not call {_ROTARY_NAME} by its module-level name "
+                "in this transformers release"
+            )
+        chain.append(inner)
     original = getattr(modeling, _ROTARY_NAME, None)
     if original is None or list(inspect.signature(original).parameters) != _HF_SIGNATURE:
         raise _Unsupported(
             f"{modeling.__name__}.{_ROTARY_NAME} is missing or its signature changed (expected "
             f"{_HF_SIGNATURE})"
         )
-    namespace = dict(fn.__globals__)
+    namespace = dict(chain[-1].__globals__)
     namespace[_ROTARY_NAME] = apply_rotary_pos_emb
-    # A code object of its own: torch.compile caches its transformed bytecode per code object
-    # and puts the compiled graphs into the globals of the function it compiled first, so the
-    # class's forward (module globals) and this one (a copy) must not share one code object.
-    code = fn.__code__.replace(co_name=fn.__code__.co_name)
-    patched = types.FunctionType(code, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
-    patched.__kwdefaults__ = fn.__kwdefaults__
-    patched.__qualname__ = fn.__qualname__
-    patched.__doc__ = fn.__doc__
+    patched = _copy_function(chain[-1], namespace, chain[-1].__closure__)
+    # each decorator again, around the patched function instead of the original one
+    for wrapper, inner in zip(reversed(chain[:-1]), reversed(chain[1:])):
+        patched = _rewrapped(cls, wrapper, inner, patched)
 
     # The fused forward runs only while the module carries the patch record, so a revert takes
     # effect even when a later wrapper (e.g. the fused-decode patch) still holds this function.
@@ -74,6 +79,40 @@ def _patched_forward(cls, modeling) -> Callable:
         return impl(self, *args, **kwargs)
 
     return forward
+
+
+def _copy_function(fn: types.FunctionType, namespace: dict, closure) -> types.FunctionType:
+    # A code object of its own: torch.compile caches its transformed bytecode per code object
+    # and puts the compiled graphs into the globals of the function it compiled first, so the
+    # class's forward (module globals) and this one (a copy) must not share one code object.
+    code = fn.__code__.replace(co_name=fn.__code__.co_name)
+    copy = types.FunctionType(code, namespace, fn.__name__, fn.__defaults__, closure)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__ = fn.__qualname__
+    copy.__doc__ = fn.__doc__
+    copy.__dict__.update(fn.__dict__)
+    return copy
+
+
+def _rewrapped(cls, wrapper, inner, patched) -> types.FunctionType:
+    """``wrapper`` (a decorator's closure around ``inner``) rebuilt around ``patched``."""
+    cells = wrapper.__closure__ if isinstance(wrapper, types.FunctionType) else None
+    if not cells or not any(_holds(c, inner) for c in cells):
+        raise _Unsupported(
+            f"{cls.__name__}.forward is wrapped by {getattr(wrapper, '__qualname__', wrapper)!r}, "
+            "whose closure does not hold the function it wraps"
+        )
+    closure = tuple(types.CellType(patched) if _holds(c, inner) else c for c in cells)
+    copy = _copy_function(wrapper, wrapper.__globals__, closure)
+    copy.__wrapped__ = patched
+    return copy
+
+
+def _holds(cell, value) -> bool:
+    try:
+        return cell.cell_contents is value
+    except ValueError:  # an empty cell
+        return False
 
 
 class _Unsupported(Exception):

@@ -24,8 +24,9 @@ When it applies (anything else runs the model's forward untouched):
 
 * a 2-D ``attention_mask`` with at least one padding entry, each row's valid tokens contiguous
   (left or right padding; a 0 between two 1s keeps the old path, whose mask function raises);
-* no cache: ``past_key_values`` is None and ``use_cache`` resolves to False (the argument, else
-  the config, else False under gradient checkpointing in training, as transformers resolves it);
+* no cache: ``cache`` (``past_key_values`` before transformers 5.24) is None and ``use_cache``
+  resolves to False (the argument, else the config, else False under gradient checkpointing in
+  training, as transformers resolves it);
   generate's prefill fills a cache in the padded layout and is left alone;
 * 2-D (or absent) ``position_ids``, no ``cu_seq_lens``/``max_length`` keywords already given,
   and not while torch.compile traces (the mask is read on the host: one sync per forward pass,
@@ -47,7 +48,7 @@ from torch import Tensor
 
 from .families import patch_target
 from .masks import mask_rows
-from .patching import is_wrapped, unwrap_forwards, wrap_instances
+from .patching import CACHE_NAMES, is_wrapped, unwrap_forwards, wrap_instances
 
 __all__ = ["patch_model", "revert_model", "is_patched", "unpad_inputs"]
 
@@ -94,7 +95,7 @@ def _make_forward(class_forward, inner):
         # Decode steps and traced calls take the model's forward untouched, before any binding:
         # dynamo cannot trace Signature.bind after generate() mutated a dict it proxies, and a
         # graph break here splits a compiled (CUDA-graph) decode step into one frame per layer.
-        if torch.compiler.is_compiling() or kwargs.get("past_key_values") is not None:
+        if torch.compiler.is_compiling() or _has_cache(kwargs):
             return inner(*args, **kwargs)
         try:
             bound = signature.bind(self, *args, **kwargs)
@@ -120,6 +121,11 @@ def _var_keyword_name(signature) -> Optional[str]:
     return None
 
 
+def _has_cache(kwargs: dict) -> bool:
+    # either name: transformers >= 5.24 takes "cache" and still maps "past_key_values" to it
+    return any(kwargs.get(name) is not None for name in CACHE_NAMES)
+
+
 def _resolved_use_cache(module, call) -> bool:
     use_cache = call.get("use_cache")
     if use_cache is None:
@@ -134,7 +140,7 @@ def _plan(module, call: dict, extra: dict):
     mask = call.get("attention_mask")
     if not isinstance(mask, Tensor) or mask.dim() != 2 or torch.compiler.is_compiling():
         return None
-    if call.get("past_key_values") is not None or _resolved_use_cache(module, call):
+    if _has_cache(call) or _has_cache(extra) or _resolved_use_cache(module, call):
         return None
     if any(extra.get(k) is not None for k in _VARLEN_KEYS):
         return None
@@ -215,7 +221,7 @@ def _repad_output(out, index: Tensor, batch: int, seqlen: int):
 
     if hasattr(out, "keys") and hasattr(out, "__setitem__"):  # a transformers ModelOutput
         for key in list(out.keys()):
-            if key != "past_key_values":
+            if key not in CACHE_NAMES:
                 out[key] = repad(out[key])
         return out
     if isinstance(out, tuple):

@@ -258,6 +258,65 @@ def test_bad_continuous_batching_input_raises(launches, change, match, device):
     assert kw["cache"].updates == (match == "multiple of 16")
 
 
+def _updated_kwargs(device, kw=None):
+    """The keywords a transformers >= 5.24 attention function gets for a block-table step: the
+    attention module ran ``cache.update(..., kwargs=kwargs)`` itself and passes no cache."""
+    kw = _decode_kwargs(device) if kw is None else kw
+    k = torch.randn(1, 2, 2, 16, device=device)
+    _Cache().update(k, k, 0, kw)
+    return kw
+
+
+def _own_pages(kw):
+    """Each request on pages of its own (the shared zero table would have both write one slot)."""
+    kw["block_table"] = torch.arange(4, dtype=torch.int32, device=kw["block_table"].device)
+    kw["block_table"] = kw["block_table"].view(1, 2, 2)
+    return kw
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda kw: kw.update(batch=2), "one row"),
+        (lambda kw: kw.pop("cu_seq_lens_q"), "cu_seq_lens_q"),
+        (lambda kw: kw.update(k_cache=kw["k_cache"][:, :8], v_cache=kw["v_cache"][:, :8]),
+         "multiple of 16"),
+        (lambda kw: kw.update(cu_seq_lens_k={"full_attention": kw["cu_seq_lens_k"]}),
+         "keyed by layer type"),
+        (lambda kw: kw.update(block_table=kw["block_table"][None]), "2-D"),
+        (lambda kw: kw.update(dropout=0.1), "inference-only"),
+    ],
+    ids=["batch-2", "missing-cu-seqlens", "page-8", "unresolved-keywords", "3-d-block-table",
+         "dropout"],
+)  # fmt: skip
+def test_bad_updated_step_raises(launches, change, match, device):
+    """transformers >= 5.24: the step is recognised from its batch keywords (no cache=) and
+    checked the same way before any kernel runs."""
+    kw = dict(_updated_kwargs(device), batch=1)
+    change(kw)
+    batch = kw.pop("batch")
+    q = torch.randn(batch, 4, 2, 16, device=device)
+    k = torch.randn(batch, 2, 2, 16, device=device)
+    with pytest.raises(ValueError, match=match):
+        hf_flash_attention_forward(_Attn(), q, k, k.clone(), None, **kw)
+    assert launches == {"varlen": 0, "paged": 0}
+
+
+def test_updated_step_equals_cache_step(launches, device):
+    """The same block-table decode step in both forms (cache= before 5.24; keywords already
+    resolved by the module from 5.24 on) runs the paged kernel and gives the same output."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 4, 2, 16, device=device)
+    k, v = torch.randn(1, 2, 2, 16, device=device), torch.randn(1, 2, 2, 16, device=device)
+    old, _ = hf_flash_attention_forward(
+        _Attn(), q, k, v, None, cache=_Cache(), **_own_pages(_decode_kwargs(device))
+    )
+    updated = _updated_kwargs(device, _own_pages(_decode_kwargs(device)))
+    new, _ = hf_flash_attention_forward(_Attn(), q, k, v, None, **updated)
+    assert launches == {"varlen": 0, "paged": 2}
+    assert torch.equal(old, new)
+
+
 def test_paged_name_is_registered():
     """transformers 5.17 runs continuous batching as "paged|hf_flash": the same function, and
     the flash loader resolves the name like "hf_flash"."""

@@ -133,6 +133,33 @@ def test_other_instances_untouched_and_revert(device):
     assert revert_model(a) == 0
 
 
+def test_patched_forward_keeps_the_cache_argument_and_its_old_name(kernel_calls, device):
+    """transformers 5.24 renamed the attention forward's ``past_key_values`` to ``cache`` and
+    wraps the forward in ``deprecate_kwarg``, which still maps the old keyword: the patched
+    forward keeps that wrapper, so the cache is updated under either name (5.17 ... 5.23 take
+    ``past_key_values`` only)."""
+    import warnings
+
+    from transformers import DynamicCache
+
+    model = _model(device, "llama")
+    assert patch_model(model)
+    attn = model.model.layers[0].self_attn
+    name = patching.cache_parameter(type(attn).forward)
+    assert name == patching.cache_parameter(attn.forward)
+    names = ["past_key_values"] + (["cache"] if name == "cache" else [])
+    hidden = torch.randn(1, 5, 64, device=device)
+    position_embeddings = model.model.rotary_emb(hidden, torch.arange(5, device=device)[None])
+    for keyword in names:
+        cache = DynamicCache(config=model.config)
+        kernel_calls.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # the old name on 5.24
+            attn(hidden, position_embeddings, None, **{keyword: cache})
+        assert kernel_calls, keyword
+        assert cache.get_seq_length(0) == 5, keyword
+
+
 def test_unsupported_family_is_a_noop(device):
     from transformers import GPT2Config
 
