@@ -82,8 +82,13 @@ def test_resume_refuses_changed_options(uninterrupted, capsys):
         (["--attn_implementation", "not_an_attention"], "is not registered with transformers"),
         (["--resume"], "no complete checkpoint"),
         (["--synthetic_documents", "1", "--micro_batch_size", "8"], "fewer than"),
+        (["--memory_plan", "fixed", "--tiled_mlp_tokens", "16"], "tiled_mlp_tokens needs memory_plan: auto"),
+        (["--gradient_checkpointing", "true", "--offload_activations", "true", "--keep_attention_outputs",
+          "true"], "the offload recomputes the attention"),  # fmt: skip
+        (["--memory_plan", "sometimes"], "choose auto or fixed"),
     ],
-    ids=["lora_targets", "short_seq", "no_rope", "memory", "attn", "resume", "no_data"],
+    ids=["lora_targets", "short_seq", "no_rope", "memory", "attn", "resume", "no_data", "tiled_fixed",
+         "offload_keep", "plan_name"],  # fmt: skip
 )
 def test_bad_setups_fail_before_training(extra, message, tmp_path, capsys):
     out = tmp_path / "bad"
@@ -215,3 +220,20 @@ def test_checkpoints_from_before_sp_size_still_resume():
     assert resume_differences(state, cfg, 1) == []
     cfg.sp_size = 2
     assert resume_differences(state, cfg, 2) == ["sp_size: checkpoint 1, now 2", "processes: checkpoint 1, now 2"]
+
+
+def test_resume_with_offload_and_tiled_mlp_reproduces_losses(tmp_path):
+    """The memory features on (checkpointed inputs offloaded, the MLP in 24-token chunks of the
+    64-token rows, LoRA dropout replayed per chunk): an interrupted-then-resumed run still gives
+    the uninterrupted run's losses exactly, and the plan is recorded."""
+    args = BASE[:BASE.index("--max_steps")] + ["--max_steps", "8"] + BASE[BASE.index("--max_steps") + 2:] + [
+        "--gradient_checkpointing", "true", "--keep_attention_outputs", "false",
+        "--offload_activations", "true", "--tiled_mlp_tokens", "24",
+    ]  # fmt: skip
+    full = train(load_config(args + ["--output_dir", str(tmp_path / "full")]))
+    assert full["memory_plan"] == "offloaded checkpointing + tiled MLP + chunked loss"
+    assert full["tiled_mlp_tokens"] == 24 and full["offload_activations"]
+    out = tmp_path / "resumed"
+    assert train(load_config(args + ["--output_dir", str(out), "--interrupt_after", "5"])) == {"interrupted_at": 5}
+    assert main(args + ["--output_dir", str(out), "--resume"]) == 0
+    assert _losses(out) == _losses(tmp_path / "full")
