@@ -46,8 +46,10 @@ runs only when the recomputation asks for the input, and the compute waits for i
 is prefetched. That is what this module adds.
 
 Host memory: PyTorch's pinned-memory allocator rounds every block up to a power of two and caches
-it, so a step holds up to ``2 x layers x tokens x hidden x bytes`` of pinned memory (exactly
-``1x`` when that size is a power of two).
+it. A 3 GiB layer input (the 8B shape at 384K tokens) would take a 4 GiB block; so each input is
+held in pieces whose byte sizes are powers of two (its size's binary digits, the last piece at
+most :data:`MIN_PIECE_BYTES`), and a step holds ``layers x tokens x hidden x bytes`` of pinned
+memory plus at most one rounded small piece per layer.
 """
 
 from __future__ import annotations
@@ -151,6 +153,24 @@ def _current_step() -> _Step:
     return step
 
 
+MIN_PIECE_BYTES = 1 << 20
+"""Below this the rest of a layer input goes into one piece (rounded up by the allocator)."""
+
+
+def host_pieces(numel: int, element_size: int) -> list[int]:
+    """Element counts of the pieces a tensor of ``numel`` elements is held in on the host: byte
+    sizes that are powers of two, largest first, then one last piece of at most
+    :data:`MIN_PIECE_BYTES`."""
+    rest, pieces = numel * element_size, []
+    while rest > MIN_PIECE_BYTES:
+        piece = 1 << (rest.bit_length() - 1)
+        pieces.append(piece // element_size)
+        rest -= piece
+    if rest:
+        pieces.append(rest // element_size)
+    return pieces
+
+
 class _OffloadedInput:
     """One layer input from its forward to its recomputation, in host memory.
 
@@ -174,21 +194,26 @@ class _OffloadedInput:
         self._step = step
         self._index = step.push(self)
 
-    def _to_host(self, x: torch.Tensor) -> torch.Tensor:
+    def _to_host(self, x: torch.Tensor) -> tuple:
+        """``(shape, dtype, pieces)``: x's elements in row-major order, in host tensors sized by
+        :func:`host_pieces` (pinned, copied on the side stream, on CUDA)."""
         stream = self._stream
         with torch.no_grad():
-            if stream is None:
-                host = torch.empty_like(x, device="cpu")
-                host.copy_(x)
-                return host
-            host = torch.empty_like(x, device="cpu", pin_memory=True)
+            flat = x.contiguous().view(-1)
+            pinned = stream is not None
+            pieces = [torch.empty(n, dtype=x.dtype, device="cpu", pin_memory=pinned)
+                      for n in host_pieces(flat.numel(), flat.element_size())]  # fmt: skip
+            if not pinned:
+                _copy_pieces(pieces, flat, to_host=True, non_blocking=False)
+                return x.shape, x.dtype, pieces
             stream.wait_stream(torch.cuda.current_stream(x.device))  # after x's producer
             with torch.cuda.stream(stream):
-                host.copy_(x, non_blocking=True)
+                _copy_pieces(pieces, flat, to_host=True, non_blocking=True)
             # x's memory goes back to the allocator when the forward drops x; it is not reused
-            # before this copy has read it
+            # before this copy has read it (nor flat's, when x was not contiguous)
             x.record_stream(stream)
-        return host
+            flat.record_stream(stream)
+        return x.shape, x.dtype, pieces
 
     def prefetch(self) -> None:
         """Start the copy back to the device (once; a no-op while one is pending)."""
@@ -196,16 +221,18 @@ class _OffloadedInput:
             return
         stream = self._stream
         with torch.no_grad():
-            if stream is None:
-                self._fetched = self._host.clone()
-                return
+            shape, dtype, pieces = self._host
             # allocated on the compute stream (its memory pool); the side stream writes it only
             # after the compute stream's earlier use of that memory
-            t = torch.empty_like(self._host, device=self._device)
+            t = torch.empty(shape, dtype=dtype, device=self._device)
+            if stream is None:
+                _copy_pieces(pieces, t.view(-1), to_host=False, non_blocking=False)
+                self._fetched = t
+                return
             stream.wait_stream(torch.cuda.current_stream(self._device))
             with torch.cuda.stream(stream):
                 # stream order puts this after the forward's device-to-host copy (same stream)
-                t.copy_(self._host, non_blocking=True)
+                _copy_pieces(pieces, t.view(-1), to_host=False, non_blocking=True)
                 ready = torch.cuda.Event()
                 ready.record(stream)
             t.record_stream(stream)  # dropped unused (graph freed): not reused before the write
@@ -222,6 +249,18 @@ class _OffloadedInput:
         if following is not None:
             following.prefetch()
         return t
+
+
+def _copy_pieces(pieces: list, flat: torch.Tensor, to_host: bool, non_blocking: bool) -> None:
+    """Copy the 1-D ``flat`` into consecutive ``pieces`` (``to_host``) or back."""
+    start = 0
+    for piece in pieces:
+        part = flat[start : start + piece.numel()]
+        if to_host:
+            piece.copy_(part, non_blocking=non_blocking)
+        else:
+            part.copy_(piece, non_blocking=non_blocking)
+        start += piece.numel()
 
 
 class _OffloadHooks(torch.autograd.graph.saved_tensors_hooks):

@@ -29,8 +29,8 @@ The model of a step's memory, per token (``a``: bytes of an activation element; 
 - what crosses layers: nothing extra without checkpointing (every layer keeps its working set),
   ``a h`` per layer with checkpointing (its input), plus ``q a + 4 heads`` per layer when the
   attention outputs are kept; with offload two layer inputs stay on the device (the one being
-  recomputed and the one prefetched) and each layer's input takes a pinned host block rounded up
-  to a power of two (how torch's caching host allocator sizes them);
+  recomputed and the one prefetched) and each layer's input takes its own size of pinned host
+  memory (held in power-of-two pieces, which torch's caching host allocator does not round up);
 - the loss: ``V (2a + 8)`` per token for transformers' loss (the logits, their fp32 copy and
   gradients) or one chunk of ``V a`` plus ``a h`` per token (``dL/dh``) for the chunked loss;
 - 3 ``a h`` per token of gradients and residuals in flight, and 10% allocator slack.
@@ -42,8 +42,9 @@ search), and the printed plan always says what it assumed.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
+
+from .offload import MIN_PIECE_BYTES
 
 GIB = 2**30
 SLACK = 1.10
@@ -156,8 +157,8 @@ def predict(shape: Shape, tokens: int, *, checkpointing: str, chunked_loss: bool
         if checkpointing == "keep_attention":
             per_layer += tokens * (q * a + 4 * shape.heads)
         if checkpointing == "offload":
-            # pinned host blocks come in powers of two (torch's caching host allocator)
-            host = shape.layers * 2 ** math.ceil(math.log2(tokens * a * h))
+            # held in power-of-two pieces (offload.host_pieces): exact, but for the last piece
+            host = shape.layers * (tokens * a * h + MIN_PIECE_BYTES)
             crossing = 2 * tokens * a * h
         else:
             host = 0

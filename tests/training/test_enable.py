@@ -39,7 +39,8 @@ def test_planner_picks_the_fastest_rung_that_fits():
     assert short.name == "none" and short.fits
     long = make_plan(LLAMA3_8B, 262144, act_bytes=2, device_budget_gib=79.0, host_budget_gib=120.0)
     assert long.fits and long.checkpointing == "offload" and long.tiled_mlp_tokens and long.chunked_loss
-    assert long.host_gib == pytest.approx(32 * 262144 * 4096 * 2 / 2**30)
+    # the layer inputs, each held in power-of-two pieces (at most one more small piece a layer)
+    assert 64.0 <= long.host_gib <= 64.0 + 32 * 2**-10
     # every rung before the chosen one was considered and predicted not to fit
     names = [name for name, *_ in LADDER]
     assert [c[0] for c in long.considered] == names

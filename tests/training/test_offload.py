@@ -210,3 +210,20 @@ class _NoLayers(torch.nn.Module):
 
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None):
         pass
+
+
+def test_host_pieces_are_powers_of_two_and_round_trip_exactly():
+    """Layer inputs are held on the host in power-of-two pieces (the pinned allocator rounds each
+    block up to one): 3 MiB + 10 bytes of bf16 is a 2 MiB piece, a 1 MiB piece and the rest."""
+    from hf_flash.training.offload import MIN_PIECE_BYTES, _OffloadedInput, _Step, host_pieces
+
+    numel = (3 * 2**20 + 10) // 2
+    pieces = host_pieces(numel, 2)
+    assert pieces == [2**20, 2**19, 5] and sum(pieces) == numel
+    assert host_pieces(2**20, 4) == [2**20]  # a power of two: one piece
+    assert host_pieces(7, 8) == [7]
+    assert all(p * 8 <= MIN_PIECE_BYTES or (p * 8) & (p * 8 - 1) == 0 for p in host_pieces(10**7 + 3, 8))
+    x = torch.randn(3, numel // 3 + 1, dtype=torch.float32).to(torch.bfloat16)[:, 1:]  # not contiguous
+    held = _OffloadedInput(x, _Step())
+    back = held.unpack()
+    assert back.shape == x.shape and back.dtype == x.dtype and torch.equal(back, x)
