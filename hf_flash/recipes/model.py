@@ -12,7 +12,7 @@ from torch import nn
 
 from .config import MAX_ROPE_FACTOR, ConfigError
 from hf_flash.training.loss import (
-    chunked_linear_cross_entropy, default_chunk_tokens, full_linear_cross_entropy, liger_linear_cross_entropy,
+    chunked_linear_cross_entropy, full_linear_cross_entropy, liger_linear_cross_entropy,
 )
 
 TINY_SHAPE = dict(
@@ -237,38 +237,32 @@ class CausalLMWithLinearCE(nn.Module):
 
 
 def predict_memory_gib(model, cfg, world_size: int, fsdp: bool) -> float:
-    """Rough peak memory per device of one training step (weights, LoRA optimiser state,
-    checkpointed activations and, with ``keep_attention_outputs``, every layer's attention
-    output and log-sum-exp, one layer's recomputation, one logits chunk). With ``sp_size`` > 1
-    every activation holds ``1 / sp_size`` of the tokens (the kept attention output too: all
-    tokens for ``heads / sp_size`` heads)."""
-    c = model.config
+    """Peak memory per device of one training step with the configuration as given
+    (``memory_plan: fixed``, FSDP, ``sp_size > 1``): hf_flash.training's memory model
+    (:func:`hf_flash.training.plan.predict`) for the checkpointing form the options ask for, with
+    the weights sharded ``world_size`` ways under FSDP and ``1 / sp_size`` of the tokens per rank
+    (the kept attention output too: all tokens for ``heads / sp_size`` heads, the same bytes);
+    attention implementations other than hf_flash and sdpa also materialise the scores and
+    probabilities of one layer."""
+    import dataclasses
+
+    from hf_flash.training.plan import GIB, SLACK, Shape, predict
+
     tokens = cfg.micro_batch_size * cfg.seq_len // cfg.sp_size
     wbytes = torch.finfo(getattr(torch, cfg.dtype)).bits // 8
     act = 2 if cfg.mixed_precision != "no" or wbytes == 2 else 4
-    n_params = sum(p.numel() for p in model.parameters())
-    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    weights = n_params * wbytes / (world_size if fsdp else 1)
-    lora_state = n_train * 16  # fp32 weight, grad, Adam m and v
-    hidden, inter, layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
-    heads = c.num_attention_heads
-    # one layer forward+backward working set per token: attention in/out + projections, MLP
-    per_layer = tokens * (8 * hidden + 4 * inter) * act
-    saved = tokens * hidden * act * layers if cfg.gradient_checkpointing else per_layer * layers
-    if cfg.gradient_checkpointing and cfg.keeps_attention_outputs():
-        head_dim = getattr(c, "head_dim", None) or hidden // heads
-        saved += layers * tokens * heads * (head_dim * act + 4)  # output + fp32 log-sum-exp
-    if cfg.attn_implementation != "hf_flash" and cfg.attn_implementation != "sdpa":
-        per_layer += heads * cfg.seq_len * tokens * 4 * 2  # materialised scores and probabilities
-    if cfg.loss_impl == "full":
-        logits = c.vocab_size * tokens * 4 * 2  # fp32 logits and their gradient
+    shape = Shape.of(model)
+    if fsdp and world_size > 1:
+        shape = dataclasses.replace(shape, param_bytes=shape.param_bytes // world_size)
+    if not cfg.gradient_checkpointing:
+        form = "none"
     else:
-        # the chunked loss's triton path (every CUDA device): one chunk of logits in the weight
-        # dtype, overwritten by its gradient (loss_impl liger is counted alike, not measured)
-        chunk = cfg.loss_chunk_tokens or default_chunk_tokens(c.vocab_size, wbytes)
-        logits = c.vocab_size * min(chunk, tokens) * wbytes
-    total = weights + lora_state + saved + per_layer + logits + tokens * hidden * 4
-    return total * 1.15 / 2**30  # allocator slack
+        form = "keep_attention" if cfg.keeps_attention_outputs() else "recompute"
+    device_gib, _ = predict(shape, tokens, checkpointing=form, chunked_loss=cfg.loss_impl != "full",
+                            tiled_mlp_tokens=None, act_bytes=act, loss_chunk_tokens=cfg.loss_chunk_tokens)  # fmt: skip
+    if cfg.attn_implementation not in ("hf_flash", "sdpa"):
+        device_gib += shape.heads * cfg.seq_len * tokens * 4 * 2 * SLACK / GIB
+    return device_gib
 
 
 def plan_memory(model, cfg, device, log=print):

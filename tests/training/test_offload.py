@@ -14,7 +14,6 @@ import torch
 from memory_models import assert_bitwise, batch, checkpointing, step, tiny_lora_model
 from torch.multiprocessing.reductions import StorageWeakRef
 
-import hf_flash
 from hf_flash.training import checkpoint_with_offload, offload_checkpoints, unoffload_checkpoints
 from hf_flash.training import offload as offload_mod
 

@@ -14,7 +14,6 @@ import torch
 from memory_models import assert_within_rule, batch, step, tiny_lora_model
 
 from hf_flash.training import tile_mlp, untile_mlp
-from hf_flash.training.tiled_mlp import _TiledMLP
 
 
 def _mlp_grad_fns(model, inputs) -> set:
