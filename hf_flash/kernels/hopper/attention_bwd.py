@@ -134,10 +134,6 @@ class Variant:
     # consumer) tile after another, with one TMA reduce of a 16 x 256 box; :func:`_dq_frag_to_bshd` then writes dQ
     # in (B, S, H, D) (the cast copy the other dQ variants run anyway)
     dq_frag: bool = False
-    # dq_writer with one writer warp per consumer (2): each adds its consumer's tiles only, so the
-    # two tiles of a step go out in parallel and one consumer's wait does not hold the other's
-    # slot; dq_ordered keeps one counter per (batch, head, query tile, consumer)
-    dq_writers: int = 1
 
     @property
     def keys(self) -> int:
@@ -149,8 +145,9 @@ class Variant:
 # variants: twice dqs's reduce traffic, slower everywhere; dqs/dqsl (no writer partition) and
 # s2 (+ Triton dQ) are the earlier choices, kept as measured references. dqwldf (fragment-order
 # dQ) measured 0.97-1.09x dqwld (mean 1.04, 2 rounds, session 17): not faster at every point yet;
-# dqw2ldf (a writer warp per consumer) 0.93-1.12x (mean 0.99), kept as the two-writer reference. 128 query rows per step
-# (d64) spills ~1 KB per thread at 240 registers; a 3-stage Q/dO ring measured no faster than 2.
+# a writer warp per consumer (dqw2ld, dqw2ldf) measured 0.97x / 0.99x on average and was dropped
+# (.notes/hopper-bwd.md). 128 query rows per step (d64) spills ~1 KB per thread at 240
+# registers; a 3-stage Q/dO ring measured no faster than 2.
 VARIANTS = {
     v.name: v
     for v in (
@@ -168,9 +165,6 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqw2ldf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_writers=2, head_dims=(128,)),
     )
 }  # fmt: skip
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
@@ -544,19 +538,14 @@ def _bulk_wait(x, PENDING: gl.constexpr):
 def _dq_writer(
     dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
     BLOCK_M: gl.constexpr, KEYS: gl.constexpr, DQ_N: gl.constexpr, CONSUMERS: gl.constexpr,
-    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr, WRITERS: gl.constexpr,
-    WRITER: gl.constexpr,
+    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
     add them into the float32 accumulator by TMA reduce and hand the slots back once read.
     DQ_ORDERED: before adding into query tile (b, h, mt), wait until the semaphore of that tile
     counts the key blocks that add before this one (those below it), and count this one once the
     additions have completed, not only read their source (a step later: the wait for completion
-    runs under the next step). WRITERS == 2: this warp serves consumer WRITER alone, with one
-    counter per (b, h, query tile, consumer)."""
-    # the consumers this writer serves, and the bulk groups it commits per step (one per tile)
-    C0: gl.constexpr = WRITER if WRITERS == CONSUMERS else 0
-    NC: gl.constexpr = 1 if WRITERS == CONSUMERS else CONSUMERS
+    runs under the next step)."""
     b, kv_h, n0, n_m, m_lo, m_full = _steps(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, KEYS, BLOCK_M, CAUSAL
     )
@@ -573,12 +562,12 @@ def _dq_writer(
             # one int32 counter per (b, h, query tile), every lane reading it; this block's turn
             # is its key-block index: every block below it sees the tile too (causal: a query row
             # that sees key j sees every key before it)
-            sem = Sem + (((b * nheads + h).to(gl.int64) * n_m + mt) * WRITERS + C0 + lane * 0)
+            sem = Sem + (((b * nheads + h).to(gl.int64) * n_m + mt) + lane * 0)
             seen = kt - 1
             while seen != kt:
                 seen = gl.max(_load_acquire(sem), axis=0)
             lane = _warp_sync_fence(lane)
-        for c in gl.static_range(C0, C0 + NC):
+        for c in gl.static_range(CONSUMERS):
             slot = par * CONSUMERS + c
             mbarrier.wait(dq_full.index(slot), (it // 2) & 1)
             if DQ_FRAG:
@@ -589,13 +578,14 @@ def _dq_writer(
                 _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, c * DQ_N],
                                 dq_smem.index(slot).reshape([1, 1, BLOCK_M, DQ_N]))  # fmt: skip
         tma.store_wait(0)  # the slots have been read: the consumers may refill them
-        for c in gl.static_range(C0, C0 + NC):
+        for c in gl.static_range(CONSUMERS):
             mbarrier.arrive(dq_empty.index(par * CONSUMERS + c))
         if DQ_ORDERED:
             # count this block in the previous step's tile once those additions have completed
-            # (all but this step's NC bulk groups), so their latency runs under this step
+            # (all but this step's CONSUMERS bulk groups, one per tile), so their latency runs
+            # under this step
             if it > 0:
-                lane = _release_add_one(sem_prev, _bulk_wait(lane, NC))
+                lane = _release_add_one(sem_prev, _bulk_wait(lane, CONSUMERS))
             sem_prev = sem
     if DQ_ORDERED:
         if group * per_head > 0:
@@ -611,7 +601,6 @@ def _attn_bwd_dkdv_kernel(
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    DQ_WRITERS: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -666,8 +655,7 @@ def _attn_bwd_dkdv_kernel(
 
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
     # (Gluon takes the partitions as a literal list: the two forms differ by the dQ writer)
-    if DQ_WRITERS == 2:
-        gl.static_assert(DQ_WRITER, "two writers are dQ writer partitions")
+    if DQ_WRITER:
         gl.warp_specialize(
             [
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
@@ -688,36 +676,7 @@ def _attn_bwd_dkdv_kernel(
                              BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, BLOCK_M, BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL,
-                               DQ_ORDERED, DQ_FRAG, 2, 0)),
-                (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
-                               seqlen_k, BLOCK_M, BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL,
-                               DQ_ORDERED, DQ_FRAG, 2, 1)),
-            ],
-            [CONSUMER_WARPS, 1, 1, 1],
-            [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS],
-        )  # fmt: skip
-    elif DQ_WRITER:
-        gl.warp_specialize(
-            [
-                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
-                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
-                             stride_lb, stride_lh, stride_lm,
-                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
-                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
-                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
-                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
-                             stride_lb, stride_lh, stride_lm,
-                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
-                             1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
-                (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
-                             kv_bar, q_ready, do_ready, q_empty, do_empty,
-                             n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
-                (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
-                               seqlen_k, BLOCK_M, BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL,
-                               DQ_ORDERED, DQ_FRAG, 1, 0)),
+                               DQ_ORDERED, DQ_FRAG)),
             ],
             [CONSUMER_WARPS, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -861,9 +820,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         dq_desc = _descriptor_f32(dq_accum, var.block_m, head_dim // var.consumers if var.dq_shared else head_dim)
     if var.dq_ordered:
         # one counter per (batch, head, query tile): how many key blocks have added into it
-        if dq_sem is None or dq_sem.numel() < batch * nheads * configs.cdiv(seqlen_q, var.block_m) * var.dq_writers:
-            raise ValueError(f"variant {variant} needs a zeroed int32 dq_sem of B * H * cdiv(Sq, {var.block_m})"
-                             f" * {var.dq_writers}")
+        if dq_sem is None or dq_sem.numel() < batch * nheads * configs.cdiv(seqlen_q, var.block_m):
+            raise ValueError(f"variant {variant} needs a zeroed int32 dq_sem of B * H * cdiv(Sq, {var.block_m})")
     if not var.dq_atomic:
         dq_desc = _descriptor(dk, var.block_n)  # not read: the kernel is built without dQ
     n_bhk = batch * nheads_k
@@ -880,7 +838,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
-        DQ_FRAG=var.dq_frag, DQ_WRITERS=var.dq_writers, num_warps=4,
+        DQ_FRAG=var.dq_frag, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
@@ -905,7 +863,7 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     dq_accum = dq_accum_for(q, variant) if var.dq_atomic else None
     dq_sem = None
     if var.dq_ordered:
-        dq_sem = torch.zeros(q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m) * var.dq_writers,
+        dq_sem = torch.zeros(q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m),
                              device=q.device, dtype=torch.int32)  # fmt: skip
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, softmax_scale=softmax_scale, causal=causal,

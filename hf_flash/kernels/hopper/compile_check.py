@@ -82,7 +82,7 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
         _, args, kwargs = attention_bwd.launch_args(
             q, k, v, out, lse, torch.empty_like(lse), torch.empty_like(k), torch.empty_like(k),
             attention_bwd.dq_accum_for(q, var.name) if var.dq_atomic else None,
-            torch.zeros(batch * nheads * -(-SEQLEN // var.block_m) * var.dq_writers, dtype=torch.int32), softmax_scale=head_dim**-0.5,
+            torch.zeros(batch * nheads * -(-SEQLEN // var.block_m), dtype=torch.int32), softmax_scale=head_dim**-0.5,
             causal=causal,
             variant=var.name,
         )  # fmt: skip
