@@ -5,7 +5,7 @@ Never installed and never on the path of anything but ``scripts/upstream_tests.s
 ``flash_attn`` must not be shadowed elsewhere.
 """
 
-from hf_flash import (  # noqa: F401
+from .flash_attn_interface import (  # noqa: F401  (as flash-attn's own package does)
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,

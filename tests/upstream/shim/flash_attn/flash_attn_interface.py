@@ -16,7 +16,7 @@ from hf_flash import (  # noqa: F401
 # key blocks; hf_flash returns the softmax probabilities themselves (flash-attn's docstring:
 # "possibly with different scaling"). No block size makes the tests' re-normalisation of the
 # former apply to the latter, so the cases that need it are skipped by the upstream plugin
-# (tests/upstream/fa_plugin.py) and this is never reached by a test that runs.
+# (tests/upstream/hf_flash_upstream.py) and this is never reached by a test that runs.
 def _get_block_size_n(device, head_dim, is_dropout, is_causal):
     raise NotImplementedError(
         "flash-attn's kernel block size is a CUDA-kernel internal; hf_flash returns "
