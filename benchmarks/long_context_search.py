@@ -126,11 +126,7 @@ def main() -> None:
                        "first_step_included": args.steps == 1, "wall_s": round(time.time() - t0, 1)}  # fmt: skip
                 if res.get("status") == "ok" and plan == "auto":
                     shape = {**COMMON, **SHAPES[name]}
-                    ckpt = {"offloaded": "offload", "keep-attention": "keep_attention"}.get(
-                        (res.get("memory_plan") or "").split(" ")[0], "recompute")  # fmt: skip
-                    if "checkpointing" not in (res.get("memory_plan") or ""):
-                        ckpt = "none"
-                    pred = predicted_step_s(shape, tokens, ckpt, "tiled" in (res.get("memory_plan") or ""),
+                    pred = predicted_step_s(shape, tokens, res["checkpointing"], bool(res["tiled_mlp_tokens"]),
                                             rates[name])  # fmt: skip
                     row.update(predicted_tok_per_s=tokens / pred,
                                measured_over_predicted=res["tok_per_s"] / (tokens / pred))  # fmt: skip

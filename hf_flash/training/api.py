@@ -124,9 +124,9 @@ def enable(
                      host_budget_gib=host, allow=allow)  # fmt: skip
     _apply(model, plan, apply_loss=not external_loss)
     setattr(base, _PLAN_ATTR, plan)
+    if problem and want_loss is None:
+        plan.notes.append(f"the chunked loss is not available: {problem}")
     if log is not None:
-        if problem and want_loss is None:
-            plan.considered.append((f"(the chunked loss is not available: {problem})", 0.0, 0.0))
         log(plan.describe())
     return plan
 

@@ -107,6 +107,7 @@ class Plan:
     name: str = ""
     fits: bool = True
     considered: list = dataclasses.field(default_factory=list)  # (name, device GiB, host GiB)
+    notes: list = dataclasses.field(default_factory=list)  # lines for describe()
 
     def describe(self) -> str:
         head = (f"hf_flash training plan for {self.tokens} tokens per micro-batch: {self.name or 'custom'}"
@@ -119,6 +120,7 @@ class Plan:
             lines.append(f"  pinned host memory for offloaded layer inputs {self.host_gib:.1f} GiB{hb}")
         if not self.fits:
             lines.append("  WARNING: no setting is predicted to fit; this is the most frugal one")
+        lines += [f"  {note}" for note in self.notes]
         for name, dev, host in self.considered:
             lines.append(f"  considered: {name}: {dev:.1f} GiB device" + (f", {host:.1f} GiB host" if host else ""))
         return "\n".join(lines)
@@ -221,8 +223,9 @@ def make_plan(shape: Shape, tokens: int, *, act_bytes: int, device_budget_gib: O
     unknown = set(allow) - {"chunked_loss", "checkpointing", "tiled_mlp", "offload"}
     if unknown:
         raise ValueError(f"unknown plan constraints {sorted(unknown)}")
-    mlp_chunk = allow.get("tiled_mlp") if isinstance(allow.get("tiled_mlp"), int) and not isinstance(
-        allow.get("tiled_mlp"), bool) else default_mlp_chunk(shape, tokens)  # fmt: skip
+    tiled = allow.get("tiled_mlp")
+    given_chunk = isinstance(tiled, int) and not isinstance(tiled, bool)
+    mlp_chunk = tiled if given_chunk else default_mlp_chunk(shape, tokens)
     considered = []
     candidates = []
     for _, ckpt, chunked, tiled in LADDER:
