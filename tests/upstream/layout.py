@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import io
 import json
 import posixpath
 import re
@@ -28,7 +27,7 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Dict, Iterable, List, Optional
 
 FLASH_ATTN_FILES = ("tests/test_flash_attn.py",)
 FA2_NAME = re.compile(r"""(["'])flash_attention_2\1""")
