@@ -116,7 +116,7 @@ def run_recipe(model_dir: Path, data: Path, seq_len: int, attn: str, steps: int,
     summary = out / "summary.json"
     if proc.returncode == 0 and summary.is_file():
         s = json.loads(summary.read_text())
-        plan = {k: s[k] for k in ("memory_plan", "checkpointing", "tiled_mlp_tokens", "predicted_peak_gib",
+        plan = {k: s[k] for k in ("memory_plan", "checkpointing", "tiled_mlp_tokens", "liger", "predicted_peak_gib",
                                   "predicted_host_gib", "peak_host_gib") if k in s}  # fmt: skip
         return {"status": "ok", "keep_attention_outputs": s.get("keep_attention_outputs"),
                 "tok_per_s": s["tok_per_s"], "peak_gib": s["peak_mem_gib"], "final_loss": s["final_loss"],

@@ -99,6 +99,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--timeout", type=int, default=560, help="seconds per point")
     p.add_argument("--fixed", action="store_true", help="also run memory_plan fixed (today's recipe) per point")
+    p.add_argument("--liger", choices=("auto", "true", "false", "both"), default="auto",
+                   help="the recipe's liger_norm_mlp (Liger-Kernel's RMSNorm and SwiGLU; auto: where "
+                        "installed); both: each point with and without, side by side")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args()
     points = []
@@ -118,10 +121,14 @@ def main() -> None:
                 continue
             model_dir = write_shape(root, name)
             data = write_data(root, tokens, rows=args.steps + 1)
-            for plan in (["auto", "fixed"] if args.fixed else ["auto"]):
+            ligers = ["true", "false"] if args.liger == "both" else [args.liger]
+            runs = [("auto", lg) for lg in ligers] + ([("fixed", "false")] if args.fixed else [])
+            for plan, liger in runs:
                 t0 = time.time()
-                res = run_recipe(model_dir, data, tokens, "hf_flash", args.steps, root / f"{name}-{tokens}-{plan}",
-                                 args.timeout, keep_attention=None, extra=["--memory_plan", plan])  # fmt: skip
+                extra = ["--memory_plan", plan] + ([] if liger == "auto" or plan == "fixed" else ["--liger_norm_mlp", liger])
+                res = run_recipe(model_dir, data, tokens, "hf_flash", args.steps,
+                                 root / f"{name}-{tokens}-{plan}-{liger}", args.timeout, keep_attention=None,
+                                 extra=extra)  # fmt: skip
                 row = {"shape": name, "tokens": tokens, "memory_plan_mode": plan, **res,
                        "first_step_included": args.steps == 1, "wall_s": round(time.time() - t0, 1)}  # fmt: skip
                 if res.get("status") == "ok" and plan == "auto":

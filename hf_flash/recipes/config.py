@@ -74,6 +74,11 @@ class RecipeConfig:
     """Hold each checkpointed layer input in pinned host memory between the forward pass and its
     recomputation (asynchronous copies, prefetched; ``hf_flash.training.offload``). None: the
     planner decides (memory_plan auto). true needs gradient_checkpointing and memory_plan auto."""
+    liger_norm_mlp: Optional[bool] = None
+    """Run the model's RMSNorms and SwiGLU MLPs on Liger-Kernel's fused functions
+    (``hf_flash.training.fused_ops``: no float32 copy of each norm's input kept for the backward
+    pass). None: wherever liger-kernel is installed, training runs on CUDA and the model type is
+    supported (memory_plan auto); true: required (an error says what is missing); false: off."""
     tiled_mlp_tokens: Optional[int] = None
     """Run every MLP over chunks of this many tokens in forward and backward, so its
     intermediate (tokens x intermediate_size) never exists whole (``hf_flash.training.tiled_mlp``).
@@ -307,6 +312,7 @@ class RecipeConfig:
             )
         need(self.tiled_mlp_tokens is None or self.tiled_mlp_tokens >= 0,
              f"tiled_mlp_tokens={self.tiled_mlp_tokens} must be >= 0 (0: off)")
+        need(not self.liger_norm_mlp or self.memory_plan == "auto", "liger_norm_mlp needs memory_plan: auto")
         need(not self.tiled_mlp_tokens or self.memory_plan == "auto",
              "tiled_mlp_tokens needs memory_plan: auto")
         need(not self.random_init or self.model is not None, "random_init needs model (a directory with config.json)")

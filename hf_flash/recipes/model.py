@@ -282,7 +282,7 @@ def plan_memory(model, cfg, device, log=print):
     plan = enable(
         model, seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size, checkpointing=form,
         chunked_loss="external" if cfg.loss_impl != "full" else False, tiled_mlp=tiled,
-        offload=offload, device=device, device_budget_gib=available_memory_gib(cfg, device), log=log,
+        offload=offload, liger="auto" if cfg.liger_norm_mlp is None else cfg.liger_norm_mlp, device=device, device_budget_gib=available_memory_gib(cfg, device), log=log,
     )  # fmt: skip
     if not plan.fits and not cfg.skip_memory_check:
         host = f" and {plan.host_gib:.1f} GiB of pinned host memory" if plan.host_gib else ""
@@ -300,6 +300,7 @@ def plan_summary(plan) -> dict:
     return {
         "memory_plan": plan.name, "checkpointing": plan.checkpointing,
         "tiled_mlp_tokens": plan.tiled_mlp_tokens, "offload_activations": plan.checkpointing == "offload",
+        "liger": "+".join(plan.liger) or "off",
         "predicted_peak_gib": round(plan.device_gib, 2), "predicted_host_gib": round(plan.host_gib, 2),
     }  # fmt: skip
 

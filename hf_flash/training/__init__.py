@@ -11,7 +11,9 @@ first (:mod:`hf_flash.training.plan`): the chunked linear cross-entropy
 (:mod:`~hf_flash.training.causal_lm`, :mod:`~hf_flash.training.loss`), activation checkpointing
 that keeps hf_flash's attention outputs (:mod:`hf_flash.checkpointing`), plain checkpointing, the
 tiled MLP (:mod:`~hf_flash.training.tiled_mlp`) and checkpointed layer inputs offloaded to pinned
-host memory (:mod:`~hf_flash.training.offload`). Each is also usable on its own.
+host memory (:mod:`~hf_flash.training.offload`). Where Liger-Kernel is installed, the model's
+RMSNorms and SwiGLU MLPs run on its fused functions on every setting
+(:mod:`~hf_flash.training.fused_ops`). Each is also usable on its own.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ _EXPORTS = {
     "unoffload_checkpoints": "offload",
     "tile_mlp": "tiled_mlp",
     "untile_mlp": "tiled_mlp",
+    "use_liger": "fused_ops",
+    "unuse_liger": "fused_ops",
+    "liger_problem": "fused_ops",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -45,6 +45,7 @@ def enable(
     chunked_loss: Union[bool, str] = "auto",
     tiled_mlp: Union[bool, int, str] = "auto",
     offload: Union[bool, str] = "auto",
+    liger: Union[bool, str] = "auto",
     autocast: Optional[bool] = None,
     device: Optional[Union[str, torch.device]] = None,
     device_budget_gib: Optional[float] = None,
@@ -66,6 +67,11 @@ def enable(
             an int, the tokens per MLP chunk. ``chunked_loss="external"``: the caller computes a
             chunked loss of its own (hf_flash's recipe, TRL's fused LM head); planned as chunked,
             the model's forward is left alone.
+        liger: run the model's RMSNorms and SwiGLU MLPs on Liger-Kernel's fused functions
+            (:mod:`hf_flash.training.fused_ops`: less memory per layer, the norms' float32 copies
+            gone). ``"auto"``: when liger-kernel is installed, training runs on CUDA and the model
+            type is supported (the plan's notes say why not otherwise); True: required (an error
+            names what is missing); False: transformers' own.
         autocast: whether the forward runs under bf16/fp16 autocast (``Trainer``'s ``bf16=True``
             with fp32 weights); None reads the weights' dtype. Only sizes activations.
         device: where training runs (default: the model's device, or the current CUDA device when
@@ -77,8 +83,8 @@ def enable(
     Returns the :class:`~hf_flash.training.plan.Plan`, also kept on the model. What it switches on:
     activation checkpointing (through transformers; later ``activation_checkpointing_enable``
     calls, e.g. from ``TrainingArguments(gradient_checkpointing=True)``, keep the planned form),
-    the chunked loss in the model's training forward, the tiled MLP, the offload of checkpointed
-    layer inputs; and, always, peft's LoRA layers skip their fp32 input cast while autocast is on
+    the chunked loss in the model's training forward, Liger-Kernel's RMSNorm and SwiGLU, the
+    tiled MLP, the offload of checkpointed layer inputs; and, always, peft's LoRA layers skip their fp32 input cast while autocast is on
     (same bits, one full-size copy less per adapted layer).
     """
     base = _base(model)
@@ -117,15 +123,25 @@ def enable(
         first = next(base.parameters()).device
         device = first if first.type != "cpu" or not torch.cuda.is_available() else torch.device(
             "cuda", torch.cuda.current_device())  # fmt: skip
+    from .fused_ops import liger_problem
+
+    want_liger = _tri("liger", liger)
+    liger_reason = liger_problem(model, device) if want_liger is not False else None
+    if want_liger and liger_reason:
+        raise RuntimeError(f"liger=True: {liger_reason}")
+    use_liger = want_liger is not False and liger_reason is None
     budget = device_budget_gib if device_budget_gib is not None else device_available_gib(device)
     host = host_budget_gib if host_budget_gib is not None else host_available_gib()
     shape = Shape.of(model)
     plan = make_plan(shape, tokens, act_bytes=_act_bytes(base, autocast), device_budget_gib=budget,
-                     host_budget_gib=host, allow=allow)  # fmt: skip
-    _apply(model, plan, apply_loss=not external_loss)
+                     host_budget_gib=host, allow=allow,
+                     liger=("rms_norm", "swiglu") if use_liger else ())  # fmt: skip
+    _apply(model, plan, apply_loss=not external_loss, device=device)
     setattr(base, _PLAN_ATTR, plan)
     if problem and want_loss is None:
         plan.notes.append(f"the chunked loss is not available: {problem}")
+    if liger_reason and want_liger is None:
+        plan.notes.append(f"Liger-Kernel's RMSNorm and SwiGLU not used: {liger_reason}")
     if log is not None:
         log(plan.describe())
     return plan
@@ -136,8 +152,12 @@ def plan_of(model) -> Optional[Plan]:
     return getattr(_base(model), _PLAN_ATTR, None)
 
 
-def _apply(model, plan: Plan, apply_loss: bool = True) -> None:
+def _apply(model, plan: Plan, apply_loss: bool = True, device=None) -> None:
     base = _base(model)
+    if plan.liger:  # before the tiled MLP, which then tiles the fused forward
+        from .fused_ops import use_liger
+
+        use_liger(base, rms_norm="rms_norm" in plan.liger, swiglu="swiglu" in plan.liger, device=device)
     if plan.tiled_mlp_tokens:
         from .tiled_mlp import tile_mlp
 

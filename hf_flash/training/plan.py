@@ -22,10 +22,11 @@ The model of a step's memory, per token (``a``: bytes of an activation element; 
 - weights and LoRA state: every parameter's bytes, plus a gradient and two fp32 Adam moments per
   trainable parameter;
 - a layer's forward-and-backward working set: ``attn = a(3h + 2q + 2kv) + 4h + 4 heads`` (norm
-  input and output, projections, attention output, the RMSNorm's fp32 copy, the log-sum-exp)
+  input and output, projections, attention output, the RMSNorm's fp32 copy, the log-sum-exp;
+  Liger-Kernel's RMSNorm keeps no fp32 copy, so ``4h`` goes here and in ``mlp``)
   plus the attention backward's ``4q + a(q + 2kv)`` (dQ's fp32 accumulator, dQ, dK, dV) and
-  ``mlp = a(4i + 2h) + 4h`` (gate, up, activation, product), the MLP term ``a 4i`` counted for one
-  chunk only when tiled;
+  ``mlp = a(4i + 2h) + 4h`` (gate, up, activation, product; ``3i`` with Liger's SwiGLU, which
+  keeps no activation), the MLP term counted for one chunk only when tiled;
 - what crosses layers: nothing extra without checkpointing (every layer keeps its working set),
   ``a h`` per layer with checkpointing (its input), plus ``q a + 4 heads`` per layer when the
   attention outputs are kept; with offload two layer inputs stay on the device (the one being
@@ -105,6 +106,7 @@ class Plan:
     device_budget_gib: Optional[float]
     host_budget_gib: Optional[float]
     name: str = ""
+    liger: tuple = ()  # Liger-Kernel functions used: "rms_norm", "swiglu"
     fits: bool = True
     considered: list = dataclasses.field(default_factory=list)  # (name, device GiB, host GiB)
     notes: list = dataclasses.field(default_factory=list)  # lines for describe()
@@ -112,7 +114,7 @@ class Plan:
     def describe(self) -> str:
         head = (f"hf_flash training plan for {self.tokens} tokens per micro-batch: {self.name or 'custom'}"
                 f" (checkpointing={self.checkpointing}, chunked_loss={self.chunked_loss}, "
-                f"tiled_mlp={self.tiled_mlp_tokens or 'off'})")  # fmt: skip
+                f"tiled_mlp={self.tiled_mlp_tokens or 'off'}, liger={'+'.join(self.liger) or 'off'})")  # fmt: skip
         budget = f" of {self.device_budget_gib:.1f} GiB" if self.device_budget_gib else ""
         lines = [head, f"  predicted peak device memory {self.device_gib:.1f} GiB{budget}"]
         if self.host_gib:
@@ -136,19 +138,23 @@ def rung_name(checkpointing: str, chunked_loss: bool, tiled_mlp: bool) -> str:
 
 def predict(shape: Shape, tokens: int, *, checkpointing: str, chunked_loss: bool,
             tiled_mlp_tokens: Optional[int], act_bytes: int,
-            loss_chunk_tokens: Optional[int] = None) -> tuple[float, float]:  # fmt: skip
-    """Predicted (device GiB, pinned host GiB) of one training step (module docstring)."""
+            loss_chunk_tokens: Optional[int] = None, fused_norm: bool = False,
+            fused_swiglu: bool = False) -> tuple[float, float]:  # fmt: skip
+    """Predicted (device GiB, pinned host GiB) of one training step (module docstring).
+    ``fused_norm`` / ``fused_swiglu``: Liger-Kernel's RMSNorm (no float32 copy of the norm's
+    input) / SwiGLU (no ``act(gate)``) run (:mod:`hf_flash.training.fused_ops`)."""
     if checkpointing not in CHECKPOINTING:
         raise ValueError(f"checkpointing={checkpointing!r}; choose one of {CHECKPOINTING}")
     a, h, i = act_bytes, shape.hidden, shape.intermediate
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    attn = a * (3 * h + 2 * q + 2 * kv) + 4 * h + 4 * shape.heads
+    norm_copy = 0 if fused_norm else 4 * h  # the float32 copy autograd keeps, per norm
+    attn = a * (3 * h + 2 * q + 2 * kv) + norm_copy + 4 * shape.heads
     # the attention backward's own buffers: dQ accumulated in fp32, then dQ, dK, dV in the
     # activation dtype (measured: without them the plan under-predicted the 8B shape at 256K
     # tokens by 3.3 GiB and the 1.2B shape at 512K by more than 4.5 GiB, an OOM)
     attn += 4 * q + a * (q + 2 * kv)
-    mlp_rest = a * 2 * h + 4 * h
-    mlp_wide = a * 4 * i
+    mlp_rest = a * 2 * h + norm_copy
+    mlp_wide = a * (3 if fused_swiglu else 4) * i
     wide_tokens = min(tokens, tiled_mlp_tokens) if tiled_mlp_tokens else tokens
     layer = tokens * (attn + mlp_rest) + wide_tokens * mlp_wide  # one layer's working set
     if checkpointing == "none":
@@ -211,12 +217,14 @@ def device_available_gib(device) -> Optional[float]:
 
 def make_plan(shape: Shape, tokens: int, *, act_bytes: int, device_budget_gib: Optional[float],
               host_budget_gib: Optional[float] = None, allow: Optional[dict] = None,
-              loss_chunk_tokens: Optional[int] = None) -> Plan:  # fmt: skip
+              loss_chunk_tokens: Optional[int] = None, liger: tuple = ()) -> Plan:  # fmt: skip
     """The fastest rung of :data:`LADDER` predicted to fit ``device_budget_gib`` (and, when it
     offloads, 80% of ``host_budget_gib``); without a device budget (CPU) the first rung.
     ``allow`` restricts the choice: ``{"chunked_loss": False}``, ``{"checkpointing": "recompute"}``,
     ``{"tiled_mlp": False}``, ``{"offload": False}`` (a fixed value forces it; ``"checkpointing"``
-    also takes ``"on"``: any form but none, and ``"no_keep"``: recompute or offload)."""
+    also takes ``"on"``: any form but none, and ``"no_keep"``: recompute or offload).
+    ``liger``: the Liger-Kernel functions the run uses on every rung, ``("rms_norm", "swiglu")``
+    or a part of it (:mod:`hf_flash.training.fused_ops`)."""
     if tokens < 1:
         raise ValueError(f"tokens={tokens} must be >= 1")
     allow = dict(allow or {})
@@ -248,11 +256,13 @@ def make_plan(shape: Shape, tokens: int, *, act_bytes: int, device_budget_gib: O
     for name, ckpt, chunked, tiled in candidates:
         dev, host = predict(shape, tokens, checkpointing=ckpt, chunked_loss=chunked,
                             tiled_mlp_tokens=mlp_chunk if tiled else None, act_bytes=act_bytes,
-                            loss_chunk_tokens=loss_chunk_tokens)  # fmt: skip
+                            loss_chunk_tokens=loss_chunk_tokens, fused_norm="rms_norm" in liger,
+                            fused_swiglu="swiglu" in liger)  # fmt: skip
         considered.append((name, dev, host))
         plan = Plan(tokens=tokens, checkpointing=ckpt, chunked_loss=chunked,
                     tiled_mlp_tokens=mlp_chunk if tiled else None, device_gib=dev, host_gib=host,
-                    device_budget_gib=device_budget_gib, host_budget_gib=host_budget_gib, name=name)  # fmt: skip
+                    device_budget_gib=device_budget_gib, host_budget_gib=host_budget_gib, name=name,
+                    liger=tuple(liger))  # fmt: skip
         best = plan
         fits_device = device_budget_gib is None or dev <= device_budget_gib
         fits_host = host == 0 or host_budget_gib is None or host <= 0.8 * host_budget_gib
