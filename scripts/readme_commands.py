@@ -23,7 +23,9 @@ is checked: `bash -n` or `compile()`, then what it names must exist:
   `pip install` extras exist in pyproject.toml and pins equal requirements/constraints.txt;
 - python: every import resolves, every attribute reached from an imported name exists
   (`hf_flash.training.enable`), and keyword arguments of resolvable calls are parameters of the
-  callable.
+  callable;
+- prose: every `hf_flash.x.y` quoted in backticks exists, and so does every quoted or linked path
+  that starts at a top-level entry of the repository (or of the doc's folder).
 
 Usage (from anywhere; the paths are the repository's):
     python scripts/readme_commands.py list            # blocks and their markers
@@ -441,6 +443,39 @@ class Checker:
         return []
 
 
+def inline_references(path: Path, name: str) -> list[str]:
+    """Names and paths quoted in a doc's prose must exist too: every `hf_flash.x.y` resolves (module,
+    then attributes), and every `dir/file` or [link](dir/file) whose first part is an entry of the
+    repository's top level (or of the doc's own folder) exists. Returns "FILE:LINE: ..." errors."""
+    text = path.read_text()
+    base = path.parent
+    errors = []
+    sys.path.insert(0, str(REPO))
+    try:
+        for m in re.finditer(r"`(hf_flash(?:\.\w+)+)(?:\([^`]*\))?`", text):
+            parts = m.group(1).split(".")
+            for i in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:i]))
+                    break
+                except ImportError:
+                    continue
+            for part in parts[i:]:
+                if not hasattr(obj, part):
+                    errors.append(f"{name}:{text.count(chr(10), 0, m.start()) + 1}: `{m.group(1)}` does not exist")
+                    break
+                obj = getattr(obj, part)
+    finally:
+        sys.path.remove(str(REPO))
+    for m in re.finditer(r"`((?:[\w.-]+/)+[\w.-]*)(?:::\w+)?`|\]\(((?:\.\./)*[\w./-]+)\)", text):
+        ref = m.group(1) or m.group(2)
+        first = ref.split("/")[0]
+        roots = [r for r in (REPO, base) if first == ".." or (r / first).exists()]
+        if roots and not any((r / ref).exists() for r in roots):
+            errors.append(f"{name}:{text.count(chr(10), 0, m.start()) + 1}: {ref}: no such file or folder")
+    return errors
+
+
 # ---------------------------------------------------------------------------------------------
 # running
 
@@ -513,6 +548,11 @@ def main(argv: list[str] | None = None) -> int:
 
     checker = Checker(run_help=not args.no_help)
     failures = []
+    if not args.only:
+        for name in args.files:
+            for error in inline_references(REPO / name, name):
+                print(f"check {error}")
+                failures.append((Block(name, int(error.split(":")[1]), "prose", ""), "reference"))
     for b in blocks:
         errors = checker.check(b)
         status = "ok" if not errors else "FAILED"

@@ -179,3 +179,17 @@ def test_the_repository_docs_are_marked_and_check_without_running():
         for block in rc.extract(REPO / name, name):
             assert not block.errors, (block.where, block.errors)
             assert checker.check(block) == [], block.where
+
+
+def test_prose_references_must_exist(tmp_path):
+    doc = write(tmp_path, """Use `hf_flash.recipes.model.keep_lora_inputs` (renamed) or
+`hf_flash.training.enable(model, seq_len=...)`; see `benchmarks/no_such.py`,
+[the docs](docs/no_such.md), `benchmarks/e2e_finetune.py::loss_rows` and `cu_seq_lens_q/k`.
+""")
+    assert rc.inline_references(doc, "doc.md") == [
+        "doc.md:1: `hf_flash.recipes.model.keep_lora_inputs` does not exist",
+        "doc.md:2: benchmarks/no_such.py: no such file or folder",
+        "doc.md:3: docs/no_such.md: no such file or folder",
+    ]
+    for name in rc.DOCS:
+        assert rc.inline_references(REPO / name, name) == []
