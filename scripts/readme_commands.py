@@ -295,11 +295,12 @@ class Checker:
             if a == "-m":
                 return errors + (self.check_module(args[i + 1], args[i + 2:]) if i + 1 < len(args)
                                  else ["accelerate launch -m without a module"])
+            if not a.startswith("-"):
+                return errors + self.check_python_invocation(args[i:])
             if a == "--config_file" and i + 1 < len(args) and not (REPO / args[i + 1]).is_file():
                 errors.append(f"accelerate --config_file {args[i + 1]}: no such file")
-            if not a.startswith("-"):
-                return errors + ([] if (REPO / a).is_file() else [f"accelerate launch {a}: no such file"])
-            i += 1
+            # accelerate's own options: `--name value` (a following non-option is the value)
+            i += 2 if "=" not in a and i + 1 < len(args) and not args[i + 1].startswith("-") else 1
         return errors + ["accelerate launch names no module or script"]
 
     def check_pip(self, args: list[str]) -> list[str]:

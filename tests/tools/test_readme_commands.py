@@ -118,6 +118,9 @@ def broken(:
                      "frobnicate: the checker does not know this command"):
         assert expected in errors, errors
     assert checker.check(good) == []
+    assert checker.check_command(["accelerate", "launch", "--config_file", "recipes/configs/accelerate_fsdp.yaml",
+                                  "--num_processes", "2", "-m", "recipes.no_such_recipe"]) == [
+        "python -m recipes.no_such_recipe: no such module"]
     errors = "\n".join(checker.check(python))
     assert "hf_flash.training.no_such_function does not exist" in errors
     assert "takes no argument 'no_such_argument'" in errors
