@@ -49,6 +49,7 @@ import inspect
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -524,6 +525,11 @@ def run_block(block: Block) -> tuple[bool, str, float]:
         out += f"\n(killed after the block's time limit of {timeout} s)"
     finally:
         os.unlink(f.name)
+    if cwd != REPO:
+        if passed:  # links only, never followed: the repository is untouched
+            shutil.rmtree(cwd)
+        else:
+            out += f"\n(its folder is kept: {cwd})"
     return passed, out, time.monotonic() - t0
 
 

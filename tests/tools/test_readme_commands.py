@@ -4,6 +4,7 @@ no subprocess."""
 
 import importlib.util
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,7 @@ raise SystemExit("python block failed")
 ```
 """
     monkeypatch.setattr(rc, "REPO", tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # failed blocks keep their folders
     (tmp_path / "pyproject.toml").write_text('[project]\nscripts = {}\noptional-dependencies = {}\n')
     (tmp_path / "requirements").mkdir()
     (tmp_path / "requirements" / "constraints.txt").write_text("")
@@ -171,7 +173,8 @@ raise SystemExit("python block failed")
     assert out.rstrip().endswith("2 failed: doc.md:7 (run), doc.md:14 (run)")
 
 
-def test_a_block_past_its_time_limit_is_killed(tmp_path):
+def test_a_block_past_its_time_limit_is_killed(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     (block,) = rc.extract(write(tmp_path, "<!-- ci: cpu timeout=1 -->\n```bash\nsleep 30\n```\n"), "doc.md")
     passed, out, seconds = rc.run_block(block)
     assert not passed and "time limit of 1 s" in out and seconds < 20
