@@ -1,5 +1,5 @@
 """The tiny LoRA Llama the memory-feature tests train, one step's loss and gradients, and the
-comparisons (bitwise, or the DESIGN.md error rule against a float64 run of the same weights).
+comparisons (bitwise, or the docs/design.md error rule against a float64 run of the same weights).
 
 The model: hf_flash.recipes.model.TINY_SHAPE (hidden 64, MLP 128, 2 layers, 2 query / 1 key-value
 heads, head_dim 32) with a 256-token context, vocab 128, peft LoRA r=8 on q, k, v, o, gate, up and
@@ -75,7 +75,7 @@ def assert_bitwise(ref, got, what: str) -> None:
 
 
 def assert_within_rule(exact, lowp, got, dtype, what: str) -> None:
-    """DESIGN.md's rule for a computation that reorders float sums: ``got``'s error against the
+    """docs/design.md's rule for a computation that reorders float sums: ``got``'s error against the
     float64 run ``exact`` is at most 2x (loss) / 3x (gradients) the error of ``lowp`` (the same
     model in ``dtype`` without the feature) against it, plus the ``dtype`` floor."""
     (loss_e, grads_e), (loss_l, grads_l), (loss_g, grads_g) = exact, lowp, got

@@ -1,7 +1,7 @@
 """Offload and the tiled MLP together, with plain and keep-attention checkpointing.
 
 The tiled MLP reorders float sums (tests/training/test_tiled_mlp.py); offload changes no
-arithmetic. So the combination is held to DESIGN.md's rule: against a float64 eager run of the
+arithmetic. So the combination is held to docs/design.md's rule: against a float64 eager run of the
 same weights, its float32 error is at most 2x (loss) / 3x (gradients) the error of the same model
 in float32 with neither feature, plus the float32 floor.
 """

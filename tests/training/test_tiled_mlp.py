@@ -2,7 +2,7 @@
 
 Tiled and untiled MLPs run the same ops on different row blocks, so their results differ by
 float summation order only: parameter gradients are sums of per-chunk products instead of one
-product over all tokens. The comparisons therefore use DESIGN.md's rule with a float64 run of
+product over all tokens. The comparisons therefore use docs/design.md's rule with a float64 run of
 the same weights as the exact reference: the tiled float32 error must be at most 2x (loss) / 3x
 (gradients) the untiled float32 error, plus the float32 floor.
 """
