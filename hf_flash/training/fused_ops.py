@@ -1,8 +1,8 @@
 """Liger-Kernel's fused RMSNorm and SwiGLU on a transformers model, when it is installed.
 
 hf_flash writes its own kernels only where no well-kept library has them. For the parts of a
-decoder layer around attention, Liger-Kernel (``pip install liger-kernel``; the ``test`` and
-``recipes`` extras install it) has Triton kernels whose memory matters at long context:
+decoder layer around attention, Liger-Kernel (``pip install liger-kernel``; the ``test`` extra
+installs it) has Triton kernels whose memory matters at long context:
 
 - RMSNorm: transformers' Llama-style norm computes in float32 and autograd keeps that float32 copy
   of its input for the backward pass: ``tokens x hidden x 4`` bytes per norm, two norms per layer
@@ -67,7 +67,7 @@ def liger_problem(model, device: Optional[torch.device] = None) -> Optional[str]
     kernels need CUDA) and the model type, before anything is changed."""
     base = _base(model)
     if importlib.util.find_spec("liger_kernel") is None:
-        return "liger-kernel is not installed (pip install liger-kernel, or the hf_flash[recipes] extra)"
+        return "liger-kernel is not installed (pip install liger-kernel)"
     if device is None:
         device = next(base.parameters()).device
     if torch.device(device).type != "cuda":
