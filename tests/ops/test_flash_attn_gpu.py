@@ -213,15 +213,22 @@ def test_cuda_graph_capture(hopper, monkeypatch):
     assert not torch.equal(out, eager)
 
 
-def test_half_million_tokens_int64_addressing():
-    """512K tokens x 32 heads x 128: q's last row starts at element 2^31 - 4096, so any 32-bit
-    offset arithmetic would wrap. Sliding window keeps the run short; the last rows (and the
-    keys they see) are checked against the oracle, forward and backward."""
+@pytest.mark.parametrize("window", [256, None], ids=["window", "dense"])
+def test_past_2_31_elements_int64_addressing(window):
+    """576K tokens x 32 heads x 128 (2.4 x 10^9 elements per q): q's last rows start past
+    element 2^31, so any 32-bit offset arithmetic would wrap (ALST met an illegal memory access
+    at 555K tokens). The last rows, and the keys they see, are checked against the oracle,
+    forward and backward: with a sliding window (short to run) and dense causal (the path long
+    training takes on the GPU: Gluon on Hopper, ~20 s)."""
     torch.manual_seed(5)
-    s, h, hk, d, w, m = 512 * 1024, 32, 8, 128, 256, 64
+    s, h, hk, d, m = 576 * 1024, 32, 8, 128, 64
+    w = window or s
     dtype = torch.bfloat16
     q, k, v = _qkv(1, s, s, h, hk, d, dtype)
-    opts = {"causal": True, "window_size": (w - 1, 0)}
+    assert q[:, -m:].storage_offset() > 2**31
+    opts = {"causal": True, "window_size": (w - 1, 0) if window else (-1, -1)}
+    paths = attention_paths(q, k, v, **opts)
+    assert paths["forward"] == ("hopper" if not window and configs.hopper_enabled(q.device) else "triton"), paths
     out = flash_attn_func(q, k, v, **opts)
     dout = torch.zeros_like(out)
     dout[:, -m:] = torch.randn_like(dout[:, -m:])

@@ -383,3 +383,24 @@ def test_apply_rotary_emb_bf16_interleaved_gpu():
         truth = rotary_ref(x.float(), cos[:1025], sin[:1025], interleaved=il)
         _check(f"interleaved={il}", out, truth, _rotary_lowp(x, cos[:1025], sin[:1025], il))
     assert math.isfinite(out.float().abs().max().item())
+
+
+@pytest.mark.gpu
+def test_past_2_31_elements_gpu():
+    """576K tokens x 32 heads x 128 (2.4 x 10^9 elements): the last tokens' rows start past element
+    2^31, where 32-bit offsets would wrap; their rotation and its gradient (the inverse rotation)
+    match the oracle on those rows with the error rule."""
+    torch.manual_seed(3)
+    s, h, d, m = 576 * 1024, 32, 128, 64
+    x = torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    assert x[:, -m:].storage_offset() > 2**31
+    cos, sin = _table(s, d, "cuda")
+    out = apply_rotary_emb(x, cos, sin)
+    tail = x[:, -m:].detach()
+    _check("out[-m:]", out[:, -m:], rotary_ref(tail.float(), cos[-m:], sin[-m:]), rotary_ref(tail, cos[-m:], sin[-m:]))
+    g = torch.zeros_like(out)
+    g[:, -m:] = torch.randn_like(g[:, -m:])
+    (dx,) = torch.autograd.grad(out, x, g)
+    gt = g[:, -m:]
+    _check("dx[-m:]", dx[:, -m:], rotary_ref(gt.float(), cos[-m:], -sin[-m:]), rotary_ref(gt, cos[-m:], -sin[-m:]))
+    assert (dx[:, :-m] == 0).all()
