@@ -218,16 +218,17 @@ def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, sof
     """Which kernel :func:`flash_attn_forward` runs for these arguments: ``"hopper"`` (the
     Gluon sm_90a kernel, :mod:`hf_flash.kernels.hopper`) when it covers the call and the device
     allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this module's kernel). The
-    Hopper kernel covers dense fp16/bf16 calls with head dim 64 or 128, causal or not, without
-    a sliding window, softcap, ALiBi, dropout or sinks, on tensors TMA can address (``out``
-    None: the output is still to be allocated like q, which then is addressable too)."""
-    if varlen or sinks is not None or not configs.hopper_enabled(q.device):
+    Hopper kernel covers dense and packed (``varlen``: cu_seqlens, per-sequence causal
+    alignment) fp16/bf16 calls with head dim 64 or 128, causal or not, GQA/MQA, without a
+    sliding window, softcap, ALiBi, dropout or sinks, on tensors TMA can address (``out`` None:
+    the output is still to be allocated like q, which then is addressable too)."""
+    if sinks is not None or not configs.hopper_enabled(q.device):
         return "triton"
     from .hopper import attention_fwd as hopper  # Gluon: imported only where it can run
 
     covered = hopper.supports(
         q, k, v, causal=causal, window=(window_left, window_right), softcap=softcap,
-        alibi=alibi_slopes, dropout=dropout_p, softmax_scale=softmax_scale,
+        alibi=alibi_slopes, dropout=dropout_p, softmax_scale=softmax_scale, varlen=varlen,
     ) and (out is None or hopper.tma_compatible(out))  # fmt: skip
     return "hopper" if covered else "triton"
 
@@ -255,7 +256,10 @@ def flash_attn_forward(
     if forward_path(q, k, v, out, **options) == "hopper":
         from .hopper.attention_fwd import hopper_attention_forward
 
-        hopper_attention_forward(q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal)
+        hopper_attention_forward(
+            q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        )  # fmt: skip
         return
     varlen = cu_seqlens_q is not None
     if varlen:
