@@ -46,14 +46,15 @@ The mode is recorded in every flex result.
 
 Packed rows (``--packed``): 12 documents of random lengths (fixed seed) packed into 16K tokens,
 causal within each document, d128 and d64, q (T, 32, D), k/v (T, 8, D). Providers: ``hf_flash``
-(``flash_attn_varlen_func``: the Gluon forward on an H100, longest-first schedule; Triton
-backward), ``hf_flash_triton`` (the same with the Gluon kernel off), ``gluon_docorder`` (the Gluon
-launcher with the schedule in document order; forward only), ``gluon_ws2x4`` (d64: the
+(``flash_attn_varlen_func`` with ``check_cu_seqlens=False``, as transformers' integration calls it:
+the Gluon forward on an H100, longest-first schedule; Triton backward), ``hf_flash_triton`` (the
+same with the Gluon kernel off), ``gluon_longest`` / ``gluon_docorder`` (the Gluon launcher
+called directly, the schedule longest first / in document order; forward only), ``gluon_ws2x4`` (d64: the
 two-consumer variant instead of the packed default; forward only), ``flex`` (FlexAttention with a
 document-causal block mask, the peer), and ``sdpa_dense`` (SDPA, no backend forced, causal over
 the same 16K tokens as one sequence: context, credited with its own dense FLOPs). Packed FLOPs:
 fwd = 4 * Hq * D * sum(L_i^2) / 2. Providers take turns over ``--rounds`` rounds; rows hold the
-median of the rounds.
+median of the rounds. ``host_ms``: the host time of one forward call with the device idle.
 
 Every row also records ``max_abs_diff_vs_sdpa``: hf_flash's forward output against ``sdpa``'s on
 the same inputs (a spot check; the tests hold the real numerical bar).
@@ -616,7 +617,8 @@ def _sweep_head_dim(args, timing, head_dim: int, sweep: dict) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 PACKED_DOCS = 12
-PACKED_PROVIDERS = ("hf_flash", "hf_flash_triton", "gluon_docorder", "gluon_ws2x4", "flex", "sdpa_dense")
+PACKED_PROVIDERS = ("hf_flash", "hf_flash_triton", "gluon_longest", "gluon_docorder", "gluon_ws2x4", "flex",
+                    "sdpa_dense")
 
 
 def packed_lengths(n_docs: int = PACKED_DOCS, tokens: int = TOKENS, seed: int = 0) -> list[int]:
@@ -654,7 +656,8 @@ def _packed_builders(lens, head_dim, flex_mode):
 
         def attn():
             with switch():
-                return flash_attn_varlen_func(*leaves, cu, cu, max_len, max_len, causal=True)
+                # as transformers' integration calls it: no host-side cu_seqlens check (a sync)
+                return flash_attn_varlen_func(*leaves, cu, cu, max_len, max_len, causal=True, check_cu_seqlens=False)
 
         with switch():
             paths = attention_paths(*leaves, causal=True, varlen=True)
@@ -676,6 +679,7 @@ def _packed_builders(lens, head_dim, flex_mode):
 
         return attn, (), None, {"launcher": kw}, ("fwd",), packed_flops
 
+    out["gluon_longest"] = lambda: gluon()
     out["gluon_docorder"] = lambda: gluon(order="document")
     if head_dim == 64:
         out["gluon_ws2x4"] = lambda: gluon(variant="ws2x4-overlap-fma")
@@ -717,6 +721,21 @@ def _to_tokens(o: torch.Tensor) -> torch.Tensor:
     return o[0].transpose(0, 1) if o.dim() == 4 else o
 
 
+def _host_ms(attn, n: int = 20) -> float:
+    """Median host (CPU) time of one forward call after the device is idle: the launch path's
+    own cost (schedule ops, descriptors, launch), which the device hides only while the host
+    runs ahead of it."""
+    ts = []
+    with torch.no_grad():
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            attn()
+            ts.append((time.perf_counter() - t) * 1e3)
+    torch.cuda.synchronize()
+    return sorted(ts)[n // 2]
+
+
 def run_packed(args, timing) -> list[dict]:
     lens = packed_lengths()
     rows = []
@@ -744,6 +763,9 @@ def run_packed(args, timing) -> list[dict]:
                         except Exception as e:
                             info[name] = {"error": _error(e)}
             del ref
+        for name in ("hf_flash", "hf_flash_triton", "gluon_longest", "gluon_docorder"):
+            if name in built:
+                info[name]["host_ms"] = _host_ms(built[name][0])
         times = {name: {} for name in built}
         for r in range(args.rounds):
             for name, (attn, leaves, dout, _, passes, _) in built.items():
@@ -781,7 +803,8 @@ def run_packed(args, timing) -> list[dict]:
 
 
 def print_packed(rows) -> None:
-    short = {"hf_flash": "hf", "hf_flash_triton": "hf-tri", "gluon_docorder": "gl-doc", "gluon_ws2x4": "gl-2x4",
+    short = {"hf_flash": "hf", "hf_flash_triton": "hf-tri", "gluon_longest": "gl-long", "gluon_docorder": "gl-doc",
+             "gluon_ws2x4": "gl-2x4",
              "flex": "flex", "sdpa_dense": "sdpa-dense"}  # fmt: skip
     table = []
     for r in rows:
@@ -793,6 +816,9 @@ def print_packed(rows) -> None:
         t["hf/flex"] = f"{x:.2f}" if x else "-"
         d = r["max_abs_diff_vs_flex"].get("hf_flash")
         t["diff"] = f"{d:.1e}" if d is not None else "-"
+        for name, key in (("hf_flash", "host-hf"), ("hf_flash_triton", "host-tri"), ("gluon_longest", "host-gl")):
+            h = r["results"].get(name, {}).get("host_ms")
+            t[key] = f"{h:.2f}" if h is not None else "-"
         table.append(t)
     print(f"\npacked: {PACKED_DOCS} documents in {TOKENS} tokens (lengths {rows[0]['doc_lengths'] if rows else []}), "
           "causal, bf16, Hq=32, Hkv=8, TFLOP/s (sdpa-dense: one causal 16K sequence, its own FLOPs)")  # fmt: skip
