@@ -46,7 +46,8 @@ The mode is recorded in every flex result.
 
 Packed rows (``--packed``): 12 documents of random lengths (fixed seed) packed into 16K tokens,
 causal within each document, d128 and d64, q (T, 32, D), k/v (T, 8, D). Providers: ``hf_flash``
-(``flash_attn_varlen_func`` with ``check_cu_seqlens=False``, as transformers' integration calls it:
+(``hf_flash.interface.varlen_attention`` with ``check_cu_seqlens=False``: ``flash_attn_varlen_func``
+without its host-side cu_seqlens check, as transformers' integration calls it;
 the Gluon forward on an H100, longest-first schedule; Triton backward), ``hf_flash_triton`` (the
 same with the Gluon kernel off), ``gluon_longest`` / ``gluon_docorder`` (the Gluon launcher
 called directly, the schedule longest first / in document order; forward only), ``gluon_ws2x4`` (d64: the
@@ -631,8 +632,7 @@ def packed_lengths(n_docs: int = PACKED_DOCS, tokens: int = TOKENS, seed: int = 
 
 def _packed_builders(lens, head_dim, flex_mode):
     """name -> (attn, leaves, dout, info, passes, flops_fwd) on shared packed inputs."""
-    from hf_flash import flash_attn_varlen_func
-    from hf_flash.interface import attention_paths
+    from hf_flash.interface import attention_paths, varlen_attention
     from hf_flash.kernels import configs
 
     tokens = sum(lens)
@@ -657,7 +657,7 @@ def _packed_builders(lens, head_dim, flex_mode):
         def attn():
             with switch():
                 # as transformers' integration calls it: no host-side cu_seqlens check (a sync)
-                return flash_attn_varlen_func(*leaves, cu, cu, max_len, max_len, causal=True, check_cu_seqlens=False)
+                return varlen_attention(*leaves, cu, cu, max_len, max_len, causal=True, check_cu_seqlens=False)
 
         with switch():
             paths = attention_paths(*leaves, causal=True, varlen=True)
@@ -765,7 +765,10 @@ def run_packed(args, timing) -> list[dict]:
             del ref
         for name in ("hf_flash", "hf_flash_triton", "gluon_longest", "gluon_docorder"):
             if name in built:
-                info[name]["host_ms"] = _host_ms(built[name][0])
+                try:
+                    info[name]["host_ms"] = _host_ms(built[name][0])
+                except Exception as e:
+                    info[name]["host_error"] = _error(e)
         times = {name: {} for name in built}
         for r in range(args.rounds):
             for name, (attn, leaves, dout, _, passes, _) in built.items():
