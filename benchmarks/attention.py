@@ -48,7 +48,7 @@ Packed rows (``--packed``): 12 documents of random lengths (fixed seed) packed i
 causal within each document, d128 and d64, q (T, 32, D), k/v (T, 8, D). Providers: ``hf_flash``
 (``hf_flash.interface.varlen_attention`` with ``check_cu_seqlens=False``: ``flash_attn_varlen_func``
 without its host-side cu_seqlens check, as transformers' integration calls it;
-the Gluon forward on an H100, longest-first schedule; Triton backward), ``hf_flash_triton`` (the
+the Gluon forward on an H100 at d128 (d64 packed calls run Triton); Triton backward), ``hf_flash_triton`` (the
 same with the Gluon kernel off), ``gluon_longest`` / ``gluon_docorder`` (the Gluon launcher
 called directly, the schedule longest first / in document order; forward only), ``gluon_ws2x4`` (d64: the
 two-consumer variant instead of the packed default; forward only), ``flex`` (FlexAttention with a
@@ -679,7 +679,7 @@ def _packed_builders(lens, head_dim, flex_mode):
 
         return attn, (), None, {"launcher": kw}, ("fwd",), packed_flops
 
-    out["gluon_longest"] = lambda: gluon()
+    out["gluon_longest"] = lambda: gluon(order="longest")
     out["gluon_docorder"] = lambda: gluon(order="document")
     if head_dim == 64:
         out["gluon_ws2x4"] = lambda: gluon(variant="ws2x4-overlap-fma")
