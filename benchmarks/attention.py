@@ -44,6 +44,19 @@ pass and head dim serves every S, which keeps the full grid inside ~5 minutes) o
 (``static``: Inductor then also knows S divides the tile; fairer per shape, slower to compile).
 The mode is recorded in every flex result.
 
+Packed rows (``--packed``): 12 documents of random lengths (fixed seed) packed into 16K tokens,
+causal within each document, d128 and d64, q (T, 32, D), k/v (T, 8, D). Providers: ``hf_flash``
+(``hf_flash.interface.varlen_attention`` with ``check_cu_seqlens=False``: ``flash_attn_varlen_func``
+without its host-side cu_seqlens check, as transformers' integration calls it;
+the Gluon forward on an H100 at d128 (d64 packed calls run Triton); Triton backward), ``hf_flash_triton`` (the
+same with the Gluon kernel off), ``gluon_longest`` / ``gluon_docorder`` (the Gluon launcher
+called directly, the schedule longest first / in document order; forward only), ``gluon_ws2x4`` (d64: the
+two-consumer variant instead of the packed default; forward only), ``flex`` (FlexAttention with a
+document-causal block mask, the peer), and ``sdpa_dense`` (SDPA, no backend forced, causal over
+the same 16K tokens as one sequence: context, credited with its own dense FLOPs). Packed FLOPs:
+fwd = 4 * Hq * D * sum(L_i^2) / 2. Providers take turns over ``--rounds`` rounds; rows hold the
+median of the rounds. ``host_ms``: the host time of one forward call with the device idle.
+
 Every row also records ``max_abs_diff_vs_sdpa``: hf_flash's forward output against ``sdpa``'s on
 the same inputs (a spot check; the tests hold the real numerical bar).
 """
@@ -601,6 +614,225 @@ def _sweep_head_dim(args, timing, head_dim: int, sweep: dict) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------
+# Packed (varlen) rows
+# --------------------------------------------------------------------------------------------
+
+PACKED_DOCS = 12
+PACKED_PROVIDERS = ("hf_flash", "hf_flash_triton", "gluon_longest", "gluon_docorder", "gluon_ws2x4", "flex",
+                    "sdpa_dense")
+
+
+def packed_lengths(n_docs: int = PACKED_DOCS, tokens: int = TOKENS, seed: int = 0) -> list[int]:
+    """``n_docs`` random document lengths summing to ``tokens`` (uniform cut points)."""
+    g = torch.Generator().manual_seed(seed)
+    cuts = torch.randperm(tokens - 1, generator=g)[: n_docs - 1] + 1
+    bounds = [0, *sorted(cuts.tolist()), tokens]
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def _packed_builders(lens, head_dim, flex_mode):
+    """name -> (attn, leaves, dout, info, passes, flops_fwd) on shared packed inputs."""
+    from hf_flash.interface import attention_paths, varlen_attention
+    from hf_flash.kernels import configs
+
+    tokens = sum(lens)
+    gen = torch.Generator(device=DEVICE).manual_seed(head_dim)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+
+    q, k, v = randn(tokens, NHEADS_Q, head_dim), randn(tokens, NHEADS_KV, head_dim), randn(tokens, NHEADS_KV, head_dim)
+    dout = randn(tokens, NHEADS_Q, head_dim)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+    max_len = max(lens)
+    packed_flops = 4.0 * NHEADS_Q * head_dim * sum(n * n for n in lens) / 2
+    dense_flops = 4.0 * NHEADS_Q * head_dim * tokens * tokens / 2
+    both = ("fwd", "fwd+bwd")
+    out = {}
+
+    def hf(hopper):
+        leaves = (_leaf(q), _leaf(k), _leaf(v))
+        switch = contextlib.nullcontext if hopper else (lambda: configs.use_hopper(False))
+
+        def attn():
+            with switch():
+                # as transformers' integration calls it: no host-side cu_seqlens check (a sync)
+                return varlen_attention(*leaves, cu, cu, max_len, max_len, causal=True, check_cu_seqlens=False)
+
+        with switch():
+            paths = attention_paths(*leaves, causal=True, varlen=True)
+        return attn, leaves, dout, {"paths": paths}, both, packed_flops
+
+    out["hf_flash"] = lambda: hf(True)
+    out["hf_flash_triton"] = lambda: hf(False)
+
+    def gluon(**kw):
+        from hf_flash.kernels.hopper import attention_fwd as hk
+
+        o = torch.empty_like(q)
+        lse = torch.empty(NHEADS_Q, tokens, device=DEVICE, dtype=torch.float32)
+
+        def attn():
+            hk.hopper_attention_forward(q, k, v, o, lse, softmax_scale=head_dim**-0.5, causal=True,
+                                        cu_seqlens_q=cu, cu_seqlens_k=cu, **kw)  # fmt: skip
+            return o
+
+        return attn, (), None, {"launcher": kw}, ("fwd",), packed_flops
+
+    out["gluon_longest"] = lambda: gluon(order="longest")
+    out["gluon_docorder"] = lambda: gluon(order="document")
+    if head_dim == 64:
+        out["gluon_ws2x4"] = lambda: gluon(variant="ws2x4-overlap-fma")
+
+    def flex():
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        doc = torch.repeat_interleave(torch.arange(len(lens), device=DEVICE), torch.tensor(lens, device=DEVICE))
+
+        def document_causal(b, h, q_idx, kv_idx):
+            return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+        block_mask = create_block_mask(document_causal, None, None, tokens, tokens, device=DEVICE)
+        leaves = tuple(_leaf(t.transpose(0, 1).unsqueeze(0)) for t in (q, k, v))
+        fn = _flex_fn(flex_mode)
+
+        def attn():
+            return fn(*leaves, block_mask=block_mask, enable_gqa=True)
+
+        return attn, leaves, dout.transpose(0, 1).unsqueeze(0).contiguous(), {"compile": flex_mode}, both, packed_flops
+
+    out["flex"] = flex
+
+    def sdpa_dense():
+        leaves = tuple(_leaf(t.transpose(0, 1).unsqueeze(0)) for t in (q, k, v))
+
+        def attn():
+            return F.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True)
+
+        info = {"context": "one dense causal sequence of the same tokens, its own FLOPs"}
+        return attn, leaves, dout.transpose(0, 1).unsqueeze(0).contiguous(), info, both, dense_flops
+
+    out["sdpa_dense"] = sdpa_dense
+    return out, (q, k, v, cu, max_len)
+
+
+def _to_tokens(o: torch.Tensor) -> torch.Tensor:
+    """(1, H, T, D) -> (T, H, D); packed outputs pass through."""
+    return o[0].transpose(0, 1) if o.dim() == 4 else o
+
+
+def _host_ms(attn, n: int = 20) -> float:
+    """Median host (CPU) time of one forward call after the device is idle: the launch path's
+    own cost (schedule ops, descriptors, launch), which the device hides only while the host
+    runs ahead of it."""
+    ts = []
+    with torch.no_grad():
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            attn()
+            ts.append((time.perf_counter() - t) * 1e3)
+    torch.cuda.synchronize()
+    return sorted(ts)[n // 2]
+
+
+def run_packed(args, timing) -> list[dict]:
+    lens = packed_lengths()
+    rows = []
+    for head_dim in args.head_dims or HEAD_DIMS:
+        t0 = time.time()
+        makers, _ = _packed_builders(lens, head_dim, args.flex_compile)
+        built, info, samples = {}, {}, {}
+        for name in PACKED_PROVIDERS:
+            if name not in makers:
+                continue
+            try:
+                built[name] = makers[name]()
+                info[name] = dict(built[name][3])
+            except Exception as e:
+                info[name] = {"error": _error(e)}
+        # spot check: every packed provider's forward against flex's document-causal output
+        diffs = {}
+        if "flex" in built:
+            with torch.no_grad():
+                ref = _to_tokens(built["flex"][0]()).float()
+                for name, b in built.items():
+                    if name not in ("flex", "sdpa_dense"):
+                        try:
+                            diffs[name] = (_to_tokens(b[0]()).float() - ref).abs().max().item()
+                        except Exception as e:
+                            info[name] = {"error": _error(e)}
+            del ref
+        for name in ("hf_flash", "hf_flash_triton", "gluon_longest", "gluon_docorder"):
+            if name in built:
+                try:
+                    info[name]["host_ms"] = _host_ms(built[name][0])
+                except Exception as e:
+                    info[name]["host_error"] = _error(e)
+        times = {name: {} for name in built}
+        for r in range(args.rounds):
+            for name, (attn, leaves, dout, _, passes, _) in built.items():
+                res = time_passes(attn, leaves, dout, [p for p in passes], timing)
+                for p, x in res.items():
+                    times[name].setdefault(p, []).append(x)
+        for p in ("fwd", "fwd+bwd"):
+            tflops, results = {}, {}
+            for name, b in built.items():
+                runs = times[name].get(p)
+                if not runs:
+                    continue
+                ok = [x["ms"] for x in runs if "ms" in x]
+                if not ok:
+                    results[name] = runs[-1]
+                    continue
+                ms = sorted(ok)[len(ok) // 2]
+                flops = b[5] * PASS_FACTOR[p]
+                tflops[name] = flops / (ms * 1e-3) / 1e12
+                results[name] = {"ms": ms, "rounds_ms": ok, "tflops": tflops[name], "flops": flops, **info[name]}
+            for name, i in info.items():
+                if "error" in i:
+                    results[name] = i
+            hf = tflops.get("hf_flash")
+            rows.append({
+                "mask": "packed", "head_dim": head_dim, "pass": p, "doc_lengths": lens, "tokens": sum(lens),
+                "nheads_q": NHEADS_Q, "nheads_kv": NHEADS_KV, "dtype": "bfloat16", "tflops": tflops,
+                "ratio": {n: hf / x for n, x in tflops.items() if hf and x and n != "hf_flash"},
+                "max_abs_diff_vs_flex": diffs, "results": results,
+            })  # fmt: skip
+        built.clear()
+        _free()
+        print(f"packed D={head_dim}: {time.time() - t0:.0f}s", flush=True)
+    return rows
+
+
+def print_packed(rows) -> None:
+    short = {"hf_flash": "hf", "hf_flash_triton": "hf-tri", "gluon_longest": "gl-long", "gluon_docorder": "gl-doc",
+             "gluon_ws2x4": "gl-2x4",
+             "flex": "flex", "sdpa_dense": "sdpa-dense"}  # fmt: skip
+    table = []
+    for r in rows:
+        t = {"D": r["head_dim"], "pass": r["pass"]}
+        for name in PACKED_PROVIDERS:
+            x = r["tflops"].get(name)
+            t[short[name]] = f"{x:.0f}" if x else "-"
+        x = r["ratio"].get("flex")
+        t["hf/flex"] = f"{x:.2f}" if x else "-"
+        d = r["max_abs_diff_vs_flex"].get("hf_flash")
+        t["diff"] = f"{d:.1e}" if d is not None else "-"
+        for name, key in (("hf_flash", "host-hf"), ("hf_flash_triton", "host-tri"), ("gluon_longest", "host-gl")):
+            h = r["results"].get(name, {}).get("host_ms")
+            t[key] = f"{h:.2f}" if h is not None else "-"
+        table.append(t)
+    print(f"\npacked: {PACKED_DOCS} documents in {TOKENS} tokens (lengths {rows[0]['doc_lengths'] if rows else []}), "
+          "causal, bf16, Hq=32, Hkv=8, TFLOP/s (sdpa-dense: one causal 16K sequence, its own FLOPs)")  # fmt: skip
+    print_table(table, list(table[0]) if table else [])
+    for r in rows:
+        for name, res in r["results"].items():
+            if "error" in res:
+                print(f"[{name}] D{r['head_dim']} {r['pass']}: {res['error']}")
+
+
+# --------------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------------
 
@@ -616,6 +848,9 @@ def parse_args(argv=None):
                    help="compile FlexAttention with dynamic shapes or once per shape")  # fmt: skip
     p.add_argument("--warmup-ms", type=float, default=10.0)
     p.add_argument("--rep-ms", type=float, default=40.0)
+    p.add_argument("--packed", action="store_true",
+                   help="instead of the grid: the packed rows (12 documents in 16K tokens, causal)")
+    p.add_argument("--rounds", type=int, default=3, help="packed rows: rounds, providers taking turns")
     p.add_argument("--sweep-configs", action="store_true",
                    help="instead of the grid: time hf_flash's forward and backward under "
                         "alternative launch configs (head_dim 128, causal, S=4K, 16K)")  # fmt: skip
@@ -673,6 +908,14 @@ def main(argv=None) -> int:
         return 2
     timing = {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms}
     t0 = time.time()
+    if args.packed:
+        rows = run_packed(args, timing)
+        path = write_results("attention_packed", rows, args.out, timing=timing, rounds=args.rounds,
+                             flex_compile=args.flex_compile, docs=PACKED_DOCS, tokens=TOKENS,
+                             flops="fwd = 4*Hq*D*sum(L_i^2)/2; fwd+bwd = 3.5x fwd")  # fmt: skip
+        print_packed(rows)
+        print(f"wrote {path} in {time.time() - t0:.0f}s")
+        return 0
     if args.sweep_configs:
         rows = sweep_configs(args, timing)
         path = write_results("attention_configs", rows, args.out, timing=timing,

@@ -218,17 +218,22 @@ def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, sof
     """Which kernel :func:`flash_attn_forward` runs for these arguments: ``"hopper"`` (the
     Gluon sm_90a kernel, :mod:`hf_flash.kernels.hopper`) when it covers the call and the device
     allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this module's kernel). The
-    Hopper kernel covers dense fp16/bf16 calls with head dim 64 or 128, causal or not, without
-    a sliding window, softcap, ALiBi, dropout or sinks, on tensors TMA can address (``out``
-    None: the output is still to be allocated like q, which then is addressable too)."""
-    if varlen or sinks is not None or not configs.hopper_enabled(q.device):
+    Hopper kernel takes fp16/bf16 calls, causal or not, GQA/MQA, without a sliding window,
+    softcap, ALiBi, dropout or sinks, on tensors TMA can address (``out`` None: the output is
+    still to be allocated like q, which then is addressable too): dense calls at head dim 64 or
+    128, packed calls (``varlen``: cu_seqlens, causal alignment per sequence) at head dim 128
+    (``VARLEN_DISPATCH_HEAD_DIMS``: at 64 the packed Gluon kernel measured slower than this
+    module's)."""
+    if sinks is not None or not configs.hopper_enabled(q.device):
         return "triton"
     from .hopper import attention_fwd as hopper  # Gluon: imported only where it can run
 
     covered = hopper.supports(
         q, k, v, causal=causal, window=(window_left, window_right), softcap=softcap,
-        alibi=alibi_slopes, dropout=dropout_p, softmax_scale=softmax_scale,
+        alibi=alibi_slopes, dropout=dropout_p, softmax_scale=softmax_scale, varlen=varlen,
     ) and (out is None or hopper.tma_compatible(out))  # fmt: skip
+    if varlen and q.shape[-1] not in hopper.VARLEN_DISPATCH_HEAD_DIMS:
+        covered = False
     return "hopper" if covered else "triton"
 
 
@@ -255,7 +260,10 @@ def flash_attn_forward(
     if forward_path(q, k, v, out, **options) == "hopper":
         from .hopper.attention_fwd import hopper_attention_forward
 
-        hopper_attention_forward(q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal)
+        hopper_attention_forward(
+            q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        )  # fmt: skip
         return
     varlen = cu_seqlens_q is not None
     if varlen:

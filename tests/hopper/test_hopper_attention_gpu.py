@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_flash.reference import FWD_FACTOR, assert_close_to_ref, attention_ref
+from hf_flash.reference import FWD_FACTOR, assert_close_to_ref, attention_ref, attention_varlen_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -132,3 +132,147 @@ def test_many_items_per_program(variant, head_dim):
     q, k, v = _qkv(4, 1500, 1100, 16, 4, head_dim, torch.bfloat16, seed=3)
     for causal in (True, False):
         _check(q, k, v, causal, variant=variant)
+
+
+# ---- packed (varlen) calls: cu_seqlens, per-sequence bottom-right alignment ----
+
+
+def _cu(lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+
+
+def _packed(lens_q, lens_k, h, hk, d, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def mk(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype, generator=g)
+
+    lens_k = lens_q if lens_k is None else lens_k
+    return mk(sum(lens_q), h, d), mk(sum(lens_k), hk, d), mk(sum(lens_k), hk, d), _cu(lens_q), _cu(lens_k)
+
+
+def _run_varlen(q, k, v, cu_q, cu_k, causal, variant=None, order="document"):
+    from hf_flash.kernels.hopper import attention_fwd as hk
+
+    assert hk.supports(q, k, v, causal=causal, varlen=True), "the case under test must be one the kernel covers"
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("nan"), dtype=torch.float32, device=q.device)
+    hk.hopper_attention_forward(
+        q, k, v, out, lse, softmax_scale=q.shape[-1] ** -0.5, causal=causal, variant=variant,
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, order=order,
+    )  # fmt: skip
+    return out, lse
+
+
+def _check_varlen(q, k, v, cu_q, cu_k, causal, variant=None, order="document"):
+    out, lse = _run_varlen(q, k, v, cu_q, cu_k, causal, variant, order)
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal, upcast=True, return_lse=True)
+    ref_lp = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal, upcast=False)
+    assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, q.dtype)
+    finite = torch.isfinite(ref_lse)
+    assert not torch.isnan(lse).any(), "unwritten lse"
+    assert torch.equal(torch.isfinite(lse), finite), "lse must be +inf exactly on rows that see no key"
+    lse_err = (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+    assert lse_err <= 1e-3, f"lse: max err {lse_err:.3e}"
+    return out, lse
+
+
+VARLEN_CASES = [
+    # lens_q, lens_k (None: the same), nheads, nheads_k
+    pytest.param([1, 97, 1025, 8191], None, 4, 2, id="odd-lengths"),
+    pytest.param([0, 1, 0, 300, 1, 130, 0], None, 8, 2, id="empty-and-one"),
+    pytest.param([50, 300, 1, 129, 0, 5, 700], [200, 100, 64, 129, 17, 0, 650], 8, 1, id="sq!=sk-mqa"),
+    pytest.param([128, 256, 64, 192], None, 4, 4, id="tile-multiples"),
+]
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("lens_q,lens_k,h,hk", VARLEN_CASES)
+def test_varlen_default_variant_matches_reference(lens_q, lens_k, h, hk, head_dim, causal, dtype):
+    _check_varlen(*_packed(lens_q, lens_k, h, hk, head_dim, dtype), causal)
+
+
+def _varlen_variants():
+    from hf_flash.kernels.hopper.attention_fwd import VARIANTS, varlen_builds
+
+    return [
+        pytest.param(name, d, causal, id=f"{name}-d{d}-{'causal' if causal else 'full'}")
+        for name, var in VARIANTS.items() for d in var.head_dims for causal in (False, True)
+        if varlen_builds(name, causal)
+    ]  # fmt: skip
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant,head_dim,causal", _varlen_variants())
+def test_varlen_every_variant_matches_reference(variant, head_dim, causal):
+    lens_q, lens_k = [50, 300, 1, 0, 1025, 5, 700], [200, 100, 64, 17, 1025, 0, 650]
+    _check_varlen(*_packed(lens_q, lens_k, 8, 2, head_dim, torch.bfloat16, seed=4), causal, variant=variant)
+
+
+@needs_hopper
+def test_varlen_orders_give_the_same_bits():
+    # each item computes its rows alone: the schedule's order cannot change a bit
+    args = _packed([3000, 1, 0, 517, 2049, 64], None, 8, 2, 128, torch.bfloat16, seed=5)
+    for causal in (False, True):
+        a = _run_varlen(*args, causal, order="longest")
+        b = _run_varlen(*args, causal, order="document")
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@needs_hopper
+def test_varlen_rows_outside_sequences_untouched_and_strided_views():
+    # q/k/v as views of one packed (T, 3, H, D) projection (flash-attn's qkvpacked layout: token
+    # stride 3 H D); cu_seqlens ending before the last rows: those rows stay as they were
+    t, h, d = 1200, 8, 128
+    qkv = torch.randn(t, 3, h, d, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(1)
+    assert not q.is_contiguous()
+    cu = _cu([400, 0, 577, 100])  # 1077 of 1200 rows
+    for causal in (False, True):
+        out, lse = _run_varlen(q, k, v, cu, cu, causal)
+        assert torch.isnan(out[1077:]).all() and torch.isnan(lse[:, 1077:]).all()
+        _check_varlen(q[:1077], k[:1077], v[:1077], cu, cu, causal)
+
+
+@needs_hopper
+def test_varlen_forward_path_and_gradients_through_the_public_function():
+    from hf_flash import flash_attn_varlen_func
+    from hf_flash.interface import attention_paths
+    from hf_flash.reference import GRAD_FACTOR
+
+    lens = [1, 97, 1025, 0, 300]
+    for dtype in (torch.bfloat16, torch.float16):
+        for d in (64, 128):
+            q, k, v, cu, _ = _packed(lens, lens, 8, 2, d, dtype, seed=d)
+            q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+            for causal in (False, True):
+                paths = attention_paths(q, k, v, causal=causal, varlen=True)
+                # d64 packed calls stay on Triton (hk.VARLEN_DISPATCH_HEAD_DIMS)
+                forward = "hopper" if d == 128 else "triton"
+                assert paths == {"forward": forward, "backward": "triton"}, paths
+                out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+                ref = attention_varlen_ref(q, k, v, cu, cu, causal=causal)
+                ref_lp = attention_varlen_ref(q, k, v, cu, cu, causal=causal, upcast=False)
+                assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, dtype)
+                dout = torch.randn_like(out)
+                g = torch.autograd.grad(out, (q, k, v), dout)
+                g_ref = torch.autograd.grad(ref, (q, k, v), dout.float())
+                g_lp = torch.autograd.grad(ref_lp, (q, k, v), dout)
+                for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lp):
+                    assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, dtype)
+
+
+@needs_hopper
+def test_varlen_calls_the_kernel_does_not_cover_stay_on_triton():
+    from hf_flash.interface import attention_paths
+
+    q, k, v, _, _ = _packed([100, 200], None, 8, 2, 128, torch.bfloat16)
+    for opts in (dict(window_size=(63, 0), causal=True), dict(softcap=30.0), dict(dropout_p=0.1),
+                 dict(alibi_slopes=torch.rand(8, device="cuda"))):  # fmt: skip
+        assert attention_paths(q, k, v, varlen=True, **opts)["forward"] == "triton", opts
+    q80, k80, v80, _, _ = _packed([100, 200], None, 8, 2, 80, torch.bfloat16)
+    assert attention_paths(q80, k80, v80, varlen=True, causal=True)["forward"] == "triton"
+    assert attention_paths(q.float(), k.float(), v.float(), varlen=True)["forward"] == "triton"

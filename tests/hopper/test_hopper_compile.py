@@ -18,6 +18,13 @@ SHARED_LIMIT = 227 * 1024
 SPECS = [(name, d, True, "bfloat16") for name, var in hk.VARIANTS.items() for d in var.head_dims]
 SPECS += [(name, d, causal, "bfloat16") for (d, causal), name in hk.DEFAULT.items() if not causal]
 SPECS += [(name, d, causal, "float16") for (d, causal), name in hk.DEFAULT.items() if causal]
+# packed (varlen): every variant with a packed form, bfloat16; the packed defaults in float16
+SPECS += [
+    (compile_check.VARLEN_PREFIX + name, d, causal, "bfloat16")
+    for name, var in hk.VARIANTS.items() for d in var.head_dims for causal in (False, True)
+    if hk.varlen_builds(name, causal)
+]  # fmt: skip
+SPECS += [(compile_check.VARLEN_PREFIX + name, d, causal, "float16") for (d, causal), name in hk.VARLEN_DEFAULT.items()]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +36,7 @@ def reports():
 def test_variant_builds_for_sm90a(reports, spec):
     r = reports[spec]
     variant, head_dim, causal, dtype = spec
-    var = hk.VARIANTS[variant]
+    var = hk.VARIANTS[variant.removeprefix(compile_check.VARLEN_PREFIX)]
     assert (r["variant"], r["head_dim"], r["causal"], r["dtype"]) == spec
     assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0 and r["stack_bytes"] == 0, r
     assert r["shared_bytes"] <= SHARED_LIMIT, r
@@ -46,6 +53,66 @@ def test_defaults_are_variants_for_their_head_dim():
     for (d, causal), name in hk.DEFAULT.items():
         assert d in hk.VARIANTS[name].head_dims
     assert set(hk.DEFAULT) == {(d, c) for d in hk.HEAD_DIMS for c in (False, True)}
+    for (d, causal), name in hk.VARLEN_DEFAULT.items():
+        assert d in hk.VARIANTS[name].head_dims and hk.varlen_builds(name, causal)
+    assert set(hk.VARLEN_DEFAULT) == set(hk.DEFAULT)
+
+
+def test_packed_forms():
+    # persistent variants and three consumers without causal masking have no packed form
+    assert not hk.varlen_builds("ws2x4-overlap-fma-persist", True)
+    assert not hk.varlen_builds("ws3x4-pp-s3", False) and hk.varlen_builds("ws3x4-pp-s3", True)
+    assert hk.varlen_builds("ws2x4-overlap-fma", False)
+    q, k = _t(64, 8, 64), _t(64, 2, 64)
+    cu = torch.tensor([0, 64], dtype=torch.int32)
+    lse = torch.empty(8, 64)
+    with pytest.raises(ValueError, match="no packed"):
+        hk.launch_args(q, k, k, torch.empty_like(q), lse, softmax_scale=0.1, causal=False, variant="ws3x4-pp-s3",
+                       cu_seqlens_q=cu, cu_seqlens_k=cu)  # fmt: skip
+
+
+# ---- varlen_schedule(): the packed calls' work items, built with torch ops (no host sync) ----
+
+
+def _items(sched):
+    return [tuple(e) for e in sched.tolist()]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("order", hk.ORDERS)
+def test_varlen_schedule_covers_every_tile_once(causal, order):
+    lens_q = [0, 1, 300, 128, 0, 1025, 129]
+    lens_k = [5, 0, 100, 128, 0, 2000, 129]
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
+    tokens = sum(lens_q) + 50  # rows past the last sequence are in no item
+    sched = hk.varlen_schedule(cu_q, cu_k, tokens, rows=128, block_n=128, causal=causal, order=order)
+    assert sched.dtype == torch.int32 and sched.shape[1] == 2
+    # an upper bound on the items: tokens / rows + one per non-empty sequence
+    assert sched.shape[0] == -(-tokens // 128) + len(lens_q)
+    items = [e for e in _items(sched) if e[0] >= 0]
+    expected = [(b, t) for b, n in enumerate(lens_q) for t in range(-(-n // 128))]
+    assert sorted(items) == expected
+    assert all(e == (-1, 0) for e in _items(sched)[len(items):]), "empty entries last"
+    if order == "document":
+        assert items == expected
+    else:
+        def work(b, t):
+            hi = lens_k[b]
+            if causal:
+                hi = min(hi, max(t * 128 + 128 + lens_k[b] - lens_q[b], 0))
+            return -(-hi // 128)
+
+        works = [work(*e) for e in items]
+        assert works == sorted(works, reverse=True), "longest first"
+        # ties keep the sequence order
+        assert all(items[i] < items[i + 1] for i in range(len(items) - 1) if works[i] == works[i + 1])
+
+
+def test_varlen_schedule_empty_batch_entries():
+    cu = torch.tensor([0, 0, 0], dtype=torch.int32)
+    sched = hk.varlen_schedule(cu, cu, 10, rows=128, block_n=128, causal=True)
+    assert (sched[:, 0] == -1).all()
 
 
 # ---- supports(): the dispatch rule, checked on CPU tensors with the device test stubbed ----
@@ -119,6 +186,46 @@ def test_supports_rejects_dtypes_layouts_and_shapes(on_hopper):
     assert not hk.supports(big, k, v, causal=False)
     # innermost stride not 1
     assert not hk.supports(_t(2, 64, 8, 256)[..., ::2], k, v, causal=False)
+
+
+def test_supports_packed_calls(on_hopper):
+    for d in (64, 128):
+        for dtype in (torch.bfloat16, torch.float16):
+            q, k = _t(300, 8, d, dtype=dtype), _t(200, 2, d, dtype=dtype)
+            assert hk.supports(q, k, k, causal=True, varlen=True)
+            assert hk.supports(q, k, k, causal=False, varlen=True)
+    q, k = _t(300, 8, 128), _t(200, 2, 128)
+    # packed tensors need varlen, dense ones must not have it
+    assert not hk.supports(q, k, k, causal=True)
+    assert not hk.supports(*_qkv(), causal=True, varlen=True)
+    for change in (dict(window=(16, 0)), dict(softcap=30.0), dict(alibi=torch.zeros(8)), dict(dropout=0.1)):
+        assert not hk.supports(q, k, k, causal=True, varlen=True, **change), change
+    assert not hk.supports(_t(300, 8, 80), _t(200, 2, 80), _t(200, 2, 80), causal=True, varlen=True)
+    assert not hk.supports(q, _t(200, 3, 128), _t(200, 3, 128), causal=True, varlen=True)
+    # a token stride that is not a 16-byte multiple
+    odd = _t(300, 8 * 128 + 1)[:, :1024].view(300, 8, 128)
+    assert not hk.supports(odd, k, k, causal=True, varlen=True)
+    # views of a packed (T, 3, H, D) projection are addressable in place
+    qkv = _t(300, 3, 8, 128)
+    assert hk.supports(qkv[:, 0], qkv[:, 1], qkv[:, 2], causal=True, varlen=True)
+
+
+def test_forward_path_packed(on_hopper, monkeypatch):
+    from hf_flash.kernels import configs, flash_fwd
+
+    monkeypatch.setattr(configs, "hopper_enabled", lambda device: True)
+    q, k = _t(300, 8, 128), _t(200, 2, 128)
+    opts = dict(varlen=True, causal=True, window_left=-1, window_right=0, softcap=0.0, alibi_slopes=None,
+                dropout_p=0.0, softmax_scale=None)  # fmt: skip
+    assert flash_fwd.forward_path(q, k, k, None, **opts) == "hopper"
+    # d64 packed: the kernel covers it, but it measured slower than Triton's, so Triton runs it
+    q64, k64 = _t(300, 8, 64), _t(200, 2, 64)
+    assert hk.supports(q64, k64, k64, causal=True, varlen=True)
+    assert flash_fwd.forward_path(q64, k64, k64, None, **opts) == "triton"
+    assert flash_fwd.forward_path(q, k, k, None, **{**opts, "window_left": 63}) == "triton"
+    assert flash_fwd.forward_path(q, k, k, None, **opts, sinks=torch.zeros(8)) == "triton"
+    monkeypatch.setattr(configs, "hopper_enabled", lambda device: False)
+    assert flash_fwd.forward_path(q, k, k, None, **opts) == "triton"
 
 
 def test_supports_needs_an_sm90_cuda_tensor():

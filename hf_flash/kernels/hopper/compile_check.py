@@ -66,11 +66,13 @@ def _ptxas_report(ptx: str) -> str:
 
 
 BWD_PREFIX = "bwd:"
+VARLEN_PREFIX = "varlen:"
 
 
 def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat16) -> dict:
     """Compile one variant and return its resource report. ``variant`` names an entry of
-    ``attention_fwd.VARIANTS``, or of ``attention_bwd.VARIANTS`` behind ``"bwd:"``."""
+    ``attention_fwd.VARIANTS`` (its packed form behind ``"varlen:"``), or of
+    ``attention_bwd.VARIANTS`` behind ``"bwd:"``."""
     batch, nheads, nheads_k = 2, 8, 2
     q = torch.empty(batch, SEQLEN, nheads, head_dim, dtype=dtype)
     k = torch.empty(batch, SEQLEN, nheads_k, head_dim, dtype=dtype)
@@ -88,6 +90,17 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
         )  # fmt: skip
         compiled = compile_sm90(attention_bwd._attn_bwd_dkdv_kernel, args, kwargs)
         rows, block_n = var.keys, var.block_m
+    elif variant.startswith(VARLEN_PREFIX):
+        var = attention_fwd.VARIANTS[variant[len(VARLEN_PREFIX):]]
+        # the batch's sequences packed: (B * S, H, D), lse (H, B * S)
+        cu = torch.arange(0, (batch + 1) * SEQLEN, SEQLEN, dtype=torch.int32)
+        _, args, kwargs = attention_fwd.launch_args(
+            q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), out.flatten(0, 1),
+            lse.transpose(0, 1).reshape(nheads, batch * SEQLEN), softmax_scale=head_dim**-0.5, causal=causal,
+            variant=var.name, cu_seqlens_q=cu, cu_seqlens_k=cu,
+        )  # fmt: skip
+        compiled = compile_sm90(attention_fwd._attn_fwd_kernel, args, kwargs)
+        rows, block_n = var.rows, var.block_n
     else:
         var = attention_fwd.VARIANTS[variant]
         _, args, kwargs = attention_fwd.launch_args(
@@ -146,12 +159,21 @@ def check_many(specs, processes: int = 2) -> list[dict]:
 def _head_dims(name):
     if name.startswith(BWD_PREFIX):
         return attention_bwd.VARIANTS[name[len(BWD_PREFIX):]].head_dims
-    return attention_fwd.VARIANTS[name].head_dims
+    return attention_fwd.VARIANTS[name.removeprefix(VARLEN_PREFIX)].head_dims
+
+
+def varlen_variants():
+    """The packed (varlen) form of every forward variant that has one (the non-persistent ones;
+    ``attention_fwd.varlen_builds`` says for which causality)."""
+    return [VARLEN_PREFIX + name for name, var in attention_fwd.VARIANTS.items() if not var.persistent]
 
 
 def all_variants():
-    """Every forward variant, then every backward (dK/dV) variant as ``"bwd:<name>"``."""
-    return [*attention_fwd.VARIANTS, *(BWD_PREFIX + name for name in attention_bwd.VARIANTS)]
+    """Every forward variant, its packed form as ``"varlen:<name>"``, then every backward (dK/dV)
+    variant as ``"bwd:<name>"``."""
+    return [
+        *attention_fwd.VARIANTS, *varlen_variants(), *(BWD_PREFIX + name for name in attention_bwd.VARIANTS),
+    ]  # fmt: skip
 
 
 def all_specs(variants=None, head_dims=attention_fwd.HEAD_DIMS, dtypes=("bfloat16", "float16")):
@@ -161,6 +183,7 @@ def all_specs(variants=None, head_dims=attention_fwd.HEAD_DIMS, dtypes=("bfloat1
         for d in head_dims
         if d in _head_dims(name)
         for causal in (False, True)
+        if not name.startswith(VARLEN_PREFIX) or attention_fwd.varlen_builds(name[len(VARLEN_PREFIX):], causal)
         for dt in dtypes
     ]
 
