@@ -618,7 +618,7 @@ def _sweep_head_dim(args, timing, head_dim: int, sweep: dict) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 PACKED_DOCS = 12
-PACKED_PROVIDERS = ("hf_flash", "hf_flash_triton", "gluon_longest", "gluon_docorder", "gluon_ws2x4", "flex",
+PACKED_PROVIDERS = ("hf_flash", "hf_flash_gluon_varlen", "hf_flash_triton", "gluon_longest", "gluon_docorder", "gluon_ws2x4", "flex",
                     "sdpa_dense")
 
 
@@ -652,7 +652,9 @@ def _packed_builders(lens, head_dim, flex_mode):
 
     def hf(hopper):
         leaves = (_leaf(q), _leaf(k), _leaf(v))
-        switch = contextlib.nullcontext if hopper else (lambda: configs.use_hopper(False))
+        # "default": the library's own choice; True: packed Gluon forward switched on (opt-in)
+        switch = {"default": contextlib.nullcontext, True: lambda: configs.use_hopper_varlen(True),
+                  False: lambda: configs.use_hopper(False)}[hopper]  # fmt: skip
 
         def attn():
             with switch():
@@ -663,7 +665,8 @@ def _packed_builders(lens, head_dim, flex_mode):
             paths = attention_paths(*leaves, causal=True, varlen=True)
         return attn, leaves, dout, {"paths": paths}, both, packed_flops
 
-    out["hf_flash"] = lambda: hf(True)
+    out["hf_flash"] = lambda: hf("default")
+    out["hf_flash_gluon_varlen"] = lambda: hf(True)
     out["hf_flash_triton"] = lambda: hf(False)
 
     def gluon(**kw):
@@ -742,7 +745,7 @@ def run_packed(args, timing) -> list[dict]:
     for head_dim in args.head_dims or HEAD_DIMS:
         t0 = time.time()
         makers, _ = _packed_builders(lens, head_dim, args.flex_compile)
-        built, info, samples = {}, {}, {}
+        built, info = {}, {}
         for name in PACKED_PROVIDERS:
             if name not in makers:
                 continue
@@ -763,7 +766,7 @@ def run_packed(args, timing) -> list[dict]:
                         except Exception as e:
                             info[name] = {"error": _error(e)}
             del ref
-        for name in ("hf_flash", "hf_flash_triton", "gluon_longest", "gluon_docorder"):
+        for name in ("hf_flash", "hf_flash_gluon_varlen", "hf_flash_triton", "gluon_longest", "gluon_docorder"):
             if name in built:
                 try:
                     info[name]["host_ms"] = _host_ms(built[name][0])

@@ -222,7 +222,9 @@ def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, sof
     softcap, ALiBi, dropout or sinks, on tensors TMA can address (``out`` None: the output is
     still to be allocated like q, which then is addressable too): dense calls at head dim 64 or
     128, packed calls (``varlen``: cu_seqlens, causal alignment per sequence) at head dim 128
-    (``VARLEN_DISPATCH_HEAD_DIMS``: at 64 the packed Gluon kernel measured slower than this
+    when switched on (:func:`configs.hopper_varlen_enabled`, ``HF_FLASH_HOPPER_VARLEN=1``: off by
+    default, its host time per call outweighs its faster kernel for host-bound callers;
+    ``VARLEN_DISPATCH_HEAD_DIMS``: at 64 the packed Gluon kernel measured slower than this
     module's)."""
     if sinks is not None or not configs.hopper_enabled(q.device):
         return "triton"
@@ -232,7 +234,7 @@ def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, sof
         q, k, v, causal=causal, window=(window_left, window_right), softcap=softcap,
         alibi=alibi_slopes, dropout=dropout_p, softmax_scale=softmax_scale, varlen=varlen,
     ) and (out is None or hopper.tma_compatible(out))  # fmt: skip
-    if varlen and q.shape[-1] not in hopper.VARLEN_DISPATCH_HEAD_DIMS:
+    if varlen and (not configs.hopper_varlen_enabled() or q.shape[-1] not in hopper.VARLEN_DISPATCH_HEAD_DIMS):
         covered = False
     return "hopper" if covered else "triton"
 

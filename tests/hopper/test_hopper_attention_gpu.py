@@ -238,11 +238,14 @@ def test_varlen_rows_outside_sequences_untouched_and_strided_views():
 
 
 @needs_hopper
-def test_varlen_forward_path_and_gradients_through_the_public_function():
+@pytest.mark.parametrize("opt_in", [True, False], ids=["gluon-varlen-on", "default"])
+def test_varlen_forward_path_and_gradients_through_the_public_function(opt_in, monkeypatch):
     from hf_flash import flash_attn_varlen_func
+    from hf_flash.kernels import configs
     from hf_flash.interface import attention_paths
     from hf_flash.reference import GRAD_FACTOR
 
+    monkeypatch.setattr(configs, "_HOPPER_VARLEN", opt_in)
     lens = [1, 97, 1025, 0, 300]
     for dtype in (torch.bfloat16, torch.float16):
         for d in (64, 128):
@@ -250,8 +253,8 @@ def test_varlen_forward_path_and_gradients_through_the_public_function():
             q, k, v = (t.requires_grad_(True) for t in (q, k, v))
             for causal in (False, True):
                 paths = attention_paths(q, k, v, causal=causal, varlen=True)
-                # d64 packed calls stay on Triton (hk.VARLEN_DISPATCH_HEAD_DIMS)
-                forward = "hopper" if d == 128 else "triton"
+                # opt-in; d64 packed calls stay on Triton (hk.VARLEN_DISPATCH_HEAD_DIMS)
+                forward = "hopper" if d == 128 and opt_in else "triton"
                 assert paths == {"forward": forward, "backward": "triton"}, paths
                 out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
                 ref = attention_varlen_ref(q, k, v, cu, cu, causal=causal)
