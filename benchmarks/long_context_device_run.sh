@@ -9,6 +9,8 @@
 #                                                           the training GPU tests (Liger's too), the
 #                                                           int64 tests past 2^31 elements, then the
 #                                                           8B shape at 32K with and without Liger
+#   bash benchmarks/long_context_device_run.sh OUT points   (carry .whl) the int64 attention test, then
+#                                                           the 8B shape at 128K and 192K (one step)
 # Logs and long_context_search-<gpu>.json land in OUT.
 set -u
 OUT=${1:?usage: long_context_device_run.sh OUT long|planner}
@@ -37,6 +39,14 @@ case $WHAT in
             "tests/ops/test_rotary.py::test_past_2_31_elements_gpu" -q -p no:cacheprovider -rfE 2>&1 | tail -25 | tee "$OUT/gpu-tests.log"
         timeout 300 python benchmarks/long_context_search.py --points llama-8b:32768 --steps 3 --liger both \
             --timeout 140 --out "$OUT/liger" 2>&1 | tee "$OUT/search-liger.log" | grep -v "^ "
+        ;;
+    points)
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            .whl/liger_kernel-*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+        timeout 150 python -m pytest "tests/ops/test_flash_attn_gpu.py::test_past_2_31_elements_int64_addressing" \
+            -q -p no:cacheprovider -rfE 2>&1 | tail -25 | tee "$OUT/int64-tests.log"
+        timeout 420 python benchmarks/long_context_search.py --points llama-8b:131072,llama-8b:196608 --steps 1 \
+            --timeout 250 --out "$OUT/points" 2>&1 | tee "$OUT/search-points.log" | grep -v "^ "
         ;;
     *) echo "unknown step $WHAT" >&2; exit 2 ;;
 esac

@@ -228,7 +228,7 @@ def test_past_2_31_elements_int64_addressing(window):
     forward and backward: with a sliding window (short to run) and dense causal (the path long
     training takes on the GPU: Gluon on Hopper, ~20 s)."""
     torch.manual_seed(5)
-    s, h, hk, d, m = 576 * 1024, 32, 8, 128, 64
+    s, h, hk, d, m = 576 * 1024, 32, 8, 128, 16
     w = window or s
     dtype = torch.bfloat16
     q, k, v = _qkv(1, s, s, h, hk, d, dtype)
@@ -240,15 +240,19 @@ def test_past_2_31_elements_int64_addressing(window):
     dout = torch.zeros_like(out)
     dout[:, -m:] = torch.randn_like(dout[:, -m:])
     g = torch.autograd.grad(out, (q, k, v), dout)
+    # only the last rows are compared: drop the rest before the oracle (its dense scores over
+    # 576K keys take 1.1 GiB per float32 tensor even for 16 queries)
+    out, dout, g = out[:, -m:].clone(), dout[:, -m:].clone(), (g[0][:, -m:].clone(), g[1], g[2])
     qs = q[:, -m:].detach().requires_grad_()
     ks = k[:, -(m + w) :].detach().requires_grad_()
     vs = v[:, -(m + w) :].detach().requires_grad_()
     ref = attention_ref(qs, ks, vs, **opts)
     ref_lp = attention_ref(qs, ks, vs, upcast=False, **opts)
-    assert_close_to_ref("out[-m:]", out[:, -m:], ref, ref_lp, FWD_FACTOR, dtype)
-    g_ref = torch.autograd.grad(ref, (qs, ks, vs), dout[:, -m:].float())
-    g_lp = torch.autograd.grad(ref_lp, (qs, ks, vs), dout[:, -m:])
-    assert_close_to_ref("dq", g[0][:, -m:], g_ref[0], g_lp[0], GRAD_FACTOR, dtype)
+    assert_close_to_ref("out[-m:]", out, ref, ref_lp, FWD_FACTOR, dtype)
+    g_ref = torch.autograd.grad(ref, (qs, ks, vs), dout.float())
+    del ref
+    g_lp = torch.autograd.grad(ref_lp, (qs, ks, vs), dout)
+    assert_close_to_ref("dq", g[0], g_ref[0], g_lp[0], GRAD_FACTOR, dtype)
     assert_close_to_ref("dk", g[1][:, -(m + w) :], g_ref[1], g_lp[1], GRAD_FACTOR, dtype)
     assert_close_to_ref("dv", g[2][:, -(m + w) :], g_ref[2], g_lp[2], GRAD_FACTOR, dtype)
     assert (g[1][:, : -(m + w)] == 0).all(), "keys no query with a gradient sees must get 0"
