@@ -21,7 +21,8 @@ at the end of its row's valid keys: a static-cache decode step gets its mask pad
 the cache length (one input shape for the compiled step), so ``M`` is not its position there.
 
 Left- and right-padded batches never gather or copy tokens. The valid keys of row ``b`` form one
-contiguous block ``[s_b, e_b)`` (left or right padding, checked by :func:`hf_flash_mask`), so the flattened
+contiguous block ``[s_b, e_b)`` (left or right padding, checked by :func:`hf_flash_mask`), so the
+flattened
 ``(B * S, H, D)`` tensors can be cut into five varlen "sequences" per row, with boundaries
 computed on the device (no host sync, CUDA-graph safe)::
 

@@ -89,8 +89,8 @@ def hf_flash_mask(
     Outside torch.compile the mask is read once on the host (one Triton launch,
     :mod:`hf_flash.kernels.key_mask`, and one sync per forward pass and mask type, as
     transformers' own flash mask reads it): an all-valid mask becomes None, and padding in
-    the middle of a row raises. That read stays on decode steps too: the decode path would
-    otherwise attend the padding inside a row (a right-padded prompt continued by generate is
+    the middle of a row is marked (below). That read stays on decode steps too: the decode path
+    would otherwise attend the padding inside a row (a right-padded prompt continued by generate is
     the usual way to get one), and eager generate() already waits for the device once per step
     (its stopping check), so the read only waits for the few mask ops queued since. The row
     bounds it computes are kept for the attention layers of the same forward pass

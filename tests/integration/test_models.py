@@ -244,7 +244,8 @@ def test_padding_inside_rows_matches_eager(root, device):
     with torch.no_grad():
         got, ex, lo = (m(input_ids=ids, attention_mask=mask, use_cache=False).logits
                        for m in (ours, exact, lowp))  # fmt: skip
-    assert_model_close("logits (padding inside rows)", got[valid], ex[valid], lo[valid], FWD_FACTOR, torch.float32)
+    assert_model_close("logits (padding inside rows)", got[valid], ex[valid], lo[valid],
+                       FWD_FACTOR, torch.float32)  # fmt: skip
 
 
 def test_static_cache_forward_without_mask(root, device):

@@ -68,8 +68,8 @@ def _tree_mismatch(item) -> str | None:
         return None
     if name.endswith("can_compile_with_attention_mask_None_without_graph_break"):
         if "_torch_compile_train_cls" in vars(cls) and cls._torch_compile_train_cls is None:
-            return (f"{cls.__name__} sets _torch_compile_train_cls = None (no compile test for "
-                    f"this family); the installed release's common test expects it absent")  # fmt: skip
+            return (f"{cls.__name__} sets _torch_compile_train_cls = None (no compile test "
+                    f"for this family); the installed release's common test expects it absent")
     if name == "test_use_flash_attention_2_true":
         module = _modeling_module(item)
         if module is not None and not any("FlashAttention" in n for n in vars(module)):
@@ -93,7 +93,9 @@ def _modeling_module(item):
         return None
 
 
-_OFFLINE_MARKS = ("couldn't connect to 'https://huggingface.co'", "outgoing traffic has been disabled")
+_OFFLINE_MARKS = (
+    "couldn't connect to 'https://huggingface.co'", "outgoing traffic has been disabled",
+)  # fmt: skip
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -106,8 +108,8 @@ def pytest_runtest_makereport(item, call):
         return
     if any(m in str(call.excinfo.value) for m in _OFFLINE_MARKS):
         report.outcome = "skipped"
-        report.longrepr = (str(item.path), item.location[1] or 0,
-                           "Skipped: downloads from the Hugging Face Hub (HF_HUB_OFFLINE=1 here)")  # fmt: skip
+        reason = "Skipped: downloads from the Hugging Face Hub (HF_HUB_OFFLINE=1 here)"
+        report.longrepr = (str(item.path), item.location[1] or 0, reason)
 
 
 def _skip_reason(item) -> str | None:
