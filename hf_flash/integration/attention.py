@@ -20,8 +20,9 @@ positions of the mask (``M - Sq ... M - 1``), except a single query (a decode st
 at the end of its row's valid keys: a static-cache decode step gets its mask padded with False to
 the cache length (one input shape for the compiled step), so ``M`` is not its position there.
 
-Padded batches never gather or copy tokens. The valid keys of row ``b`` form one contiguous block
-``[s_b, e_b)`` (left or right padding, checked by :func:`hf_flash_mask`), so the flattened
+Left- and right-padded batches never gather or copy tokens. The valid keys of row ``b`` form one
+contiguous block ``[s_b, e_b)`` (left or right padding, checked by :func:`hf_flash_mask`), so the
+flattened
 ``(B * S, H, D)`` tensors can be cut into five varlen "sequences" per row, with boundaries
 computed on the device (no host sync, CUDA-graph safe)::
 
@@ -36,6 +37,14 @@ computed on the device (no host sync, CUDA-graph safe)::
 single query, clamped to ``[0, Sq]``).
 For non-causal attention without a window every query is kept (segment C holds all ``Sq``
 queries), which is also what eager attention computes for padded query rows.
+
+Padding inside a row (a 0 between two 1s; :func:`hf_flash_mask` marks such a mask,
+:func:`~hf_flash.integration.masks.has_holes`) cannot be cut that way: each row's valid keys, and
+its queries at valid positions, are gathered into one varlen sequence and the output scattered
+back, zero at padded query rows, as transformers' flash_attention_2 unpads every padding mask.
+Causal alignment and a sliding window then count valid tokens only, as there (without a window
+that is exactly eager's result). A few host reads per layer: this is the eager-mode path for odd
+masks, never taken while compiling.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from ..interface import dense_attention, flash_attn_varlen_func, varlen_attentio
 from . import ATTN_IMPLEMENTATION
 from .common import cast_to_kernel_dtype, flash_window
 from .continuous_batching import paged_cache_attention, updated_step_attention
-from .masks import hf_flash_mask, key_blocks
+from .masks import has_holes, hf_flash_mask, key_blocks
 
 __all__ = ["ATTN_IMPLEMENTATION", "hf_flash_attention_forward", "hf_flash_mask"]
 
@@ -139,7 +148,9 @@ def hf_flash_attention_forward(
         v = torch.nn.functional.pad(v, (0, head_dim - v_head_dim))
     q, k, v = cast_to_kernel_dtype(module, q, k, v)
 
-    if _decode_shaped(seqlen_q, seqlen_k, attention_mask, opts, kwargs):
+    if attention_mask is not None and has_holes(attention_mask):
+        out = _gathered_attention(q, k, v, attention_mask, causal, opts)
+    elif _decode_shaped(seqlen_q, seqlen_k, attention_mask, opts, kwargs):
         out = _decode_attention(q, k, v, attention_mask, opts)
     elif attention_mask is not None:
         out = _padded_attention(q, k, v, attention_mask, causal, opts)
@@ -224,12 +235,8 @@ def _packed_attention(q, k, v, cu_q, cu_k, max_q, max_k, opts):
     return out.view(batch, seqlen_q, *out.shape[1:])
 
 
-def _padded_attention(q, k, v, mask: Tensor, causal: bool, opts) -> Tensor:
-    """Attention over the padded (B, S, H, D) tensors through the varlen kernel, cutting each row
-    into the five segments of the module docstring. Device-only arithmetic: no host sync, so the
-    StaticCache decode step can be captured in a CUDA graph."""
-    batch, seqlen_q = q.shape[:2]
-    seqlen_k = k.shape[1]
+def _check_padding_mask(mask: Tensor, batch: int, seqlen_q: int, seqlen_k: int) -> Tensor:
+    """The (B, M) key mask as bool on the queries' device, after checking its shape."""
     if mask.dim() != 2 or mask.shape[0] != batch:
         raise ValueError(
             f"attention_mask must be a 2-D (batch={batch}, kv_len) padding mask, got shape "
@@ -241,9 +248,45 @@ def _padded_attention(q, k, v, mask: Tensor, causal: bool, opts) -> Tensor:
             f"attention_mask covers {m} keys, but the layer has {seqlen_q} queries and "
             f"{seqlen_k} keys; it must cover between seqlen_q and seqlen_k positions"
         )
-    if mask.dtype != torch.bool:
-        mask = mask != 0
-    mask = mask.to(q.device)
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _gathered_attention(q, k, v, mask: Tensor, causal: bool, opts) -> Tensor:
+    """Padding inside a row (module docstring): each row's valid keys, and its queries at valid
+    positions (every query for non-causal attention without a window, and a single decode query),
+    gathered into one varlen sequence per row; the output is scattered back, zero elsewhere."""
+    batch, seqlen_q = q.shape[:2]
+    seqlen_k = k.shape[1]
+    mask = _check_padding_mask(mask, batch, seqlen_q, seqlen_k).to(q.device)
+    m = mask.shape[1]
+    keys = torch.nn.functional.pad(mask, (0, seqlen_k - m), value=False)  # [B, Skv]; >= M invalid
+    keep_all_queries = seqlen_q == 1 or (not causal and tuple(opts["window_size"]) == (-1, -1))
+    if keep_all_queries:
+        queries = torch.ones(batch, seqlen_q, dtype=torch.bool, device=q.device)
+    else:
+        queries = mask[:, m - seqlen_q :]  # the queries sit at key positions M - Sq ... M - 1
+    len_q, len_k = queries.sum(dim=1), keys.sum(dim=1)  # [B]
+    max_q, max_k = int(len_q.max()), int(len_k.max())
+    out = q.new_zeros(*q.shape[:3], v.shape[-1])
+    if max_q == 0 or max_k == 0:  # no valid key (or query) anywhere: every output row is zero
+        return out
+    cu_q = torch.nn.functional.pad(len_q.cumsum(0), (1, 0)).to(torch.int32)
+    cu_k = torch.nn.functional.pad(len_k.cumsum(0), (1, 0)).to(torch.int32)
+    # boolean indexing keeps row-major order: row b's tokens are cu[b]:cu[b+1]
+    got = varlen_attention(
+        q[queries], k[keys], v[keys], cu_q, cu_k, max_q, max_k, **opts, check_cu_seqlens=False,
+    )  # fmt: skip
+    out[queries] = got
+    return out
+
+
+def _padded_attention(q, k, v, mask: Tensor, causal: bool, opts) -> Tensor:
+    """Attention over the padded (B, S, H, D) tensors through the varlen kernel, cutting each row
+    into the five segments of the module docstring. Device-only arithmetic: no host sync, so the
+    StaticCache decode step can be captured in a CUDA graph."""
+    batch, seqlen_q = q.shape[:2]
+    seqlen_k = k.shape[1]
+    mask = _check_padding_mask(mask, batch, seqlen_q, seqlen_k).to(q.device)
     # Non-causal attention without a window is a pure key-padding mask: every query row sees
     # the valid keys (as eager computes it). Otherwise queries sit at key positions M-Sq..M-1.
     keep_all_queries = not causal and tuple(opts["window_size"]) == (-1, -1)

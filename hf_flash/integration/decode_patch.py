@@ -50,7 +50,7 @@ from .._checks import DTYPES
 from ..decode import MAX_DECODE_QUERIES, decode_attention, full_lengths
 from .common import flash_window
 from .families import patch_target
-from .masks import key_blocks
+from .masks import has_holes, key_blocks
 from .patching import cache_parameter, is_wrapped, unwrap_forwards, wrap_instances
 
 __all__ = ["patch_model", "revert_model", "is_patched"]
@@ -154,6 +154,7 @@ def _fusable_layer(module, hidden_states, position_embeddings, attention_mask, c
         not isinstance(attention_mask, Tensor)
         or attention_mask.dim() != 2
         or attention_mask.shape[0] != hidden_states.shape[0]
+        or has_holes(attention_mask)  # padding inside a row: the attention gathers tokens
     ):
         return None
     return layer, static

@@ -27,13 +27,25 @@ from .._runtime import TensorKeyedCache, host_reads_allowed, interpreter_active
 from ..kernels.key_mask import key_mask_rows
 
 __all__ = [
-    "hf_flash_mask", "packed_positions", "mask_rows", "MaskRows", "valid_block", "first_valid", "key_blocks",
+    "hf_flash_mask", "has_holes", "packed_positions", "mask_rows", "MaskRows", "valid_block", "first_valid", "key_blocks",
     "KEY_BLOCKS",
 ]  # fmt: skip
 
 
 # int32 (key_start, key_end) of the last few key masks
 KEY_BLOCKS = TensorKeyedCache(slots=4)
+
+# attribute set on a mask that hf_flash_mask returned with padding inside a row
+_HOLES = "_hf_flash_holes"
+
+
+def has_holes(mask) -> bool:
+    """Whether :func:`hf_flash_mask` found padding inside a row of ``mask`` (a 0 between two 1s):
+    the attention must then gather each row's valid tokens instead of taking one block per row.
+    Always False while tracing, where the mask function reads nothing (left/right padding only).
+    An attribute on the tensor, not a weak-keyed cache: inference-mode tensors have no version
+    counter, and a dropped cache entry would silently attend the padding."""
+    return not torch.compiler.is_compiling() and bool(getattr(mask, _HOLES, False))
 
 
 # --------------------------------------------------------------------------------------------
@@ -77,12 +89,16 @@ def hf_flash_mask(
     Outside torch.compile the mask is read once on the host (one Triton launch,
     :mod:`hf_flash.kernels.key_mask`, and one sync per forward pass and mask type, as
     transformers' own flash mask reads it): an all-valid mask becomes None, and padding in
-    the middle of a row raises. That read stays on decode steps too: the decode path would
-    otherwise attend the padding inside a row (a right-padded prompt continued by generate is
+    the middle of a row is marked (below). That read stays on decode steps too: the decode path
+    would otherwise attend the padding inside a row (a right-padded prompt continued by generate is
     the usual way to get one), and eager generate() already waits for the device once per step
     (its stopping check), so the read only waits for the few mask ops queued since. The row
     bounds it computes are kept for the attention layers of the same forward pass
-    (:func:`key_blocks`). While compiling nothing is read back: the mask is passed on as is,
+    (:func:`key_blocks`). Padding inside a row (a 0 between two 1s: random test masks, a
+    right-padded prompt continued by generate) is marked on the returned mask (:func:`has_holes`)
+    and the attention then gathers each row's valid tokens into one sequence, what transformers'
+    flash_attention_2 does with every padding mask; on a static-cache decode step it raises.
+    While compiling nothing is read back: the mask is passed on as is,
     and it must then be left/right padding (what tokenizers and generate produce); with no user
     mask, a static cache layer's valid slots (its fill level, a device tensor) become a
     ``kv_length`` mask built on the device.
@@ -109,11 +125,19 @@ def hf_flash_mask(
         width = kv_length if static_step else mask.shape[1]
         rows = mask_rows(mask, width)
         if not rows.contiguous:
-            raise ValueError(
-                "attention_mask has padding inside a sequence (a 0 between two 1s in a row); "
-                "hf_flash supports left and right padding only. Pack such inputs as separate "
-                "sequences (position_ids restarts) instead"
-            )
+            if static_step:
+                # generate may compile this step, and a compiled step cannot gather tokens
+                raise ValueError(
+                    "attention_mask has padding inside a sequence (a 0 between two 1s in a row) "
+                    "on a static-cache decode step; hf_flash gathers such tokens only with a "
+                    "DynamicCache or without a cache. Use left padding for generate with "
+                    "cache_implementation='static'"
+                )
+            # padding inside a row: the attention gathers each row's valid tokens
+            # (integration.attention._gathered_attention), as flash_attention_2 unpads
+            marked = rows.mask if rows.mask is not attention_mask else rows.mask.clone()
+            setattr(marked, _HOLES, True)
+            return marked
         # None (no padding) would make a compiled static-cache step see a second kind of input
         # on its last step, when the cache is full: a recompile and a second CUDA graph
         if rows.all_valid and mask.shape[1] == kv_length and not static_step:

@@ -23,7 +23,8 @@ are re-padded the same way.
 When it applies (anything else runs the model's forward untouched):
 
 * a 2-D ``attention_mask`` with at least one padding entry, each row's valid tokens contiguous
-  (left or right padding; a 0 between two 1s keeps the old path, whose mask function raises);
+  (left or right padding; a 0 between two 1s keeps the per-layer path, where each attention
+  call gathers the valid tokens);
 * no cache: ``cache`` (``past_key_values`` before transformers 5.24) is None and ``use_cache``
   resolves to False (the argument, else the config, else False under gradient checkpointing in
   training, as transformers resolves it);

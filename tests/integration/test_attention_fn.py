@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from hf_flash.integration.attention import hf_flash_attention_forward, hf_flash_mask
+from hf_flash.integration.masks import has_holes
 from hf_flash.reference import FWD_FACTOR, GRAD_FACTOR, assert_close_to_ref
 
 
@@ -272,9 +273,9 @@ def test_mask_none_without_padding_and_sliced_for_sliding_layers():
     # a sliding layer's cache keeps the last kv_length keys: the mask is cut the same way
     got = hf_flash_mask(2, 1, 6, q_offset=9, kv_offset=4, attention_mask=padded)
     assert got is None  # the padding fell out of the window
-    padded[1, 6] = False  # a hole inside a row
-    with pytest.raises(ValueError, match="padding inside a sequence"):
-        hf_flash_mask(2, 10, 10, attention_mask=padded)
+    padded[1, 6] = False  # a hole inside a row: marked, so the attention gathers the tokens
+    got = hf_flash_mask(2, 10, 10, attention_mask=padded)
+    assert torch.equal(got, padded) and has_holes(got) and not has_holes(padded)
 
 
 def test_mask_for_static_cache_without_user_mask():
@@ -335,13 +336,82 @@ def test_static_decode_mask_is_never_none():
     assert hf_flash_mask(2, 4, 16, q_offset=torch.tensor(12), device="cpu") is None
 
 
-def test_decode_step_mask_with_a_hole_raises():
-    """generate() continuing a right-padded prompt appends a 1 after the padding; the decode
-    path would attend that padding, so the decode step's mask is still read and refused."""
+def test_static_decode_step_mask_with_a_hole_raises():
+    """generate() continuing a right-padded prompt appends a 1 after the padding. With a static
+    cache the step may be compiled, which cannot gather tokens: refused. With a dynamic cache the
+    mask is marked and gathered (test_padding_inside_rows_matches_oracle, "decode")."""
     user = torch.ones(2, 7, dtype=torch.bool)
     user[1, 4:6] = False
     with pytest.raises(ValueError, match="padding inside a sequence"):
-        hf_flash_mask(2, 1, 7, q_offset=6, attention_mask=user)
+        hf_flash_mask(2, 1, 16, q_offset=torch.tensor(6), attention_mask=user)
+    assert has_holes(hf_flash_mask(2, 1, 7, q_offset=6, attention_mask=user))
+
+
+# ------------------------------------------------------------------------------------------
+# padding inside a row (a 0 between two 1s): gathered, as flash_attention_2 unpads
+# ------------------------------------------------------------------------------------------
+
+HOLES = [
+    # id, B, Hq, Hkv, Sq, Skv, invalid key positions per row, causal
+    ("prefill", 3, 4, 2, 29, 29, [[3, 4, 10], [0, 1, 15], []], True),
+    ("chunk", 2, 4, 1, 5, 30, [[2, 7, 27], [0, 12, 13]], True),
+    ("decode", 2, 4, 2, 1, 24, [[5, 6, 7], [0, 20]], True),
+    ("noncausal", 2, 4, 4, 21, 21, [[0, 9], [4, 5, 20]], False),
+]
+
+
+def _holey_mask(device, b, m, holes):
+    mask = torch.ones(b, m, dtype=torch.bool, device=device)
+    for r, cols in enumerate(holes):
+        mask[r, cols] = False
+    return mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize(
+    "b,hq,hkv,sq,skv,holes,causal", [pytest.param(*c[1:], id=c[0]) for c in HOLES]
+)
+def test_padding_inside_rows_matches_oracle(b, hq, hkv, sq, skv, holes, causal, dtype, device):
+    """transformers' random test masks (and generate continuing a right-padded prompt) put
+    padding inside rows: the valid tokens are gathered, so every real query sees exactly the
+    valid keys at or before it (eager's result); padded query rows are zero (causal)."""
+    torch.manual_seed(5)
+    d = 16
+    q = torch.randn(b, hq, sq, d, device=device, dtype=dtype) * 2
+    k = torch.randn(b, hkv, skv, d, device=device, dtype=dtype) * 2
+    v = torch.randn(b, hkv, skv, d, device=device, dtype=dtype)
+    user = _holey_mask(device, b, skv, holes)
+    mask = hf_flash_mask(b, sq, skv, q_offset=skv - sq, attention_mask=user)
+    assert has_holes(mask)
+    module = _Attn(causal, dtype)
+    out, _ = hf_flash_attention_forward(module, q, k, v, mask)
+    assert out.shape == (b, sq, hq, d) and out.dtype == dtype
+    ref = _oracle(q, k, v, user, causal=causal)
+    ref_lp = _oracle(q, k, v, user, causal=causal, upcast=False)
+    rows = _query_rows(device, user, sq, b)
+    if not causal:  # every query row is kept (a pure key-padding mask, as eager)
+        rows = torch.ones_like(rows)
+    assert_close_to_ref("out", out[rows], ref[rows], ref_lp[rows], FWD_FACTOR, dtype)
+    assert torch.all(out[~rows] == 0)
+
+
+def test_padding_inside_rows_gradients(device):
+    torch.manual_seed(6)
+    b, hq, hkv, s, d = 2, 4, 2, 23, 16
+    q, k, v = (torch.randn(b, h, s, d, device=device, requires_grad=True) for h in (hq, hkv, hkv))
+    user = _holey_mask(device, b, s, [[0, 5, 6, 17], [11]])
+    mask = hf_flash_mask(b, s, s, attention_mask=user)
+    out, _ = hf_flash_attention_forward(_Attn(), q, k, v, mask)
+    rows = _query_rows(device, user, s, b)
+    dout = torch.randn_like(out) * rows[..., None, None]
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref = _oracle(q, k, v, user, causal=True)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), dout.double())
+    lp = _oracle(q, k, v, user, causal=True, upcast=False)
+    lp_grads = torch.autograd.grad(lp, (q, k, v), dout)
+    for name, g, r, l in zip(("dq", "dk", "dv"), grads, ref_grads, lp_grads):
+        assert torch.isfinite(g).all(), name
+        assert_close_to_ref(name, g, r, l, GRAD_FACTOR, torch.float32)
 
 
 # ------------------------------------------------------------------------------------------

@@ -215,15 +215,37 @@ def test_greedy_generate_equals_sdpa(family, cache, root, device):
         assert torch.equal(got1, sdpa.generate(ids[:1], **gen))
 
 
-def test_generate_from_right_padded_prompt_raises(root, device):
-    """Right padding is fine in a forward pass, but generate() appends each new token after the
-    padding: the first decode step's mask has a hole, which must raise (not be attended)."""
+def test_generate_from_right_padded_prompt_equals_sdpa(root, device):
+    """generate() appends each new token after a right-padded prompt's padding, so the decode
+    steps' masks have a hole: the valid tokens are gathered (never the padding attended), as
+    flash_attention_2 unpads, and greedy tokens equal sdpa's. A static cache (whose step may be
+    compiled and cannot gather) refuses such a mask."""
     ours = load("llama", "hf_flash", root, device=device)
+    sdpa = load("llama", "sdpa", root, device=device)
     ids, _ = _prompts(device)
     mask = torch.ones_like(ids)
     mask[1, -3:] = 0
+    gen = dict(attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    got, expected = ours.generate(ids, **gen), sdpa.generate(ids, **gen)
+    assert torch.equal(got, expected), f"hf_flash {got.tolist()} != sdpa {expected.tolist()}"
     with pytest.raises(ValueError, match="padding inside a sequence"):
-        ours.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
+        ours.generate(ids, cache_implementation="static", **gen)
+
+
+def test_padding_inside_rows_matches_eager(root, device):
+    """transformers' model tests use random masks with zeros anywhere in a row: hf_flash
+    matches eager at every real token (each row's valid tokens gathered into one sequence)."""
+    ours = load("llama", "hf_flash", root, device=device)
+    exact = load("llama", "eager", root, dtype=torch.float64, device=device)
+    lowp = load("llama", "eager", root, device=device)
+    ids, mask = _right_padded_rows(device)
+    mask[0, 2] = mask[1, 5:7] = mask[2, 3] = 0  # holes (no left padding: eager stays finite)
+    valid = mask.bool()
+    with torch.no_grad():
+        got, ex, lo = (m(input_ids=ids, attention_mask=mask, use_cache=False).logits
+                       for m in (ours, exact, lowp))  # fmt: skip
+    assert_model_close("logits (padding inside rows)", got[valid], ex[valid], lo[valid],
+                       FWD_FACTOR, torch.float32)  # fmt: skip
 
 
 def test_static_cache_forward_without_mask(root, device):
@@ -316,7 +338,7 @@ def test_unpadded_hidden_states_are_repadded(root, device):
 
 def test_unpad_leaves_other_inputs_alone(root, monkeypatch, device):
     """No padding, a cache, or padding inside a row: the model's forward runs untouched (the
-    last one then gets the mask function's error, as without the patch)."""
+    last one then gathers the valid tokens in each attention call)."""
     from hf_flash.integration import unpad_patch
 
     calls = []
@@ -330,8 +352,7 @@ def test_unpad_leaves_other_inputs_alone(root, monkeypatch, device):
         assert all(c is None for c in calls) and len(calls) == 1
         holes = mask.clone()
         holes[1, 3] = 0
-        with pytest.raises(ValueError, match="padding inside a sequence"):
-            model(input_ids=ids, attention_mask=holes, use_cache=False)
+        model(input_ids=ids, attention_mask=holes, use_cache=False)
         assert calls[-1] is None
 
 

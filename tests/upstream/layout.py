@@ -122,10 +122,12 @@ def _stub(path: str, names: List[str]) -> bytes:
 
 def layout_transformers(tree: TransformersTree, families: List[str], out: Path) -> dict:
     dest = out / f"transformers-{tree.version}"
-    # utils/test_module: tests/utils/test_configuration_utils.py puts utils/ on sys.path for it
+    # utils/test_module: tests/utils/test_configuration_utils.py puts utils/ on sys.path for it;
+    # utils/fetch_hub_objects_for_ci.py: tests/test_processing_common.py does the same (gemma4)
     # tests/utils/tiny_model_summary.json: read by test_pipeline_mixin.py at import
     wanted: List[str] = ["tests/__init__.py", "tests/models/__init__.py",
-                         "tests/utils/tiny_model_summary.json"] + [
+                         "tests/utils/tiny_model_summary.json",
+                         "utils/fetch_hub_objects_for_ci.py"] + [
         p for p in git_ls(tree.git_dir, tree.ref, "utils/test_module/") if p.endswith(".py")]
     missing_families = []
     for fam in families:
