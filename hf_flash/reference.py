@@ -30,6 +30,7 @@ __all__ = [
     "floor_for",
     "allowed_error",
     "assert_close_to_ref",
+    "assert_grads_close_to_ref",
     "poisoned_like",
     "rotary_ref",
     "kvcache_attention_ref",
@@ -259,6 +260,18 @@ def assert_close_to_ref(name: str, got, ref_exact, ref_lowp, factor: float, dtyp
             f"{name}: max err {err:.3e} (mean {mean:.3e}) exceeds {factor}x the {dtype} reference's "
             f"own error {budget:.3e} + floor {floor_for(dtype):.1e}"
         )
+
+
+def assert_grads_close_to_ref(out, ref_exact, ref_lowp, inputs, dout, dtype, names=("dq", "dk", "dv")) -> None:
+    """The gradients of ``out`` with respect to ``inputs`` (for the incoming gradient ``dout``)
+    against those of the exact oracle ``ref_exact`` (``dout`` in float32) with the error rule
+    (:data:`GRAD_FACTOR` x the low-precision oracle ``ref_lowp``'s own error). Consumes the
+    three graphs."""
+    got = torch.autograd.grad(out, inputs, dout)
+    exact = torch.autograd.grad(ref_exact, inputs, dout.float())
+    lowp = torch.autograd.grad(ref_lowp, inputs, dout)
+    for name, g, e, lp in zip(names, got, exact, lowp):
+        assert_close_to_ref(name, g, e, lp, GRAD_FACTOR, dtype)
 
 
 def poisoned_like(t: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from hf_flash.reference import (
     FWD_FACTOR,
     GRAD_FACTOR,
     assert_close_to_ref,
+    assert_grads_close_to_ref,
     attention_ref,
     attention_varlen_ref,
 )
@@ -40,12 +41,7 @@ def _check(q, k, v, dtype, grads=True, **opts):
     ref_lp = attention_ref(q, k, v, upcast=False, **opts)
     assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, dtype)
     if grads:
-        dout = torch.randn_like(out)
-        g = torch.autograd.grad(out, (q, k, v), dout)
-        g_ref = torch.autograd.grad(ref, (q, k, v), dout.float())
-        g_lp = torch.autograd.grad(ref_lp, (q, k, v), dout)
-        for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lp):
-            assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, dtype)
+        assert_grads_close_to_ref(out, ref, ref_lp, (q, k, v), torch.randn_like(out), dtype)
 
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -141,12 +137,7 @@ def _varlen(dtype, d):
         ref = attention_varlen_ref(q, k, v, cu, cu, **opts)
         ref_lp = attention_varlen_ref(q, k, v, cu, cu, upcast=False, **opts)
         assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, dtype)
-        dout = torch.randn_like(out)
-        g = torch.autograd.grad(out, (q, k, v), dout)
-        g_ref = torch.autograd.grad(ref, (q, k, v), dout.float())
-        g_lp = torch.autograd.grad(ref_lp, (q, k, v), dout)
-        for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lp):
-            assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, dtype)
+        assert_grads_close_to_ref(out, ref, ref_lp, (q, k, v), torch.randn_like(out), dtype)
 
 
 def test_dropout_bf16():
