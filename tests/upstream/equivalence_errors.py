@@ -1,4 +1,4 @@
-"""The error rule (docs/DESIGN.md, "Numerics") applied to test_flash_attn_2_equivalence.
+"""The error rule (docs/design.md, "Numerics") applied to test_flash_attn_2_equivalence.
 
 That test compares hf_flash's last hidden state with eager's, both in bf16, at atol = rtol =
 3e-2. Where it fails this says whose error it is: each implementation's max error against eager
