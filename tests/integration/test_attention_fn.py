@@ -125,18 +125,25 @@ def test_matches_masked_oracle(b, hq, hkv, sq, skv, m, pads, opts, dtype, device
     assert torch.all(out[~rows] == 0)
 
 
-def test_padded_gradients(device):
-    torch.manual_seed(1)
-    b, hq, hkv, s, d = 2, 4, 2, 29, 16
+@pytest.mark.parametrize("holes", [False, True], ids=["left-right", "inside-rows"])
+def test_padded_gradients(device, holes):
+    """Gradients through a left/right-padded mask (cut into blocks) and through padding inside
+    rows (hf_flash_mask marks it; the attention gathers each row's valid tokens)."""
+    torch.manual_seed(6 if holes else 1)
+    b, hq, hkv, s, d = 2, 4, 2, 23 if holes else 29, 16
     q, k, v = (torch.randn(b, h, s, d, device=device, requires_grad=True) for h in (hq, hkv, hkv))
-    mask = _mask(device, b, s, [(6, 0), (0, 5)])
+    if holes:
+        user = _holey_mask(device, b, s, [[0, 5, 6, 17], [11]])
+        mask = hf_flash_mask(b, s, s, attention_mask=user)
+    else:
+        user = mask = _mask(device, b, s, [(6, 0), (0, 5)])
     out, _ = hf_flash_attention_forward(_Attn(), q, k, v, mask)
-    rows = _query_rows(device, mask, s, b)
+    rows = _query_rows(device, user, s, b)
     dout = torch.randn_like(out) * rows[..., None, None]
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    ref = _oracle(q, k, v, mask, causal=True)
+    ref = _oracle(q, k, v, user, causal=True)
     ref_grads = torch.autograd.grad(ref, (q, k, v), dout.double())
-    lp = _oracle(q, k, v, mask, causal=True, upcast=False)
+    lp = _oracle(q, k, v, user, causal=True, upcast=False)
     lp_grads = torch.autograd.grad(lp, (q, k, v), dout)
     for name, g, r, l in zip(("dq", "dk", "dv"), grads, ref_grads, lp_grads):
         assert torch.isfinite(g).all(), name
@@ -393,25 +400,6 @@ def test_padding_inside_rows_matches_oracle(b, hq, hkv, sq, skv, holes, causal, 
         rows = torch.ones_like(rows)
     assert_close_to_ref("out", out[rows], ref[rows], ref_lp[rows], FWD_FACTOR, dtype)
     assert torch.all(out[~rows] == 0)
-
-
-def test_padding_inside_rows_gradients(device):
-    torch.manual_seed(6)
-    b, hq, hkv, s, d = 2, 4, 2, 23, 16
-    q, k, v = (torch.randn(b, h, s, d, device=device, requires_grad=True) for h in (hq, hkv, hkv))
-    user = _holey_mask(device, b, s, [[0, 5, 6, 17], [11]])
-    mask = hf_flash_mask(b, s, s, attention_mask=user)
-    out, _ = hf_flash_attention_forward(_Attn(), q, k, v, mask)
-    rows = _query_rows(device, user, s, b)
-    dout = torch.randn_like(out) * rows[..., None, None]
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    ref = _oracle(q, k, v, user, causal=True)
-    ref_grads = torch.autograd.grad(ref, (q, k, v), dout.double())
-    lp = _oracle(q, k, v, user, causal=True, upcast=False)
-    lp_grads = torch.autograd.grad(lp, (q, k, v), dout)
-    for name, g, r, l in zip(("dq", "dk", "dv"), grads, ref_grads, lp_grads):
-        assert torch.isfinite(g).all(), name
-        assert_close_to_ref(name, g, r, l, GRAD_FACTOR, torch.float32)
 
 
 # ------------------------------------------------------------------------------------------
