@@ -266,7 +266,7 @@ def _gathered_attention(q, k, v, mask: Tensor, causal: bool, opts) -> Tensor:
     else:
         queries = mask[:, m - seqlen_q :]  # the queries sit at key positions M - Sq ... M - 1
     len_q, len_k = queries.sum(dim=1), keys.sum(dim=1)  # [B]
-    max_q, max_k = int(len_q.max()), int(len_k.max())
+    max_q, max_k = torch.stack((len_q.max(), len_k.max())).tolist()  # one host read for both
     out = q.new_zeros(*q.shape[:3], v.shape[-1])
     if max_q == 0 or max_k == 0:  # no valid key (or query) anywhere: every output row is zero
         return out

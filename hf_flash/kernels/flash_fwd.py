@@ -228,14 +228,16 @@ def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, sof
     module's)."""
     if sinks is not None or not configs.hopper_enabled(q.device):
         return "triton"
+    if varlen and not configs.hopper_varlen_enabled():  # every packed call by default: no checks
+        return "triton"
     from .hopper import attention_fwd as hopper  # Gluon: imported only where it can run
 
+    if varlen and q.shape[-1] not in hopper.VARLEN_DISPATCH_HEAD_DIMS:
+        return "triton"
     covered = hopper.supports(
         q, k, v, causal=causal, window=(window_left, window_right), softcap=softcap,
         alibi=alibi_slopes, dropout=dropout_p, softmax_scale=softmax_scale, varlen=varlen,
     ) and (out is None or hopper.tma_compatible(out))  # fmt: skip
-    if varlen and (not configs.hopper_varlen_enabled() or q.shape[-1] not in hopper.VARLEN_DISPATCH_HEAD_DIMS):
-        covered = False
     return "hopper" if covered else "triton"
 
 
