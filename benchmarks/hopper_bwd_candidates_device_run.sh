@@ -23,10 +23,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$out"
 t0=$(date +%s)
 el() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
-  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "cudnn", torch.backends.cudnn.version())'
-} >"$out/env.txt" 2>&1
+bash "$(dirname "$0")/hopper_env.sh" >"$out/env.txt" 2>&1
 
 for v in $cands; do
   ( timeout "${SMOKE_TIMEOUT:-120}" python3 benchmarks/diagnostics/hopper_bwd_smoke.py "$v" >"$out/smoke-$v.tmp" 2>&1

@@ -17,10 +17,7 @@ mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:-.}
 export PYTHONUNBUFFERED=1
 
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
-  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "cudnn", torch.backends.cudnn.version())'
-} >"$out/env.txt" 2>&1
+bash "$(dirname "$0")/hopper_env.sh" >"$out/env.txt" 2>&1
 cat "$out/env.txt"
 
 variants=${HOPPER_BWD_VARIANTS:-$(python3 -c 'from hf_flash.kernels.hopper.attention_bwd import VARIANTS; print(" ".join(VARIANTS))')}

@@ -16,10 +16,7 @@ mkdir -p "$out"
 export PYTHONPATH=.
 export PYTHONUNBUFFERED=1
 
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
-  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "cudnn", torch.backends.cudnn.version())'
-} >"$out/env.txt" 2>&1
+bash "$(dirname "$0")/hopper_env.sh" >"$out/env.txt" 2>&1
 cat "$out/env.txt"
 
 timeout 120 python3 - >"$out/smoke.log" 2>&1 <<'PY'
