@@ -7,7 +7,8 @@
 #   bash benchmarks/hopper_varlen_device_run.sh OUT_DIR [TEST_TIMEOUT_S] [BENCH_TIMEOUT_S]
 #
 # Writes OUT_DIR/{env.txt,smoke.log,tests.log,bench.log} and OUT_DIR/attention_packed-<gpu>.json.
-# HOPPER_TEST_K="expr" limits the tests to pytest's -k expression.
+# HOPPER_TEST_K="expr" limits the tests to pytest's -k expression; HOPPER_TESTS replaces the public
+# varlen tests run beside the Gluon forward's file (paths or node ids).
 set -u
 out=${1:?usage: hopper_varlen_device_run.sh OUT_DIR [TEST_TIMEOUT_S] [BENCH_TIMEOUT_S]}
 test_timeout=${2:-240}
@@ -47,7 +48,7 @@ echo "smoke rc $smoke"; cat "$out/smoke.log"
 
 if [ $smoke -eq 0 ]; then
   timeout "$test_timeout" python3 -m pytest tests/hopper/test_hopper_attention_gpu.py \
-    tests/ops/test_flash_attn_gpu.py::test_varlen tests/ops/test_flash_attn_gpu.py::test_forward_path_choice_on_hopper \
+    ${HOPPER_TESTS:-tests/ops/test_flash_attn_gpu.py::test_varlen tests/ops/test_flash_attn_gpu.py::test_forward_path_choice_on_hopper} \
     ${HOPPER_TEST_K:+-k "$HOPPER_TEST_K"} -q -m gpu -p no:cacheprovider -n 4 >"$out/tests.log" 2>&1
   echo "tests rc $?"; tail -n 15 "$out/tests.log"
   timeout "$bench_timeout" python3 benchmarks/attention.py --packed --out "$out" 2>&1 | tee "$out/bench.log" | tail -n 25

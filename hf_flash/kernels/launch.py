@@ -33,9 +33,10 @@ there), and can be switched off with ``HF_FLASH_FAST_LAUNCH=0`` or :func:`fast_l
 launches on Triton's current device and stream, so CUDA-graph capture records it like a normal
 launch, and hf_flash calls it inside custom ops, whose bodies torch.compile does not trace.
 
-Contract for callers: the kernel's runtime parameters are ordered pointers (tensors or None),
-then integers, then floats, then constexprs, which :meth:`CachedLauncher.meta` receives by
-keyword (with the launch options). Integers must be Python ints and floats Python floats.
+Contract for callers: the kernel's runtime parameters are ordered pointers (tensors, None or
+Gluon TMA descriptors), then integers, then floats, then constexprs, which
+:meth:`CachedLauncher.meta` receives by keyword (with the launch options). Integers must be
+Python ints and floats Python floats.
 """
 
 from __future__ import annotations
@@ -69,6 +70,17 @@ def _supported() -> bool:
 _ENABLED = _supported()
 
 
+def _tma_descriptor_class():
+    try:  # Gluon's host-side TMA descriptor (Hopper kernels); absent from older Triton builds
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    except ImportError:  # pragma: no cover - Triton 3.6 has it
+        return None
+    return TensorDescriptor
+
+
+_TMA_DESCRIPTOR = _tma_descriptor_class()
+
+
 @contextlib.contextmanager
 def fast_launch(enabled: bool):
     """Switch the cached-launch fast path on or off for a block (tests compare both paths).
@@ -96,7 +108,10 @@ def int_spec(value) -> Optional[int]:
 def tensor_spec(tensors) -> Optional[tuple[list, list]]:
     """(pointers, key) of a launch's pointer arguments: None stays None (a constexpr None to
     Triton); a tensor gives its data pointer and, in the key, its dtype and whether the pointer
-    is 16-byte aligned. None where a tensor is not on a CUDA device."""
+    is 16-byte aligned; a Gluon host TMA descriptor (``TensorDescriptor``) is passed as it is
+    (the compiled kernel's launcher encodes it) and keyed by what Triton 3.6 specialises it on:
+    its tensor's dtype, block shape, shared layout and padding mode. None where a tensor is not
+    on a CUDA device."""
     ptrs = []
     key = []
     add_ptr, add_key = ptrs.append, key.append
@@ -104,6 +119,12 @@ def tensor_spec(tensors) -> Optional[tuple[list, list]]:
         if t is None:
             add_ptr(None)
             add_key(None)
+        elif t.__class__ is _TMA_DESCRIPTOR:
+            base = t.base
+            if not base.is_cuda:
+                return None
+            add_ptr(t)
+            add_key((base.dtype, tuple(t.block_shape), t.layout, t.padding))
         elif t.is_cuda:
             p = t.data_ptr()
             add_ptr(p)

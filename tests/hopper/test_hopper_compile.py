@@ -71,36 +71,58 @@ def test_packed_forms():
                        cu_seqlens_q=cu, cu_seqlens_k=cu)  # fmt: skip
 
 
-# ---- varlen_schedule(): the packed calls' work items, built with torch ops (no host sync) ----
+# ---- varlen_schedule(): the packed calls' work items, built on the device (no host sync) ----
 
 
 def _items(sched):
     return [tuple(e) for e in sched.tolist()]
 
 
+def _cu(lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+LENS_Q = [0, 1, 300, 128, 0, 1025, 129]
+LENS_K = [5, 0, 100, 128, 0, 2000, 129]
+
+
+@pytest.mark.parametrize("rows", [64, 128, 192])
+def test_document_schedule_slots(rows):
+    # the schedule kernel (run here by Triton's interpreter): tile i of sequence d at entry
+    # cu[d] // rows + d + i, every other entry empty, rows past the last sequence in no item
+    cu_q = _cu(LENS_Q)
+    tokens = sum(LENS_Q) + 50
+    sched = hk.varlen_schedule(cu_q, _cu(LENS_K), tokens, rows=rows, block_n=128, causal=True)
+    assert sched.dtype == torch.int32 and sched.shape == (hk.schedule_slots(tokens, len(LENS_Q), rows), 2)
+    assert sched.shape[0] == tokens // rows + len(LENS_Q)
+    expected = {int(cu_q[d]) // rows + d + t: (d, t) for d, n in enumerate(LENS_Q) for t in range(-(-n // rows))}
+    for slot, entry in enumerate(_items(sched)):
+        assert entry == expected.get(slot, (-1, 0)), slot
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("order", hk.ORDERS)
 def test_varlen_schedule_covers_every_tile_once(causal, order):
-    lens_q = [0, 1, 300, 128, 0, 1025, 129]
-    lens_k = [5, 0, 100, 128, 0, 2000, 129]
-    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
-    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
-    tokens = sum(lens_q) + 50  # rows past the last sequence are in no item
+    cu_q, cu_k = _cu(LENS_Q), _cu(LENS_K)
+    tokens = sum(LENS_Q) + 50  # rows past the last sequence are in no item
     sched = hk.varlen_schedule(cu_q, cu_k, tokens, rows=128, block_n=128, causal=causal, order=order)
     assert sched.dtype == torch.int32 and sched.shape[1] == 2
-    # an upper bound on the items: tokens / rows + one per non-empty sequence
-    assert sched.shape[0] == -(-tokens // 128) + len(lens_q)
-    items = [e for e in _items(sched) if e[0] >= 0]
-    expected = [(b, t) for b, n in enumerate(lens_q) for t in range(-(-n // 128))]
+    entries = _items(sched)
+    items = [e for e in entries if e[0] >= 0]
+    expected = [(b, t) for b, n in enumerate(LENS_Q) for t in range(-(-n // 128))]
     assert sorted(items) == expected
-    assert all(e == (-1, 0) for e in _items(sched)[len(items):]), "empty entries last"
+    assert all(e == (-1, 0) for e in entries if e[0] < 0)
     if order == "document":
         assert items == expected
     else:
+        # an upper bound on the items: tokens / rows + one per non-empty sequence; empties last
+        assert sched.shape[0] == -(-tokens // 128) + len(LENS_Q)
+        assert entries[: len(items)] == items, "empty entries last"
+
         def work(b, t):
-            hi = lens_k[b]
+            hi = LENS_K[b]
             if causal:
-                hi = min(hi, max(t * 128 + 128 + lens_k[b] - lens_q[b], 0))
+                hi = min(hi, max(t * 128 + 128 + LENS_K[b] - LENS_Q[b], 0))
             return -(-hi // 128)
 
         works = [work(*e) for e in items]
@@ -109,10 +131,19 @@ def test_varlen_schedule_covers_every_tile_once(causal, order):
         assert all(items[i] < items[i + 1] for i in range(len(items) - 1) if works[i] == works[i + 1])
 
 
-def test_varlen_schedule_empty_batch_entries():
+@pytest.mark.parametrize("order", hk.ORDERS)
+def test_varlen_schedule_empty_batch_entries(order):
     cu = torch.tensor([0, 0, 0], dtype=torch.int32)
-    sched = hk.varlen_schedule(cu, cu, 10, rows=128, block_n=128, causal=True)
+    sched = hk.varlen_schedule(cu, cu, 10, rows=128, block_n=128, causal=True, order=order)
     assert (sched[:, 0] == -1).all()
+
+
+def test_document_schedule_stays_in_bounds():
+    # cu_seqlens past the tensor's rows (unchecked input): entries are written only inside it
+    cu = torch.tensor([0, 100, 900], dtype=torch.int32)
+    sched = hk.varlen_schedule(cu, cu, 200, rows=64, block_n=128, causal=False)
+    assert sched.shape == (200 // 64 + 2, 2)
+    assert _items(sched)[:2] == [(0, 0), (0, 1)]
 
 
 # ---- supports(): the dispatch rule, checked on CPU tensors with the device test stubbed ----

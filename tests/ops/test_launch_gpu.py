@@ -217,3 +217,44 @@ def test_compiled_caller_matches_eager(audit):
         assert torch.equal(out, want[0]) and torch.equal(kc, want[2]) and torch.equal(vc, want[3])
     assert audit["_DECODE"].checked >= 2
 
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_gluon_forward_repeats_take_fast_path(monkeypatch, packed):
+    """The Gluon Hopper forward (TMA descriptor arguments) and the packed calls' schedule
+    kernel: repeats launch through the cached path, the kernel Triton would pick (audited), and
+    give Triton's own launch's bits."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels are built for sm_90a")
+    from hf_flash.kernels.hopper import attention_fwd as hf
+
+    audits = {}
+    for name in ("_FORWARD", "_SCHEDULE"):
+        launcher = getattr(hf, name)
+        monkeypatch.setattr(launcher, "_exact", dict(launcher._exact))
+        monkeypatch.setattr(launcher, "_spec", dict(launcher._spec))
+        audits[name] = _Audit(launcher)
+        monkeypatch.setattr(hf, name, audits[name])
+    g = torch.Generator(device=DEV).manual_seed(0)
+    tokens, nheads, nheads_k, d = 1000, 8, 2, 128
+    shape = (tokens,) if packed else (2, tokens // 2)
+    q = torch.randn(*shape, nheads, d, device=DEV, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(*shape, nheads_k, d, device=DEV, dtype=torch.bfloat16, generator=g)
+    v = torch.randn_like(k)
+    cu = torch.tensor([0, 1, 300, 301, 1000], device=DEV, dtype=torch.int32) if packed else None
+    lse_shape = (nheads, tokens) if packed else (2, nheads, tokens // 2)
+
+    def call():
+        out = torch.empty_like(q)
+        lse = torch.empty(lse_shape, device=DEV)
+        hf.hopper_attention_forward(q, k, v, out, lse, softmax_scale=d**-0.5, causal=True, cu_seqlens_q=cu,
+                                    cu_seqlens_k=cu)  # fmt: skip
+        return out, lse
+
+    with launch.fast_launch(False):
+        want = call()
+    for _ in range(3):
+        assert _equal(call(), want)
+    assert audits["_FORWARD"].checked >= 2
+    if packed:
+        assert audits["_SCHEDULE"].checked >= 2

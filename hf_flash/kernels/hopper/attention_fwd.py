@@ -51,9 +51,12 @@ Rows that see no key (causal with seqlen_q > seqlen_k) get output 0 and log-sum-
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -66,6 +69,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .. import configs
+from ..launch import CachedLauncher
 
 LOG2E = 1.4426950408889634
 LN2 = gl.constexpr(0.6931471805599453)
@@ -677,26 +681,79 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
         shape = [batch, heads, seqlen, head_dim]
         strides = [t.stride(0), t.stride(2), t.stride(1), 1]
     block = [1, 1, rows, t.shape[-1]]
-    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype])
-    return TensorDescriptor(t, shape, strides, block, layout)
+    return TensorDescriptor(t, shape, strides, block, shared_layout(tuple(block), t.dtype))
 
 
-_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+@functools.lru_cache(maxsize=None)
+def shared_layout(block: tuple, dtype: torch.dtype):
+    """The swizzled shared-memory layout of a TMA tile (built once per tile shape and dtype:
+    ``get_default_for`` costs several microseconds of host time per descriptor)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPES[dtype])
+
+
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
 ORDERS = ("longest", "document")
+
+
+@triton.jit
+def _document_schedule_kernel(CuSeq, Sched, n_slots, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program d writes sequence d's slots of :func:`varlen_schedule` (document order): slots
+    [cu[d] // ROWS + d, cu[d + 1] // ROWS + d + 1) hold its tiles in order, then (-1, 0); the
+    last program also fills the slots past every sequence. Writes stay inside [0, n_slots)."""
+    d = tl.program_id(0)
+    start = tl.load(CuSeq + d)
+    end = tl.load(CuSeq + d + 1)
+    first = start // ROWS + d
+    last = tl.where(d == tl.num_programs(0) - 1, n_slots, end // ROWS + d + 1)
+    n_tiles = tl.cdiv(end - start, ROWS)
+    for s0 in range(first, last, BLOCK):
+        slot = s0 + tl.arange(0, BLOCK)
+        tile = slot - first
+        valid = tile < n_tiles
+        inside = (slot < last) & (slot >= 0) & (slot < n_slots)
+        entry = Sched + 2 * slot.to(tl.int64)
+        tl.store(entry, tl.where(valid, d, -1), mask=inside)
+        tl.store(entry + 1, tl.where(valid, tile, 0), mask=inside)
+
+
+_SCHEDULE = CachedLauncher(_document_schedule_kernel)
+_SCHEDULE_BLOCK = 128
+_SCHEDULE_META: dict = {}
+
+
+def schedule_slots(tokens: int, batch: int, rows: int) -> int:
+    """Entries of a document-order :func:`varlen_schedule` over ``tokens`` packed rows in
+    ``batch`` sequences: tokens // rows + batch (sequence d gets cu[d + 1] // rows - cu[d] // rows
+    + 1 >= cdiv(length, rows) slots)."""
+    return tokens // rows + batch
 
 
 def varlen_schedule(cu_seqlens_q, cu_seqlens_k, tokens_q, *, rows, block_n, causal, order="document"):
     """The work items of a packed call, built on the device with no host sync: an int32
-    (N, 2) tensor of (sequence, query tile of ``rows`` rows), N = tokens_q / rows + one per
-    non-empty sequence (an upper bound on the items), unused entries (-1, 0).
+    (N, 2) tensor of (sequence, query tile of ``rows`` rows); entries (-1, 0) are empty items.
 
-    ``order="document"`` (the default): sequence by sequence, tiles in order. ``"longest"``: by
-    the number of key tiles the item loads, most first (causal: the last tiles of the longest
-    sequences); ties keep the sequence order. Longest first measured slower on the H100 (12
-    documents in 16K tokens, d128: 0.79 ms against 0.69 ms, best of 3 rounds) and its argsort
-    adds host time, so it is kept for comparison only."""
+    ``order="document"`` (the default): one launch of a small kernel; tile i of sequence d sits
+    at entry ``cu_seqlens_q[d] // rows + d + i`` (so a kernel can find an item's entry, or
+    index per-tile state by it, without a search), the rest of a sequence's range and the
+    entries past the last sequence are empty; N = :func:`schedule_slots`. ``"longest"``: by the
+    number of key tiles the item loads, most first (causal: the last tiles of the longest
+    sequences), ties in sequence order, empty entries last (torch ops; N = cdiv(tokens_q, rows)
+    + min(batch, tokens_q)). Longest first measured slower on the H100 (12 documents in 16K
+    tokens, d128: 0.79 ms against 0.69 ms, best of 3 rounds) and costs ~15 launches of host
+    time, so it is kept for comparison only."""
     device = cu_seqlens_q.device
     batch = cu_seqlens_q.numel() - 1
+    if order == "document":
+        n = schedule_slots(tokens_q, batch, rows)
+        sched = torch.empty((n, 2), dtype=torch.int32, device=device)
+        if batch > 0 and n > 0:
+            meta = _SCHEDULE_META.get(rows)
+            if meta is None:
+                meta = _SCHEDULE_META[rows] = _SCHEDULE.meta(ROWS=rows, BLOCK=_SCHEDULE_BLOCK, num_warps=4)
+            _SCHEDULE((batch,), (cu_seqlens_q, sched), (n,), (), meta)
+        return sched
+    if order != "longest":
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     n = min(configs.cdiv(tokens_q, rows) + min(batch, tokens_q), batch * configs.cdiv(max(tokens_q, 1), rows))
     len_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()
     len_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()
@@ -706,21 +763,20 @@ def varlen_schedule(cu_seqlens_q, cu_seqlens_k, tokens_q, *, rows, block_n, caus
     doc = torch.searchsorted(ends, slot, right=True).clamp_(max=max(batch - 1, 0))
     tile = slot - (ends[doc] - tiles[doc])
     valid = slot < ends[-1]
-    if order == "longest":
-        lq, lk = len_q[doc], len_k[doc]
-        hi = torch.minimum(lk, (tile * rows + rows + lk - lq).clamp_(min=0)) if causal else lk
-        work = torch.where(valid, (hi + block_n - 1) // block_n, -1)
-        perm = torch.argsort(work, descending=True, stable=True)
-        doc, tile, valid = doc[perm], tile[perm], valid[perm]
-    elif order != "document":
-        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    lq, lk = len_q[doc], len_k[doc]
+    hi = torch.minimum(lk, (tile * rows + rows + lk - lq).clamp_(min=0)) if causal else lk
+    work = torch.where(valid, (hi + block_n - 1) // block_n, -1)
+    perm = torch.argsort(work, descending=True, stable=True)
+    doc, tile, valid = doc[perm], tile[perm], valid[perm]
     return torch.stack((torch.where(valid, doc, -1), torch.where(valid, tile, 0)), 1).to(torch.int32)
 
 
 def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens_q=None, cu_seqlens_k=None,
-                order="document"):  # fmt: skip
+                sched=None):  # fmt: skip
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the
-    CPU compile check, so both build the same kernel. Packed (varlen) calls pass cu_seqlens."""
+    CPU compile check, so both build the same kernel. Packed (varlen) calls pass cu_seqlens and
+    their work items ``sched`` (:func:`varlen_schedule`); without it the entries
+    are left unwritten (the compile check: only their count and dtype matter there)."""
     var = VARIANTS[variant]
     varlen = cu_seqlens_q is not None
     nheads, head_dim = q.shape[-2:]
@@ -735,9 +791,9 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
                 f"variant {variant} has no packed (varlen) form for causal={bool(causal)}: "
                 "persistent variants and three consumers without causal masking are dense-only"
             )
-        sched = varlen_schedule(
-            cu_seqlens_q, cu_seqlens_k, q.shape[0], rows=var.rows, block_n=var.block_n, causal=causal, order=order
-        )
+        if sched is None:
+            n = schedule_slots(q.shape[0], cu_seqlens_q.numel() - 1, var.rows)
+            sched = torch.empty((n, 2), dtype=torch.int32, device=q.device)
         seqlen_q = seqlen_k = 0  # per sequence, from cu_seqlens
         n_bh, n_m = nheads, 0
         grid = (sched.shape[0] * nheads,)
@@ -811,12 +867,27 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
             return
     head_dim = q.shape[-1]
     variant = variant or (VARLEN_DEFAULT if varlen else DEFAULT)[(head_dim, bool(causal))]
+    sched = None
+    if varlen:
+        var = VARIANTS[variant]
+        sched = varlen_schedule(
+            cu_seqlens_q, cu_seqlens_k, tokens_q, rows=var.rows, block_n=var.block_n, causal=causal, order=order
+        )
     grid, args, kwargs = launch_args(
         q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal, variant=variant,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, order=order,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched,
     )  # fmt: skip
+    key = (variant, head_dim, bool(causal), varlen)
+    meta = _LAUNCH_META.get(key)
+    if meta is None:
+        meta = _LAUNCH_META[key] = _FORWARD.meta(**kwargs)
+    # launch_args' order: 4 descriptors and 5 pointers, 11 integers, the scale
     with torch.cuda.device(q.device):
-        _attn_fwd_kernel[grid](*args, **kwargs)
+        _FORWARD(grid, args[:9], args[9:20], args[20:], meta)
+
+
+_FORWARD = CachedLauncher(_attn_fwd_kernel)
+_LAUNCH_META: dict = {}
 
 
 __all__ = [
