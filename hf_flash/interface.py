@@ -291,8 +291,8 @@ def attention_paths(
     FlashAttention-3-style code for H100/H200 (:mod:`hf_flash.kernels.hopper`), taken for
     fp16/bf16 calls, causal or not, without window, softcap, ALiBi, dropout or sinks: the
     forward of dense calls at head dim 64 or 128, and of packed calls (``varlen=True``; q/k/v
-    then (total, nheads, headdim)) at head dim 128 when ``HF_FLASH_HOPPER_VARLEN=1`` (off by
-    default: its host time per call outweighs its faster kernel for host-bound callers); the
+    then (total, nheads, headdim)) at head dim 128 (``HF_FLASH_HOPPER_VARLEN=0`` keeps those on
+    Triton); the
     backward's dK/dV kernel at head dim 128 for dense calls (the delta preprocess and the dQ
     kernel stay Triton; packed backwards run on Triton). Everything else runs the portable Triton
     kernels.

@@ -238,7 +238,7 @@ def test_varlen_rows_outside_sequences_untouched_and_strided_views():
 
 
 @needs_hopper
-@pytest.mark.parametrize("opt_in", [True, False], ids=["gluon-varlen-on", "default"])
+@pytest.mark.parametrize("opt_in", [True, False], ids=["gluon-varlen-default", "switched-off"])
 def test_varlen_forward_path_and_gradients_through_the_public_function(opt_in, monkeypatch):
     from hf_flash import flash_attn_varlen_func
     from hf_flash.kernels import configs
@@ -253,7 +253,7 @@ def test_varlen_forward_path_and_gradients_through_the_public_function(opt_in, m
             q, k, v = (t.requires_grad_(True) for t in (q, k, v))
             for causal in (False, True):
                 paths = attention_paths(q, k, v, causal=causal, varlen=True)
-                # opt-in; d64 packed calls stay on Triton (hk.VARLEN_DISPATCH_HEAD_DIMS)
+                # on unless switched off; d64 packed calls stay on Triton (hk.VARLEN_DISPATCH_HEAD_DIMS)
                 forward = "hopper" if d == 128 and opt_in else "triton"
                 assert paths == {"forward": forward, "backward": "triton"}, paths
                 out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)

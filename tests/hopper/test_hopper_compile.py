@@ -248,11 +248,12 @@ def test_forward_path_packed(on_hopper, monkeypatch):
     q, k = _t(300, 8, 128), _t(200, 2, 128)
     opts = dict(varlen=True, causal=True, window_left=-1, window_right=0, softcap=0.0, alibi_slopes=None,
                 dropout_p=0.0, softmax_scale=None)  # fmt: skip
-    # opt-in (HF_FLASH_HOPPER_VARLEN): off by default
-    assert flash_fwd.forward_path(q, k, k, None, **opts) == "triton"
-    monkeypatch.setattr(configs, "_HOPPER_VARLEN", True)
+    # on by default; HF_FLASH_HOPPER_VARLEN=0 switches it off
     assert flash_fwd.forward_path(q, k, k, None, **opts) == "hopper"
-    # d64 packed: the kernel covers it, but it measured slower than Triton's, so Triton runs it
+    with configs.use_hopper_varlen(False):
+        assert flash_fwd.forward_path(q, k, k, None, **opts) == "triton"
+    monkeypatch.setattr(configs, "_HOPPER_VARLEN", True)
+    # d64 packed: the kernel covers it, but it measured no faster than Triton's, so Triton runs it
     q64, k64 = _t(300, 8, 64), _t(200, 2, 64)
     assert hk.supports(q64, k64, k64, causal=True, varlen=True)
     assert flash_fwd.forward_path(q64, k64, k64, None, **opts) == "triton"

@@ -211,6 +211,50 @@ def test_cuda_graph_capture(hopper, monkeypatch):
     assert not torch.equal(out, eager)
 
 
+def _packed_qkv(lens, seed):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    q, k, v = (torch.randn(sum(lens), h, 128, device=DEV, dtype=torch.bfloat16, generator=g) for h in (8, 2, 2))
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV, dtype=torch.int32)
+    return q, k, v, cu
+
+
+@pytest.mark.parametrize("hopper", HOPPER_OR_NOT)
+def test_packed_compile_and_cuda_graph_capture(hopper, monkeypatch):
+    """Packed d128 calls (the Gluon forward and its schedule kernel on an H100/H200) under
+    torch.compile(fullgraph=True) and CUDA-graph capture: the same bits as eager calls."""
+    monkeypatch.setattr(configs, "_HOPPER", hopper)
+    lens = [1, 97, 0, 1025, 300]
+    q, k, v, cu = _packed_qkv(lens, 5)
+    ml = max(lens)
+
+    def f(q, k, v):
+        return flash_attn_varlen_func(q, k, v, cu, cu, ml, ml, causal=True)
+
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = torch.compile(f, fullgraph=True)(*leaves)
+    dout = torch.randn_like(out)
+    g = torch.autograd.grad(out, leaves, dout)
+    eager_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out_e = f(*eager_leaves)
+    g_e = torch.autograd.grad(out_e, eager_leaves, dout)
+    assert torch.equal(out, out_e)
+    assert all(torch.equal(a, b) for a, b in zip(g, g_e))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        f(q, k, v)  # warm-up / compile outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = f(q, k, v)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, f(q, k, v))
+    assert not torch.equal(captured, out_e)
+
+
 @pytest.mark.parametrize("window", [256, None], ids=["window", "dense"])
 def test_past_2_31_elements_int64_addressing(window):
     """576K tokens x 32 heads x 128 (2.4 x 10^9 elements per q): q's last rows start past
