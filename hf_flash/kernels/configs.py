@@ -49,33 +49,78 @@ class InterpreterUnsupported(RuntimeError):
     """Triton's CPU interpreter cannot run with the installed packages (one-line message)."""
 
 
-def interpreter_numpy_problem() -> Optional[str]:
-    """Why Triton's CPU interpreter would fail with the installed numpy, or None.
+def _version(text: str) -> tuple:
+    parts = []
+    for piece in text.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
 
-    Triton 3.6's interpreter (and older ones) converts a loaded loop bound with ``int()``, which
-    numpy >= 2.4 refuses for one-element arrays (``InterpreterError: TypeError('only 0-dimensional
-    arrays can be converted to Python scalars')``), so kernels with data-dependent loops fail."""
+
+def _interpreter_needs_mend() -> bool:
+    """Triton <= 3.6's CPU interpreter turns a scalar tensor into a Python index with
+    ``int(ndarray)`` (``tensor.__index__``: loop bounds loaded from memory, e.g. cu_seqlens),
+    which numpy >= 2.4 refuses for one-element arrays (``TypeError: only 0-dimensional arrays
+    can be converted to Python scalars``)."""
     import numpy
     import triton
 
-    def version(text: str) -> tuple:
-        parts = []
-        for piece in text.split("+")[0].split(".")[:2]:
-            digits = "".join(ch for ch in piece if ch.isdigit())
-            parts.append(int(digits or 0))
-        return tuple(parts)
+    return _version(triton.__version__) <= (3, 6) and _version(numpy.__version__) >= (2, 4)
 
-    if version(triton.__version__) <= (3, 6) and version(numpy.__version__) >= (2, 4):
-        return (
-            f"Triton {triton.__version__}'s CPU interpreter (TRITON_INTERPRET=1) does not work "
-            f"with numpy {numpy.__version__}: install numpy<2.4 (pip install 'numpy<2.4')"
-        )
-    return None
+
+def mend_interpreter_index() -> bool:
+    """Make Triton's interpreter read a scalar tensor's one element for ``__index__`` (what
+    ``int()`` of a one-element array did before numpy 2.4). It wraps the interpreter's
+    ``_patch_lang_tensor`` (which installs ``tl.tensor``'s Python-level methods for the length of
+    an interpreted launch and restores them after): the original runs, then ``__index__`` is
+    replaced within the same restorable scope. True when the mend is in place; False when this
+    Triton's interpreter does not have the function it wraps (then nothing is changed)."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - every supported Triton has it
+        return False
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None:
+        return False
+    if getattr(original, "_hf_flash_index_mend", False):
+        return True
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    patch_lang_tensor._hf_flash_index_mend = True
+    patch_lang_tensor.__wrapped__ = original
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    return True
+
+
+def interpreter_numpy_problem() -> Optional[str]:
+    """Why Triton's CPU interpreter would fail with the installed numpy, or None.
+
+    Triton <= 3.6 with numpy >= 2.4 (see :func:`_interpreter_needs_mend`) works once
+    :func:`mend_interpreter_index` is in place (:func:`check_interpreter` puts it there); this
+    names the fix only when the mend cannot apply."""
+    import numpy
+    import triton
+
+    if not _interpreter_needs_mend():
+        return None
+    interpreter = __import__("triton.runtime.interpreter", fromlist=["_patch_lang_tensor"])
+    if getattr(interpreter, "_patch_lang_tensor", None) is not None:
+        return None
+    return (
+        f"Triton {triton.__version__}'s CPU interpreter (TRITON_INTERPRET=1) does not work "
+        f"with numpy {numpy.__version__}: install numpy<2.4 (pip install 'numpy<2.4')"
+    )
 
 
 def check_interpreter() -> None:
-    """Raise :class:`InterpreterUnsupported` when the interpreter is on and cannot work here."""
+    """With the interpreter on: mend it for numpy >= 2.4 where needed, and raise
+    :class:`InterpreterUnsupported` when it still cannot work here."""
     if interpreting():
+        if _interpreter_needs_mend():
+            mend_interpreter_index()
         problem = interpreter_numpy_problem()
         if problem is not None:
             raise InterpreterUnsupported(problem)
