@@ -188,6 +188,48 @@ def layout_transformers(tree: TransformersTree, families: List[str], out: Path) 
     return info
 
 
+STAND_IN = '''"""Stand-in for `{name}`, written by tests/upstream/layout.py: the upstream test modules import
+it at the top ({why}) and the FlashAttention tests never use it. Every name is a class whose use
+raises, so a test that does need it fails loudly instead of passing. Where the real package is
+installed further along sys.path, it is loaded in this module's place."""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_site = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.machinery.PathFinder.find_spec(
+    __name__, [p for p in sys.path if os.path.abspath(p or ".") != _site])
+if _spec is not None:
+    _real = importlib.util.module_from_spec(_spec)
+    sys.modules[__name__] = _real
+    _spec.loader.exec_module(_real)
+
+
+def __getattr__(attr):
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+
+    class Missing:
+        def __init__(self, *args, **kwargs):
+            raise ModuleNotFoundError(f"{name}.{{attr}}: {name} is not installed here (upstream layout stand-in)")
+
+        def __class_getitem__(cls, item):
+            return cls
+
+    Missing.__name__ = Missing.__qualname__ = attr
+    return Missing
+'''
+
+
+def write_stand_in(site: Path, name: str, why: str) -> None:
+    """``site/NAME/__init__.py``: a module whose every attribute raises when used (for a
+    top-of-file import of a package the GPU image lacks that the selected tests never call)."""
+    (site / name).mkdir(parents=True, exist_ok=True)
+    (site / name / "__init__.py").write_text(STAND_IN.format(name=name, why=why))
+
+
 def matrix_families(results: Path) -> List[str]:
     """Test folder names of the model types a model-matrix result lists as working."""
     rows = json.loads(results.read_text())["rows"]
@@ -216,9 +258,17 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--wheel", type=Path, nargs="*", default=[],
                         help="pure-Python wheels the tests import (parameterized), unpacked "
                         "into OUT/site for a machine without a package registry")  # fmt: skip
+    parser.add_argument("--stand-in", nargs="*", default=[], metavar="NAME=WHY",
+                        help="packages imported at the top of test modules but unused by the "
+                        "FlashAttention tests, written as modules whose every name raises when "
+                        "used (e.g. datasets='moshi: an integration test')")  # fmt: skip
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {}
+    for spec in args.stand_in:
+        name, _, why = spec.partition("=")
+        write_stand_in(args.out / "site", name, why or "unused by the selected tests")
+        summary.setdefault("stand_ins", []).append(name)
     for wheel in args.wheel:
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(args.out / "site")
