@@ -47,8 +47,20 @@ there and their lse is read as +inf, so P = 0 and dS = 0. Keys past the end of t
 (zero-filled K/V rows, whose dK/dV rows the TMA store clips) are masked in the one key tile that
 has them, so they add nothing to dQ. Rows that saw no key in the forward (lse +inf) get P = 0.
 
+Packed (varlen) calls (``VARLEN``; cu_seqlens; ``VARLEN_DEFAULT``: d128, the ordered dqwld
+form): q/dout (Tq, H, D), k/v (Tk, Hk, D) are one batch entry (1, H, T, D) of the descriptors, and
+a program takes one entry of :func:`attention_fwd.varlen_schedule` built over the key blocks
+(document, key block; document -1: an empty item, nothing written) for one K/V head; each
+document is bottom-right aligned on its own. Tiles that cross a document's end hold the next
+document's rows, not zeros: the query tile that crosses q_len and every tile of a key block that
+crosses k_len are masked explicitly (P = 0, so dS = 0); such a key block's dK/dV go out with a
+row-masked store, not TMA. The dQ accumulator is (H, Tq, D) float32 (a reduce-add of a tile that
+crosses the end adds exactly 0 to the next document's rows), and the ordered counters are per
+(head, document, query tile): slot ``cu_seqlens_q[d] // 64 + d + i`` of Tq // 64 + batch per head.
+
 Programs are numbered with the (batch, K/V head) pair fastest and the key tile slowest, so under
-causal masking the key tiles that see the most queries start first. Addressing goes through TMA
+causal masking the key tiles that see the most queries start first (packed: the K/V head fastest,
+the documents' key blocks in order). Addressing goes through TMA
 descriptors with the tensors' own strides (int64); lse/delta are read at an int64 (batch, head)
 offset plus int32 row offsets (their rows are unit-stride).
 """
