@@ -674,7 +674,9 @@ def _packed_builders(lens, head_dim, flex_mode):
 
         with switch():
             paths = attention_paths(*leaves, causal=True, varlen=True)
-        return attn, leaves, dout, {"paths": paths}, both, packed_flops
+        # the switch also wraps the timing (run_packed): the backward reads the configs when
+        # autograd runs it, outside attn()
+        return attn, leaves, dout, {"paths": paths}, both, packed_flops, switch
 
     out["hf_flash"] = lambda: hf("default")
     out["hf_flash_gluon_varlen"] = lambda: hf(True)
@@ -787,8 +789,9 @@ def run_packed(args, timing) -> list[dict]:
                     info[name]["host_error"] = _error(e)
         times = {name: {} for name in built}
         for r in range(args.rounds):
-            for name, (attn, leaves, dout, _, passes, _) in built.items():
-                res = time_passes(attn, leaves, dout, [p for p in passes], timing)
+            for name, (attn, leaves, dout, _, passes, _, *switch) in built.items():
+                with (switch[0] if switch else contextlib.nullcontext)():
+                    res = time_passes(attn, leaves, dout, [p for p in passes], timing)
                 for p, x in res.items():
                     times[name].setdefault(p, []).append(x)
         for p in ("fwd", "bwd", "fwd+bwd"):

@@ -8,7 +8,9 @@
 #
 # Writes OUT_DIR/{env.txt,smoke.log,tests.log,bench.log} and OUT_DIR/attention_packed-<gpu>.json.
 # HOPPER_TEST_K="expr": pytest's -k expression for the backward test file (default "packed");
-# HOPPER_DENSE=1 also runs the rest of that file (the dense backward) after the packed tests.
+# HOPPER_DENSE=1 also runs the rest of that file (the dense backward) at the end; SKIP_SMOKE=1 skips
+# the smoke check; then benchmarks/hopper_bwd_varlen.py times the packed backward alone (Gluon
+# variants against Triton) after the packed rows.
 set -u
 out=${1:?usage: hopper_bwd_varlen_device_run.sh OUT_DIR [TEST_TIMEOUT_S] [BENCH_TIMEOUT_S]}
 test_timeout=${2:-120}
@@ -20,7 +22,8 @@ export PYTHONUNBUFFERED=1
 bash "$(dirname "$0")/hopper_env.sh" >"$out/env.txt" 2>&1
 cat "$out/env.txt"
 
-timeout 120 python3 - >"$out/smoke.log" 2>&1 <<'PY'
+smoke=0
+[ "${SKIP_SMOKE:-0}" = 1 ] || timeout 120 python3 - >"$out/smoke.log" 2>&1 <<'PY'
 import time
 import torch
 from hf_flash.kernels import flash_bwd, flash_fwd
@@ -65,8 +68,8 @@ for lens_q, lens_k, h, hk in cases:
 print(f"worst err / allowed {worst:.3f}")
 raise SystemExit(0 if worst <= 1.0 else 1)
 PY
-smoke=$?
-echo "smoke rc $smoke"; cat "$out/smoke.log"
+rc=$?
+[ "${SKIP_SMOKE:-0}" = 1 ] || { smoke=$rc; echo "smoke rc $smoke"; cat "$out/smoke.log"; }
 
 if [ $smoke -eq 0 ]; then
   timeout "$test_timeout" python3 -m pytest tests/hopper/test_hopper_attention_bwd_gpu.py -k "${HOPPER_TEST_K:-packed}" \
@@ -76,6 +79,8 @@ if [ $smoke -eq 0 ]; then
   timeout "$bench_timeout" python3 benchmarks/attention.py --packed --head-dims 128 --rounds 3 \
     --packed-providers hf_flash hf_flash_triton_bwd hf_flash_gluon_varlen hf_flash_gluon_varlen_triton_bwd hf_flash_triton \
     --out "$out" 2>&1 | tee "$out/bench.log" | tail -n 25
+  timeout "$bench_timeout" python3 benchmarks/hopper_bwd_varlen.py --rounds 3 --out "$out" 2>&1 \
+    | tee "$out/bench_bwd.log" | tail -n 12
   if [ "${HOPPER_DENSE:-0}" = 1 ]; then
     timeout "$test_timeout" python3 -m pytest tests/hopper/test_hopper_attention_bwd_gpu.py -k "not packed" \
       -q -m gpu -p no:cacheprovider -n 4 >"$out/tests_dense.log" 2>&1

@@ -306,3 +306,20 @@ def test_dq_frag_postprocess_inverts_the_fragment_layout(device):
         tile[..., row, col] = tiles[:, :, :, c]
         want[..., c * dq_n:(c + 1) * dq_n] = tile.permute(0, 2, 3, 1, 4).reshape(batch, n_m * block_m, heads, dq_n)
     assert torch.equal(dq.cpu(), want[:, :seqlen])
+
+
+def test_packed_longest_order_keeps_key_blocks_ascending():
+    """The "longest" packed order puts the documents with the most work first and keeps each
+    document's key blocks in ascending order (the ordered dQ waits only on programs launched
+    before it); empty entries go last."""
+    lens = [349, 258, 3417, 0, 1107, 2420, 1, 2330]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    sched = hf.varlen_schedule(cu, cu, sum(lens), rows=128, block_n=64, causal=True)
+    got = hb._longest_documents_first(sched, cu, cu).tolist()
+    assert sorted(map(tuple, got)) == sorted(map(tuple, sched.tolist()))
+    docs = [d for d, _ in got if d >= 0]
+    assert list(dict.fromkeys(docs)) == sorted({d for d in docs}, key=lambda d: -lens[d] ** 2)
+    for d in set(docs):
+        assert [t for e, t in got if e == d] == list(range(-(-lens[d] // 128)))
+    first_empty = next(i for i, (d, _) in enumerate(got) if d < 0)
+    assert all(d < 0 for d, _ in got[first_empty:])

@@ -956,8 +956,25 @@ def n_slots_q(tokens_q: int, batch: int, block_m: int) -> int:
     return tokens_q // block_m + batch
 
 
+# Packed calls' program order: "document" (the schedule's: document by document, key blocks in
+# order) or "longest" (documents by their q_len * k_len, most first; key blocks still in order
+# within each, as the ordered dQ needs)
+VARLEN_ORDERS = ("document", "longest")
+VARLEN_ORDER = "document"
+
+
+def _longest_documents_first(sched, cu_seqlens_q, cu_seqlens_k):
+    """The schedule's entries reordered by their document's q_len * k_len, most first (a stable
+    sort: each document's key blocks stay in ascending order); empty entries last."""
+    doc = sched[:, 0].long()
+    d = doc.clamp(min=0)
+    work = (cu_seqlens_q[d + 1] - cu_seqlens_q[d]).long() * (cu_seqlens_k[d + 1] - cu_seqlens_k[d]).long()
+    work = torch.where(doc >= 0, work, -1)
+    return sched[torch.argsort(work, descending=True, stable=True)]
+
+
 def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *, softmax_scale, causal, variant,
-                cu_seqlens_q=None, cu_seqlens_k=None):  # fmt: skip
+                cu_seqlens_q=None, cu_seqlens_k=None, order=None):  # fmt: skip
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the CPU
     compile check, so both build the same kernel. ``dq_accum``: the float32 (B, Sq, H, D)
     accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller; :func:`dq_accum_for`);
@@ -1002,6 +1019,11 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         # document's key blocks start in ascending order, as the ordered dQ needs)
         sched = varlen_schedule(cu_seqlens_k, cu_seqlens_q, k.shape[0], rows=var.keys, block_n=var.block_m,
                                 causal=causal, order="document")  # fmt: skip
+        order = order or VARLEN_ORDER
+        if order == "longest":
+            sched = _longest_documents_first(sched, cu_seqlens_q, cu_seqlens_k)
+        elif order != "document":
+            raise ValueError(f"order must be one of {VARLEN_ORDERS}, got {order!r}")
         n_bhk, seqlen_q, seqlen_k = nheads_k, 0, 0
         grid = (sched.shape[0] * nheads_k,)
         if grid[0] >= 2**31:
@@ -1037,14 +1059,15 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
 
 
 def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale, causal,
-                              variant=None, cu_seqlens_q=None, cu_seqlens_k=None) -> bool:  # fmt: skip
+                              variant=None, cu_seqlens_q=None, cu_seqlens_k=None, order=None) -> bool:  # fmt: skip
     """dK and dV (and, for the ``dq_atomic`` variants, dQ) on Hopper. Layouts as
     ``hf_flash.kernels.flash_bwd.flash_attn_backward``: dense q/dout/dq (B, Sq, H, D),
     k/v/dk/dv (B, Sk, Hk, D), lse (the forward's natural-log log-sum-exp) and delta
     (rowsum(dO * O) - dlse, from the Triton preprocess) float32 (B, H, Sq) with the same
     strides; packed (cu_seqlens int32 (batch + 1,) given) q/dout/dq (Tq, H, D), k/v/dk/dv (Tk,
     Hk, D), lse/delta (H, Tq). Only calls for which :func:`supports` is true (checked by the
-    caller). ``variant`` names an entry of ``VARIANTS`` (default: :func:`variant_for`). Packed
+    caller). ``variant`` names an entry of ``VARIANTS`` (default: :func:`variant_for`); ``order``
+    the packed calls' program order (``VARLEN_ORDERS``; default ``VARLEN_ORDER``). Packed
     rows outside every sequence: dK/dV not written, dQ (when written) 0; no host sync reads
     cu_seqlens. Returns whether dq was written (else the caller runs a dQ kernel)."""
     varlen = cu_seqlens_q is not None
@@ -1069,7 +1092,7 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
         dq_sem = torch.zeros(dq_sem_count(q, variant, cu_seqlens_q), device=q.device, dtype=torch.int32)
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, softmax_scale=softmax_scale, causal=causal,
-        variant=variant, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        variant=variant, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, order=order,
     )  # fmt: skip
     with torch.cuda.device(q.device):
         _attn_bwd_dkdv_kernel[grid](*args, **kwargs)
