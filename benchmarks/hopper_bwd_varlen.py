@@ -105,6 +105,26 @@ def main(argv=None):
             for n, (ctx, fn, _) in made.items():
                 with ctx():
                     times[n].append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        # the dqwld kernel alone (launch arguments built once; counters re-zeroed per call; the
+        # accumulator keeps adding): what the preprocess, the memset and the cast cost around it
+        name = hb.VARLEN_DEFAULT[(D, causal)]
+        delta = torch.zeros_like(lse)
+        acc = hb.dq_accum_for(q, name)
+        sem = torch.zeros(hb.dq_sem_count(q, name, cu), device="cuda", dtype=torch.int32)
+        kbufs = tuple(torch.empty_like(t) for t in (k, v))
+        grid, kargs, kkw = hb.launch_args(q, k, v, dout, lse, delta, *kbufs, acc, sem, softmax_scale=D**-0.5,
+                                          causal=causal, variant=name, cu_seqlens_q=cu, cu_seqlens_k=cu)  # fmt: skip
+
+        def kernel_only():
+            sem.zero_()
+            hb._attn_bwd_dkdv_kernel[grid](*kargs, **kkw)
+
+        kernel_only()
+        names = (*names, "kernel-only")
+        times["kernel-only"] = [triton.testing.do_bench(kernel_only, warmup=25, rep=100, return_mode="median")
+                                for _ in range(args.rounds)]  # fmt: skip
+        host["kernel-only"] = 0.0
+        grads["kernel-only"] = grads["triton"]
         for n in names:
             ms = sorted(times[n])[len(times[n]) // 2]
             diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads[n], grads["triton"]))
