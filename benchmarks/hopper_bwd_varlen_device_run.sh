@@ -76,13 +76,15 @@ if [ $smoke -eq 0 ]; then
     tests/ops/test_flash_attn_gpu.py::test_varlen tests/ops/test_flash_attn_gpu.py::test_forward_path_choice_on_hopper \
     -q -m gpu -p no:cacheprovider -n 4 >"$out/tests.log" 2>&1
   echo "tests rc $?"; tail -n 25 "$out/tests.log"
+  timeout "$bench_timeout" python3 benchmarks/hopper_bwd_varlen.py --rounds 3 --out "$out" 2>&1 \
+    | tee "$out/bench_bwd.log" | tail -n 12
   timeout "$bench_timeout" python3 benchmarks/attention.py --packed --head-dims 128 --rounds 3 \
     --packed-providers hf_flash hf_flash_triton_bwd hf_flash_gluon_varlen hf_flash_gluon_varlen_triton_bwd hf_flash_triton \
     --out "$out" 2>&1 | tee "$out/bench.log" | tail -n 25
-  timeout "$bench_timeout" python3 benchmarks/hopper_bwd_varlen.py --rounds 3 --out "$out" 2>&1 \
-    | tee "$out/bench_bwd.log" | tail -n 12
   if [ "${HOPPER_DENSE:-0}" = 1 ]; then
-    timeout "$test_timeout" python3 -m pytest tests/hopper/test_hopper_attention_bwd_gpu.py -k "not packed" \
+    # what is left of a 340 s call (DEADLINE_S)
+    left=$(( ${DEADLINE_S:-340} - SECONDS )); [ $left -gt 10 ] || left=10
+    timeout "$left" python3 -m pytest tests/hopper/test_hopper_attention_bwd_gpu.py -k "not packed" \
       -q -m gpu -p no:cacheprovider -n 4 >"$out/tests_dense.log" 2>&1
     echo "dense tests rc $?"; tail -n 15 "$out/tests_dense.log"
   fi
