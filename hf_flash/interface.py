@@ -293,8 +293,8 @@ def attention_paths(
     forward of dense calls at head dim 64 or 128, and of packed calls (``varlen=True``; q/k/v
     then (total, nheads, headdim)) at head dim 128 when ``HF_FLASH_HOPPER_VARLEN=1`` (off by
     default: its host time per call outweighs its faster kernel for host-bound callers); the
-    backward (dK, dV and dQ in one kernel; the delta preprocess stays Triton) at head dim 128 for
-    dense and packed calls alike (whichever forward ran). Everything else runs the portable
+    backward (dK, dV and dQ in one kernel, causal packed calls dQ in Triton; the delta preprocess
+    stays Triton) at head dim 128 for dense and packed calls alike (whichever forward ran). Everything else runs the portable
     Triton kernels.
     ``HF_FLASH_HOPPER=0`` keeps every call on Triton. The backward's answer assumes the incoming
     gradient is laid out like q (as autograd usually hands it); one TMA cannot address sends

@@ -351,6 +351,48 @@ def test_packed_matches_reference(h, hk, causal, dtype):
     _check_packed(PACKED_LENS, PACKED_LENS, h, hk, causal, dtype)
 
 
+def _packed_variants():
+    from hf_flash.kernels.hopper.attention_bwd import VARIANTS, varlen_builds
+
+    return [name for name, var in VARIANTS.items() if 128 in var.head_dims and varlen_builds(name)
+            and name in ("kv2x64-m64-s2", "kv2x64-m64-s2-dqwld", "kv2x64-m64-s2-dqwl")]  # fmt: skip
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant", _packed_variants())
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_every_variant_matches_reference(variant, causal, monkeypatch):
+    """Each packed form packed calls run or may run (VARLEN_DEFAULT, VARLEN_NONDETERMINISTIC, and
+    the ordered fused dqwld causal, measured slower there), as the default of its causality."""
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    monkeypatch.setitem(hb.VARLEN_DEFAULT, (128, causal), variant)
+    _check_packed(PACKED_LENS, PACKED_LENS, 8, 2, causal, torch.bfloat16, seed=9)
+    _check_packed([50, 200, 1, 0, 300], [120, 200, 77, 64, 97], 4, 1, causal, torch.float16, seed=10)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_nondeterministic_choice_through_the_public_function(causal):
+    """With deterministic gradients not required, packed calls run VARLEN_NONDETERMINISTIC's
+    variant where there is one; the gradients match the oracle."""
+    from hf_flash import flash_attn_varlen_func
+    from hf_flash.kernels import configs
+    from hf_flash.kernels.hopper import attention_bwd as hb
+    from hf_flash.reference import assert_grads_close_to_ref, attention_varlen_ref
+
+    lens = [97, 1025, 1, 300, 0, 640]
+    q, k, v, cu, _ = _packed_qkv(lens, lens, 16, 4, 128, torch.bfloat16, seed=11)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    with configs.use_deterministic(False):
+        assert hb.variant_for(128, causal, varlen=True) == hb.VARLEN_NONDETERMINISTIC.get(
+            (128, causal), hb.VARLEN_DEFAULT[(128, causal)])
+        out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+        ref = attention_varlen_ref(q, k, v, cu, cu, causal=causal)
+        ref_lp = attention_varlen_ref(q, k, v, cu, cu, causal=causal, upcast=False)
+        assert_grads_close_to_ref(out, ref, ref_lp, (q, k, v), torch.randn_like(out), torch.bfloat16)
+
+
 @needs_hopper
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_packed_q_len_differs_from_k_len(causal):

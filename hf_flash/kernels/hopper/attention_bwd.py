@@ -47,8 +47,8 @@ there and their lse is read as +inf, so P = 0 and dS = 0. Keys past the end of t
 (zero-filled K/V rows, whose dK/dV rows the TMA store clips) are masked in the one key tile that
 has them, so they add nothing to dQ. Rows that saw no key in the forward (lse +inf) get P = 0.
 
-Packed (varlen) calls (``VARLEN``; cu_seqlens; ``VARLEN_DEFAULT``: d128, the ordered dqwld
-form): q/dout (Tq, H, D), k/v (Tk, Hk, D) are one batch entry (1, H, T, D) of the descriptors, and
+Packed (varlen) calls (``VARLEN``; cu_seqlens; ``VARLEN_DEFAULT``: d128, non-causal the ordered
+fused dqwld, causal kv2x64-m64-s2 with the Triton dQ kernel, which measured faster there): q/dout (Tq, H, D), k/v (Tk, Hk, D) are one batch entry (1, H, T, D) of the descriptors, and
 a program takes one entry of :func:`attention_fwd.varlen_schedule` built over the key blocks
 (document, key block; document -1: an empty item, nothing written) for one K/V head; each
 document is bottom-right aligned on its own. Tiles that cross a document's end hold the next
@@ -193,10 +193,17 @@ DEFAULT = {(128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2-dqwl
 # against dqwld's 378-381 (+15%; level at 8K-32K). Causal has none: dqwld is as fast as the
 # unordered forms there (dqwl 290-294 at 32K, where its programs drift apart).
 NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
-# Packed (varlen, cu_seqlens) calls: (head dim, causal) -> variant, deterministic either way (no
-# NONDETERMINISTIC form for packed calls). Head dims without an entry keep the Triton backward
-# (d64: as for dense calls, no measured gain).
-VARLEN_DEFAULT = {(128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2-dqwld"}
+# Packed (varlen, cu_seqlens) calls: (head dim, causal) -> variant, deterministic. Head dims
+# without an entry keep the Triton backward (d64: as for dense calls, no measured gain). H100,
+# 2026-11-24 (.notes/hopper-bwd.md, session 19 call 2; 12 documents in 16K tokens, Hq=32, Hkv=8,
+# bf16; backward alone, 3 rounds): causal, the ordered fused dQ (dqwld) ran 208 TFLOP/s against
+# the Triton backward's 263 (its per-tile ordering waits dominate on short documents; unordered
+# dqwl 287), while s2 (Gluon dK/dV + the Triton dQ kernel, deterministic) ran 307 (1.17x);
+# non-causal dqwld 372 against 308 (1.21x), s2 348.
+VARLEN_DEFAULT = {(128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2"}
+# packed calls when deterministic gradients are not required: non-causal dqwl 406 TFLOP/s (1.09x
+# dqwld); causal keeps s2 (dqwl 287 < 307)
+VARLEN_NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
 
 
 def varlen_builds(variant: str) -> bool:
@@ -215,6 +222,8 @@ def variant_for(head_dim: int, causal: bool, varlen: bool = False) -> str:
     """The variant :func:`hopper_attention_backward` runs by default for this call."""
     key = (head_dim, bool(causal))
     if varlen:
+        if not configs.deterministic() and key in VARLEN_NONDETERMINISTIC:
+            return VARLEN_NONDETERMINISTIC[key]
         return VARLEN_DEFAULT[key]
     if not configs.deterministic() and key in NONDETERMINISTIC:
         return NONDETERMINISTIC[key]
@@ -1107,4 +1116,5 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
 __all__ = [
     "hopper_attention_backward", "supports", "launch_args", "dq_accum_for", "dq_sem_count", "dq_frag_to_bshd",
     "variant_for", "covered_head_dims", "varlen_builds", "VARIANTS", "DEFAULT", "NONDETERMINISTIC", "VARLEN_DEFAULT",
+    "VARLEN_NONDETERMINISTIC", "VARLEN_ORDERS",
 ]

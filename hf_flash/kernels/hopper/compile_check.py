@@ -186,9 +186,12 @@ def varlen_variants():
 
 
 def bwd_varlen_variants():
-    """The packed (varlen) form of the backward variants that have one and that packed calls
-    run (``attention_bwd.VARLEN_DEFAULT``)."""
-    return [BWD_VARLEN_PREFIX + name for name in dict.fromkeys(attention_bwd.VARLEN_DEFAULT.values())]
+    """The packed (varlen) form of the backward variants packed calls run
+    (``attention_bwd.VARLEN_DEFAULT`` and ``VARLEN_NONDETERMINISTIC``) and of the ordered fused
+    one (dqwld, the d128 dense default)."""
+    names = [*attention_bwd.VARLEN_DEFAULT.values(), *attention_bwd.VARLEN_NONDETERMINISTIC.values(),
+             attention_bwd.DEFAULT[(128, True)]]  # fmt: skip
+    return [BWD_VARLEN_PREFIX + name for name in dict.fromkeys(names)]
 
 
 def all_variants():
