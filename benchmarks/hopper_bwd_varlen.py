@@ -105,8 +105,9 @@ def main(argv=None):
             for n, (ctx, fn, _) in made.items():
                 with ctx():
                     times[n].append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-        # the dqwld kernel alone (launch arguments built once; counters re-zeroed per call; the
-        # accumulator keeps adding): what the preprocess, the memset and the cast cost around it
+        # the default variant's Gluon kernel alone (launch arguments built once; counters re-zeroed
+        # per call; the accumulator keeps adding): what the preprocess, the memset and the cast (or,
+        # for a variant without dQ, the Triton dQ kernel too) cost around it
         name = hb.VARLEN_DEFAULT[(D, causal)]
         delta = torch.zeros_like(lse)
         acc = hb.dq_accum_for(q, name)

@@ -199,7 +199,8 @@ NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
 # bf16; backward alone, 3 rounds): causal, the ordered fused dQ (dqwld) ran 208 TFLOP/s against
 # the Triton backward's 263 (its per-tile ordering waits dominate on short documents; unordered
 # dqwl 287), while s2 (Gluon dK/dV + the Triton dQ kernel, deterministic) ran 307 (1.17x);
-# non-causal dqwld 372 against 308 (1.21x), s2 348.
+# non-causal dqwld 372 against 308 (1.21x), s2 348. Call 3 with these defaults: causal 313 against
+# 263 (1.19x), non-causal 373 against 312 (1.19x); fwd+bwd behind the Triton forward 334 against 290.
 VARLEN_DEFAULT = {(128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2"}
 # packed calls when deterministic gradients are not required: non-causal dqwl 406 TFLOP/s (1.09x
 # dqwld); causal keeps s2 (dqwl 287 < 307)
