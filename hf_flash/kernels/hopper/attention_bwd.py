@@ -48,7 +48,8 @@ there and their lse is read as +inf, so P = 0 and dS = 0. Keys past the end of t
 has them, so they add nothing to dQ. Rows that saw no key in the forward (lse +inf) get P = 0.
 
 Packed (varlen) calls (``VARLEN``; cu_seqlens; ``VARLEN_DEFAULT``: d128, non-causal the ordered
-fused dqwld, causal kv2x64-m64-s2 with the Triton dQ kernel, which measured faster there): q/dout (Tq, H, D), k/v (Tk, Hk, D) are one batch entry (1, H, T, D) of the descriptors, and
+fused dqwld, causal kv2x64-m64-s2 with the Triton dQ kernel, which measured faster there): q/dout
+(Tq, H, D), k/v (Tk, Hk, D) are one batch entry (1, H, T, D) of the descriptors, and
 a program takes one entry of :func:`attention_fwd.varlen_schedule` built over the key blocks
 (document, key block; document -1: an empty item, nothing written) for one K/V head; each
 document is bottom-right aligned on its own. Tiles that cross a document's end hold the next
@@ -344,7 +345,8 @@ def _producer(
 def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
             INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr,
             DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr):  # fmt: skip
-    """This consumer's (scaled) dQ tile of step ``j`` (query rows from ``q_row`` of head h): DQ_WRITER hands it to the writer partition
+    """This consumer's (scaled) dQ tile of step ``j`` (query rows from ``q_row`` of head h):
+    DQ_WRITER hands it to the writer partition
     through slot (j % 2, INDEX) and goes on; otherwise it is staged and added by TMA reduce here.
     DQ_FRAG: the slot holds the tile in fragment order (:func:`_dq_frag_layout`)."""
     if DQ_WRITER:
@@ -504,7 +506,8 @@ def _consumer(
             dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
             mbarrier.arrive(q_empty.index(slot))
             if it > 0:
-                _dq_shared_step(it - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full,
+                _dq_shared_step(it - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
+                                ds_free, dq_full,
                                 dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
                                 DQ_WRITER, DQ_FRAG)  # fmt: skip
             prev_h = h
@@ -532,7 +535,8 @@ def _consumer(
             mbarrier.arrive(q_empty.index(slot))
             dq = warpgroup_mma_wait(0, deps=(dq_tok,))
             mbarrier.arrive(ds_free.index(par))
-            _dq_out(it, dq * sm_scale, b, h, q_off + mt * BLOCK_M, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M,
+            _dq_out(it, dq * sm_scale, b, h, q_off + mt * BLOCK_M, dq_smem, dq_full, dq_empty, dq_desc, INDEX,
+                    CONSUMERS, BLOCK_M,
                     DQ_N, DQ_WRITER, DQ_FRAG)  # fmt: skip
         elif DQ_ATOMIC:
             # dQ_part = dS K: dS^T goes through shared memory to be read transposed
@@ -558,7 +562,8 @@ def _consumer(
     n_steps = group * per_head
     if DQ_LAG:
         if n_steps > 0:
-            _dq_shared_step(n_steps - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full,
+            _dq_shared_step(n_steps - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
+                            ds_free, dq_full,
                             dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
                             DQ_WRITER, DQ_FRAG)  # fmt: skip
     tma.store_wait(0)
