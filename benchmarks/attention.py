@@ -47,15 +47,19 @@ The mode is recorded in every flex result.
 Packed rows (``--packed``): 12 documents of random lengths (fixed seed) packed into 16K tokens,
 causal within each document, d128 and d64, q (T, 32, D), k/v (T, 8, D). Providers: ``hf_flash``
 (``hf_flash.interface.varlen_attention`` with ``check_cu_seqlens=False``: ``flash_attn_varlen_func``
-without its host-side cu_seqlens check, as transformers' integration calls it;
-the Gluon forward on an H100 at d128 (d64 packed calls run Triton); Triton backward), ``hf_flash_triton`` (the
-same with the Gluon kernel off), ``gluon_longest`` / ``gluon_docorder`` (the Gluon launcher
+without its host-side cu_seqlens check, as transformers' integration calls it; the library's
+default paths: on an H100 the Triton forward (the packed Gluon forward is opt-in) and, at d128,
+the Gluon backward), ``hf_flash_gluon_varlen`` (the packed Gluon forward switched on),
+``hf_flash_triton`` (every Gluon kernel off), ``hf_flash_triton_bwd`` /
+``hf_flash_gluon_varlen_triton_bwd`` (those two with the Gluon backward off: the Triton
+backward behind the same forward), ``gluon_longest`` / ``gluon_docorder`` (the Gluon launcher
 called directly, the schedule longest first / in document order; forward only), ``gluon_ws2x4`` (d64: the
 two-consumer variant instead of the packed default; forward only), ``flex`` (FlexAttention with a
 document-causal block mask, the peer), and ``sdpa_dense`` (SDPA, no backend forced, causal over
 the same 16K tokens as one sequence: context, credited with its own dense FLOPs). Packed FLOPs:
 fwd = 4 * Hq * D * sum(L_i^2) / 2. Providers take turns over ``--rounds`` rounds; rows hold the
-median of the rounds. ``host_ms``: the host time of one forward call with the device idle.
+median of the rounds (passes fwd, bwd and fwd+bwd; ``--packed-providers`` picks a subset).
+``host_ms``: the host time of one forward call with the device idle.
 
 Every row also records ``max_abs_diff_vs_sdpa``: hf_flash's forward output against ``sdpa``'s on
 the same inputs (a spot check; the tests hold the real numerical bar).
@@ -618,8 +622,9 @@ def _sweep_head_dim(args, timing, head_dim: int, sweep: dict) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 PACKED_DOCS = 12
-PACKED_PROVIDERS = ("hf_flash", "hf_flash_gluon_varlen", "hf_flash_triton", "gluon_longest", "gluon_docorder", "gluon_ws2x4", "flex", "flex_static",
-                    "sdpa_dense")
+PACKED_PROVIDERS = ("hf_flash", "hf_flash_gluon_varlen", "hf_flash_triton", "hf_flash_triton_bwd",
+                    "hf_flash_gluon_varlen_triton_bwd", "gluon_longest", "gluon_docorder", "gluon_ws2x4", "flex",
+                    "flex_static", "sdpa_dense")  # fmt: skip
 
 
 def packed_lengths(n_docs: int = PACKED_DOCS, tokens: int = TOKENS, seed: int = 0) -> list[int]:
@@ -647,14 +652,20 @@ def _packed_builders(lens, head_dim, flex_mode):
     max_len = max(lens)
     packed_flops = 4.0 * NHEADS_Q * head_dim * sum(n * n for n in lens) / 2
     dense_flops = 4.0 * NHEADS_Q * head_dim * tokens * tokens / 2
-    both = ("fwd", "fwd+bwd")
+    both = ("fwd", "bwd", "fwd+bwd")
     out = {}
 
-    def hf(hopper):
+    def hf(hopper, gluon_bwd=True):
         leaves = (_leaf(q), _leaf(k), _leaf(v))
-        # "default": the library's own choice; True: packed Gluon forward switched on (opt-in)
-        switch = {"default": contextlib.nullcontext, True: lambda: configs.use_hopper_varlen(True),
-                  False: lambda: configs.use_hopper(False)}[hopper]  # fmt: skip
+        # "default": the library's own choice; True: packed Gluon forward switched on (the default)
+        # False: every kernel Triton; gluon_bwd=False: the Gluon backward off (Triton backward)
+        fwd_switch = {"default": contextlib.nullcontext, True: lambda: configs.use_hopper_varlen(True),
+                      False: lambda: configs.use_hopper(False)}[hopper]  # fmt: skip
+
+        @contextlib.contextmanager
+        def switch():
+            with fwd_switch(), configs.use_hopper_backward(gluon_bwd):
+                yield
 
         def attn():
             with switch():
@@ -663,11 +674,15 @@ def _packed_builders(lens, head_dim, flex_mode):
 
         with switch():
             paths = attention_paths(*leaves, causal=True, varlen=True)
-        return attn, leaves, dout, {"paths": paths}, both, packed_flops
+        # the switch also wraps the timing (run_packed): the backward reads the configs when
+        # autograd runs it, outside attn()
+        return attn, leaves, dout, {"paths": paths}, both, packed_flops, switch
 
     out["hf_flash"] = lambda: hf("default")
     out["hf_flash_gluon_varlen"] = lambda: hf(True)
     out["hf_flash_triton"] = lambda: hf(False)
+    out["hf_flash_triton_bwd"] = lambda: hf("default", gluon_bwd=False)
+    out["hf_flash_gluon_varlen_triton_bwd"] = lambda: hf(True, gluon_bwd=False)
 
     def gluon(**kw):
         from hf_flash.kernels.hopper import attention_fwd as hk
@@ -749,7 +764,7 @@ def run_packed(args, timing) -> list[dict]:
         makers, _ = _packed_builders(lens, head_dim, args.flex_compile)
         built, info = {}, {}
         for name in PACKED_PROVIDERS:
-            if name not in makers:
+            if name not in makers or (args.packed_providers and name not in args.packed_providers):
                 continue
             try:
                 built[name] = makers[name]()
@@ -776,11 +791,12 @@ def run_packed(args, timing) -> list[dict]:
                     info[name]["host_error"] = _error(e)
         times = {name: {} for name in built}
         for r in range(args.rounds):
-            for name, (attn, leaves, dout, _, passes, _) in built.items():
-                res = time_passes(attn, leaves, dout, [p for p in passes], timing)
+            for name, (attn, leaves, dout, _, passes, _, *switch) in built.items():
+                with (switch[0] if switch else contextlib.nullcontext)():
+                    res = time_passes(attn, leaves, dout, [p for p in passes], timing)
                 for p, x in res.items():
                     times[name].setdefault(p, []).append(x)
-        for p in ("fwd", "fwd+bwd"):
+        for p in ("fwd", "bwd", "fwd+bwd"):
             tflops, results = {}, {}
             for name, b in built.items():
                 runs = times[name].get(p)
@@ -818,10 +834,10 @@ def _best_flex_ratio(hf, tflops) -> dict:
 
 
 def print_packed(rows) -> None:
-    short = {"hf_flash": "hf", "hf_flash_triton": "hf-tri", "gluon_longest": "gl-long", "gluon_docorder": "gl-doc",
-             "gluon_ws2x4": "gl-2x4",
-             "flex": "flex", "flex_static": "flex-st", "hf_flash_gluon_varlen": "hf-glv",
-             "sdpa_dense": "sdpa-dense"}  # fmt: skip
+    short = {"hf_flash": "hf", "hf_flash_gluon_varlen": "hf-glfwd", "hf_flash_triton": "hf-tri",
+             "hf_flash_triton_bwd": "hf-tribwd", "hf_flash_gluon_varlen_triton_bwd": "hf-glfwd-tribwd",
+             "gluon_longest": "gl-long", "gluon_docorder": "gl-doc", "gluon_ws2x4": "gl-2x4",
+             "flex": "flex", "flex_static": "flex-st", "sdpa_dense": "sdpa-dense"}  # fmt: skip
     table = []
     for r in rows:
         t = {"D": r["head_dim"], "pass": r["pass"]}
@@ -865,6 +881,8 @@ def parse_args(argv=None):
     p.add_argument("--packed", action="store_true",
                    help="instead of the grid: the packed rows (12 documents in 16K tokens, causal)")
     p.add_argument("--rounds", type=int, default=3, help="packed rows: rounds, providers taking turns")
+    p.add_argument("--packed-providers", nargs="+", choices=PACKED_PROVIDERS, default=None,
+                   help="packed rows: only these providers (default: all)")
     p.add_argument("--sweep-configs", action="store_true",
                    help="instead of the grid: time hf_flash's forward and backward under "
                         "alternative launch configs (head_dim 128, causal, S=4K, 16K)")  # fmt: skip

@@ -292,10 +292,9 @@ def attention_paths(
     fp16/bf16 calls, causal or not, without window, softcap, ALiBi, dropout or sinks: the
     forward of dense calls at head dim 64 or 128, and of packed calls (``varlen=True``; q/k/v
     then (total, nheads, headdim)) at head dim 128 (``HF_FLASH_HOPPER_VARLEN=0`` keeps those on
-    Triton); the
-    backward's dK/dV kernel at head dim 128 for dense calls (the delta preprocess and the dQ
-    kernel stay Triton; packed backwards run on Triton). Everything else runs the portable Triton
-    kernels.
+    Triton); the backward (dK, dV and dQ in one kernel; for causal packed calls dQ in Triton; the
+    delta preprocess stays Triton) at head dim 128 for dense and packed calls alike (whichever
+    forward ran). Everything else runs the portable Triton kernels.
     ``HF_FLASH_HOPPER=0`` keeps every call on Triton. The backward's answer assumes the incoming
     gradient is laid out like q (as autograd usually hands it); one TMA cannot address sends
     that call's backward to Triton. Arguments as :func:`flash_attn_func`; nothing is launched."""

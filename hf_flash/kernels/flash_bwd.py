@@ -384,12 +384,15 @@ def backward_path(q, k, v, out, dout, dk, dv, *, varlen, causal, window_left, wi
     """Which backward kernel :func:`flash_attn_backward` runs for these arguments: ``"hopper"``
     (the Gluon sm_90a kernel, :mod:`hf_flash.kernels.hopper.attention_bwd`) when it covers the
     call and the device allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this
-    module's kernels). The Hopper kernel covers what the Hopper forward covers (dense fp16/bf16,
-    causal or not, no window, softcap, ALiBi, dropout or sinks) at head dim 128 (64: no measured gain,
-    Triton) with out, dout, dk and dv addressable by TMA too (``None``: still to be allocated like q / k, which then are).
-    The preprocess is this module's on both paths; the dQ kernel too unless the Hopper variant
+    module's kernels). The Hopper kernel covers what the Hopper forward covers (fp16/bf16,
+    causal or not, no window, softcap, ALiBi, dropout or sinks), dense and packed (``varlen``:
+    cu_seqlens, each sequence bottom-right aligned on its own), at head dim 128 (64: no measured
+    gain, Triton) with out, dout, dk and dv addressable by TMA too (``None``: still to be
+    allocated like q / k, which then are). Packed calls take it whatever
+    :func:`configs.hopper_varlen_enabled` says (that switch is the packed forward's). The
+    preprocess is this module's on both paths; the dQ kernel too unless the Hopper variant
     computes dQ itself (its default, in a fixed order: deterministic)."""
-    if varlen or sinks is not None or not configs.hopper_backward_enabled(q.device):
+    if sinks is not None or not configs.hopper_backward_enabled(q.device):
         return "triton"
     from .hopper import attention_bwd as hopper  # Gluon: imported only where it can run
 
@@ -398,6 +401,7 @@ def backward_path(q, k, v, out, dout, dk, dv, *, varlen, causal, window_left, wi
     covered = hopper.supports(
         q, k, v, out, dout, dk, dv, causal=causal, window=(window_left, window_right),
         softcap=softcap, alibi=alibi_slopes, dropout=dropout_p, softmax_scale=softmax_scale,
+        varlen=varlen,
     )  # fmt: skip
     return "hopper" if covered else "triton"
 
@@ -466,7 +470,8 @@ def flash_attn_backward(
         from .hopper.attention_bwd import hopper_attention_backward
 
         if hopper_attention_backward(
-            q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=softmax_scale, causal=causal
+            q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=softmax_scale, causal=causal,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         ):
             return  # the variant computed dQ too
     else:

@@ -282,3 +282,208 @@ def test_nondeterministic_choice_through_the_public_function(causal):
     for name, a, r, lp in zip(("dq", "dk", "dv"), g, ref_g, lp_g):
         assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, torch.bfloat16)
 
+
+
+# ---- packed (varlen, cu_seqlens) calls ----
+
+
+def _cu(lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+
+
+def _packed_qkv(lens_q, lens_k, h, hk, d, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def mk(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype, generator=g)
+
+    return mk(sum(lens_q), h, d), mk(sum(lens_k), hk, d), mk(sum(lens_k), hk, d), _cu(lens_q), _cu(lens_k)
+
+
+def _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale=None):
+    """Packed forward (the library's choice) and flash_attn_backward on the Gluon backward (checked
+    through backward_path), into NaN-poisoned buffers. Returns (dq, dk, dv)."""
+    from hf_flash.kernels import flash_bwd, flash_fwd
+
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    opts = dict(softmax_scale=scale, causal=causal, window_left=-1, window_right=0 if causal else -1,
+                softcap=0.0, alibi_slopes=None, dropout_p=0.0)  # fmt: skip
+    lens_q, lens_k = (cu[1:] - cu[:-1] for cu in (cu_q, cu_k))
+    lens = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(lens_q.max()), max_seqlen_k=int(lens_k.max()))
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[1], q.shape[0], device=q.device, dtype=torch.float32)
+    flash_fwd.flash_attn_forward(q, k, v, out, lse, rng_state=None, **lens, **opts)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    assert flash_bwd.backward_path(q, k, v, out, dout, dk, dv, varlen=True, **opts) == "hopper", (
+        "the packed case under test must be one the Gluon backward covers"
+    )
+    flash_bwd.flash_attn_backward(dout, None, q, k, v, out, lse, dq, dk, dv, rng_state=None, **lens, **opts)
+    return dq, dk, dv
+
+
+def _check_packed(lens_q, lens_k, h, hk, causal, dtype, d=128, seed=0, scale=None):
+    from hf_flash.reference import attention_varlen_ref
+
+    q, k, v, cu_q, cu_k = _packed_qkv(lens_q, lens_k, h, hk, d, dtype, seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 100)
+    dout = torch.randn(q.shape, device="cuda", dtype=dtype, generator=g)
+    grads = _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref = attention_varlen_ref(*leaves, cu_q, cu_k, causal=causal, softmax_scale=scale, upcast=True)
+    ref_grads = torch.autograd.grad(ref, leaves, dout.float())
+    ref_lp = attention_varlen_ref(*leaves, cu_q, cu_k, causal=causal, softmax_scale=scale, upcast=False)
+    lp_grads = torch.autograd.grad(ref_lp, leaves, dout)
+    for name, a, r, lp in zip(("dq", "dk", "dv"), grads, ref_grads, lp_grads):
+        assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, dtype)
+    return grads
+
+
+# odd lengths, one-token and empty documents, documents that end inside a key block of 128 and
+# a query tile of 64 (so tiles straddle into the next document), exact multiples
+PACKED_LENS = [1, 97, 0, 1025, 300, 64, 128, 129, 2]
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("h,hk", [(32, 8), (8, 1)], ids=["gqa-32-8", "mqa-8-1"])
+def test_packed_matches_reference(h, hk, causal, dtype):
+    _check_packed(PACKED_LENS, PACKED_LENS, h, hk, causal, dtype)
+
+
+def _packed_variants():
+    from hf_flash.kernels.hopper.attention_bwd import VARIANTS, varlen_builds
+
+    return [name for name, var in VARIANTS.items() if 128 in var.head_dims and varlen_builds(name)
+            and name in ("kv2x64-m64-s2", "kv2x64-m64-s2-dqwld", "kv2x64-m64-s2-dqwl")]  # fmt: skip
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant", _packed_variants())
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_every_variant_matches_reference(variant, causal, monkeypatch):
+    """Each packed form packed calls run or may run (VARLEN_DEFAULT, VARLEN_NONDETERMINISTIC, and
+    the ordered fused dqwld causal, measured slower there), as the default of its causality."""
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    monkeypatch.setitem(hb.VARLEN_DEFAULT, (128, causal), variant)
+    _check_packed(PACKED_LENS, PACKED_LENS, 8, 2, causal, torch.bfloat16, seed=9)
+    _check_packed([50, 200, 1, 0, 300], [120, 200, 77, 64, 97], 4, 1, causal, torch.float16, seed=10)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_nondeterministic_choice_through_the_public_function(causal):
+    """With deterministic gradients not required, packed calls run VARLEN_NONDETERMINISTIC's
+    variant where there is one; the gradients match the oracle."""
+    from hf_flash import flash_attn_varlen_func
+    from hf_flash.kernels import configs
+    from hf_flash.kernels.hopper import attention_bwd as hb
+    from hf_flash.reference import assert_grads_close_to_ref, attention_varlen_ref
+
+    lens = [97, 1025, 1, 300, 0, 640]
+    q, k, v, cu, _ = _packed_qkv(lens, lens, 16, 4, 128, torch.bfloat16, seed=11)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    with configs.use_deterministic(False):
+        assert hb.variant_for(128, causal, varlen=True) == hb.VARLEN_NONDETERMINISTIC.get(
+            (128, causal), hb.VARLEN_DEFAULT[(128, causal)])
+        out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+        ref = attention_varlen_ref(q, k, v, cu, cu, causal=causal)
+        ref_lp = attention_varlen_ref(q, k, v, cu, cu, causal=causal, upcast=False)
+        assert_grads_close_to_ref(out, ref, ref_lp, (q, k, v), torch.randn_like(out), torch.bfloat16)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_q_len_differs_from_k_len(causal):
+    """Documents with q_len != k_len (causal: bottom-right per document): fewer queries than
+    keys (chunked prefill), more (rows that see no key), no queries (dK/dV still written: 0) and
+    a one-query document."""
+    lens_q = [50, 200, 1, 0, 300, 97, 1]
+    lens_k = [120, 200, 77, 64, 97, 1025, 1]
+    _check_packed(lens_q, lens_k, 8, 2, causal, torch.bfloat16, seed=3)
+    _check_packed(lens_q, lens_k, 4, 1, causal, torch.float16, seed=4, scale=0.07)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_many_short_documents(causal):
+    """Many short documents: most key blocks and query tiles straddle two or more documents, and
+    the dQ counters of neighbouring documents sit in neighbouring slots."""
+    g = torch.Generator().manual_seed(5)
+    lens = torch.randint(1, 150, (60,), generator=g).tolist()
+    lens[7] = 0
+    lens[20] = 1
+    _check_packed(lens, lens, 8, 2, causal, torch.bfloat16, seed=5)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_repeats_bitwise(causal):
+    """The packed backward adds into each query tile of dQ in a fixed order of the document's key
+    blocks: bitwise repeatable, on a grid of several waves of programs."""
+    g = torch.Generator().manual_seed(6)
+    cuts = sorted((torch.randperm(8191, generator=g)[:11] + 1).tolist())
+    lens = [b - a for a, b in zip([0, *cuts], [*cuts, 8192])]
+    q, k, v, cu_q, cu_k = _packed_qkv(lens, lens, 16, 4, 128, torch.bfloat16, seed=6)
+    dout = torch.randn_like(q)
+    a = _packed_backward(q, k, v, dout, cu_q, cu_k, causal)
+    for _ in range(2):
+        b = _packed_backward(q, k, v, dout, cu_q, cu_k, causal)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    _check_packed(lens, lens, 16, 4, causal, torch.bfloat16, seed=6)
+
+
+@needs_hopper
+def test_packed_public_function_takes_the_hopper_backward():
+    """flash_attn_varlen_func's autograd runs the Gluon backward for packed d128 calls
+    (attention_paths says so) and its gradients match the oracle."""
+    from hf_flash import flash_attn_varlen_func
+    from hf_flash.interface import attention_paths
+    from hf_flash.reference import assert_grads_close_to_ref, attention_varlen_ref
+
+    lens = [1, 97, 1025, 0, 300]
+    q, k, v, cu, _ = _packed_qkv(lens, lens, 32, 8, 128, torch.bfloat16, seed=7)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    for causal in (False, True):
+        assert attention_paths(q, k, v, causal=causal, varlen=True)["backward"] == "hopper"
+        out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+        ref = attention_varlen_ref(q, k, v, cu, cu, causal=causal)
+        ref_lp = attention_varlen_ref(q, k, v, cu, cu, causal=causal, upcast=False)
+        assert_grads_close_to_ref(out, ref, ref_lp, (q, k, v), torch.randn_like(out), torch.bfloat16)
+
+
+@needs_hopper
+def test_packed_empty_calls_launch_nothing():
+    """No tokens at all, or every sequence empty: zero gradients, no launch of the Gluon kernel."""
+    from hf_flash.kernels import flash_bwd
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    calls = []
+    launch = hb._attn_bwd_dkdv_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return launch[grid]
+
+    opts = dict(softmax_scale=0.1, causal=True, window_left=-1, window_right=0, softcap=0.0, alibi_slopes=None,
+                dropout_p=0.0)  # fmt: skip
+    try:
+        hb._attn_bwd_dkdv_kernel = Spy()
+        for tokens in (0, 5):
+            q = torch.randn(tokens, 8, 128, device="cuda", dtype=torch.bfloat16)
+            k, v = torch.randn(tokens, 2, 128, device="cuda", dtype=torch.bfloat16), torch.randn(
+                tokens, 2, 128, device="cuda", dtype=torch.bfloat16)
+            cu = torch.zeros(3, dtype=torch.int32, device="cuda")  # two empty sequences
+            lse = torch.full((8, tokens), float("inf"), device="cuda")
+            dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+            flash_bwd.flash_attn_backward(torch.randn_like(q), None, q, k, v, torch.zeros_like(q), lse, dq, dk, dv,
+                                          cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=0, max_seqlen_k=0,
+                                          rng_state=None, **opts)  # fmt: skip
+            assert all(bool((t == 0).all()) for t in (dq, dk, dv))
+            hb.hopper_attention_backward(q[:0], k[:0], v[:0], q[:0], lse[:, :0], lse[:, :0], dq[:0], dk[:0], dv[:0],
+                                         softmax_scale=0.1, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)  # fmt: skip
+    finally:
+        hb._attn_bwd_dkdv_kernel = launch
+    assert calls == []

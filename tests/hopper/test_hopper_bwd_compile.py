@@ -19,11 +19,25 @@ SHARED_LIMIT = 227 * 1024
 # change that spills more fails here; d64 must not spill.
 SPILL_BYTES = {64: 0, 128: 160}
 SPILL_BYTES_DQ = {64: 0, 128: 384}
+# the packed (varlen) form with dQ: its document bounds are loaded values (registers), not kernel
+# arguments; dqwld measured 292/468 causal, 100/152 non-causal (.notes/hopper-bwd.md, session 19);
+# without dQ (s2) it stays within SPILL_BYTES
+SPILL_BYTES_VARLEN_DQ = {128: 512}
 
 # every variant causal in bfloat16 (the branch with the most code); the defaults non-causal in
 # float16
 SPECS = [("bwd:" + name, d, True, "bfloat16") for name, var in hb.VARIANTS.items() for d in var.head_dims]
 SPECS += [("bwd:" + name, d, False, "float16") for (d, causal), name in hb.DEFAULT.items() if not causal]
+# the packed (varlen) forms (compile_check.bwd_varlen_variants): causal bf16, non-causal fp16
+SPECS += [(name, 128, causal, "bfloat16" if causal else "float16")
+          for name in compile_check.bwd_varlen_variants() for causal in (True, False)]  # fmt: skip
+
+
+def _variant(spec_name):
+    for prefix in (compile_check.BWD_VARLEN_PREFIX, "bwd:"):
+        if spec_name.startswith(prefix):
+            return hb.VARIANTS[spec_name[len(prefix):]], prefix == compile_check.BWD_VARLEN_PREFIX
+    raise ValueError(spec_name)
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +49,12 @@ def reports():
 def test_bwd_variant_builds_for_sm90a(reports, spec):
     r = reports[spec]
     variant, head_dim, causal, dtype = spec
-    var = hb.VARIANTS[variant[len("bwd:"):]]
+    var, varlen = _variant(variant)
     assert (r["variant"], r["head_dim"], r["causal"], r["dtype"]) == spec
-    bound = (SPILL_BYTES_DQ if var.dq_atomic else SPILL_BYTES)[head_dim]
+    if var.dq_atomic:
+        bound = (SPILL_BYTES_VARLEN_DQ if varlen else SPILL_BYTES_DQ)[head_dim]
+    else:
+        bound = SPILL_BYTES[head_dim]
     assert r["spill_store_bytes"] <= bound and r["spill_load_bytes"] <= bound, r
     assert r["shared_bytes"] <= SHARED_LIMIT, r
     # per consumer: S^T = K Q^T and dP^T = V dO^T have D/16 k-steps each, dV += P^T dO and
@@ -63,6 +80,17 @@ def test_bwd_defaults_are_variants_for_their_head_dim():
         assert d in hb.VARIANTS[name].head_dims and (d, not causal) in hb.DEFAULT
         var = hb.VARIANTS[name]
         assert not var.dq_atomic or var.dq_ordered, "the default backward must be deterministic"
+    assert hb.covered_head_dims(varlen=True) == {128}
+    for (d, causal), name in hb.VARLEN_DEFAULT.items():
+        var = hb.VARIANTS[name]
+        assert d in var.head_dims and (d, not causal) in hb.VARLEN_DEFAULT and hb.varlen_builds(name)
+        assert not var.dq_atomic or var.dq_ordered, "the packed backward must be deterministic"
+        assert hb.variant_for(d, causal, varlen=True) == name
+        with configs.use_deterministic(False):
+            assert hb.variant_for(d, causal, varlen=True) == hb.VARLEN_NONDETERMINISTIC.get((d, causal), name)
+    for (d, causal), name in hb.VARLEN_NONDETERMINISTIC.items():
+        assert hb.varlen_builds(name) and d in hb.VARIANTS[name].head_dims
+    assert not any(hb.varlen_builds(n) for n, v in hb.VARIANTS.items() if v.dq_frag)
 
 
 # ---- the dispatch rule, on CPU tensors with the device tests stubbed ----
@@ -145,6 +173,96 @@ def test_backward_path_rejects_dtypes_and_layouts(on_hopper):
     assert _path((q, k, v, out, dout, dk[:, :32], dv)) == "triton"  # shape
 
 
+def _packed(d=128, dtype=torch.bfloat16, h=8, hk=2, tq=300, tk=300):
+    q, k = _t(tq, h, d, dtype=dtype), _t(tk, hk, d, dtype=dtype)
+    return q, k, torch.empty_like(k), torch.empty_like(q), torch.empty_like(q), torch.empty_like(k), torch.empty_like(k)
+
+
+def test_backward_path_packed_calls(on_hopper):
+    """Packed (varlen) calls at head dim 128 take the Gluon backward, causal or not, GQA/MQA,
+    fp16/bf16, whether or not the packed Gluon forward is switched on; d64 stays Triton."""
+    for dtype in (torch.bfloat16, torch.float16):
+        assert _path(_packed(dtype=dtype), varlen=True) == "hopper"
+        assert _path(_packed(dtype=dtype), varlen=True, causal=True, window_right=0) == "hopper"
+    assert _path(_packed(h=32, hk=8, tq=100, tk=5000), varlen=True, causal=True, window_right=0) == "hopper"
+    assert _path(_packed(h=8, hk=1), varlen=True) == "hopper"  # MQA
+    for enabled in (False, True):
+        with configs.use_hopper_varlen(enabled):
+            assert _path(_packed(), varlen=True) == "hopper"
+    q, k, *_ = _packed()
+    assert _path((q, k, k, None, None, None, None), varlen=True) == "hopper"
+    for d in (64, 80, 256):
+        assert _path(_packed(d), varlen=True) == "triton"
+    assert _path(_packed(dtype=torch.float32), varlen=True) == "triton"
+    # dense tensors called as packed, and packed as dense, are not covered
+    assert _path(_call(), varlen=True) == "triton"
+    assert _path(_packed()) == "triton"
+    with configs.use_hopper_backward(False):
+        assert _path(_packed(), varlen=True) == "triton"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(dict(window_left=16, causal=True, window_right=0), id="window-left"),
+        pytest.param(dict(window_right=4), id="window-right"),
+        pytest.param(dict(softcap=30.0), id="softcap"),
+        pytest.param(dict(alibi_slopes=torch.zeros(8)), id="alibi"),
+        pytest.param(dict(dropout_p=0.1), id="dropout"),
+        pytest.param(dict(sinks=torch.zeros(8)), id="sinks"),
+    ],
+)
+def test_backward_path_packed_rejects_features(on_hopper, change):
+    assert _path(_packed(), **{"varlen": True, **change}) == "triton"
+
+
+def test_packed_launch_args_and_counters():
+    """The packed launch: one program per (schedule entry, K/V head), one dQ counter per (head,
+    query-tile slot) with Tq // 64 + batch slots per head (no host sync reads cu_seqlens)."""
+    name = "kv2x64-m64-s2-dqwld"  # the ordered fused form (packed non-causal default)
+    lens = [1, 0, 97, 1025, 300]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    tokens, h, hk = sum(lens), 8, 2
+    q, k, v, out, dout, dk, dv = _packed(h=h, hk=hk, tq=tokens, tk=tokens)
+    lse = torch.empty(h, tokens)
+    assert hb.dq_sem_count(q, name, cu) == h * (tokens // 64 + len(lens))
+    sched = hb.varlen_key_schedule(cu, cu, tokens, name, causal=True)
+    assert torch.equal(sched, hf.varlen_schedule(cu, cu, tokens, rows=hb.VARIANTS[name].keys, block_n=64, causal=True))
+    grid, args, kwargs = hb.launch_args(
+        q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, name),
+        torch.zeros(hb.dq_sem_count(q, name, cu), dtype=torch.int32), softmax_scale=0.1, causal=True,
+        variant=name, cu_seqlens_q=cu, cu_seqlens_k=cu, sched=sched,
+    )  # fmt: skip
+    assert grid == (sched.shape[0] * hk,) and kwargs["VARLEN"] is True
+    assert args[10] is sched
+    # every key tile of every non-empty sequence is one entry
+    tiles = sorted(tuple(e) for e in sched.tolist() if e[0] >= 0)
+    assert tiles == [(d, i) for d, n in enumerate(lens) for i in range(-(-n // 128))]
+    assert hb.dq_accum_for(q, name).shape == q.shape
+    with pytest.raises(ValueError, match="dq_sem"):
+        hb.launch_args(q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, name),
+                       torch.zeros(h * (tokens // 64)), softmax_scale=0.1, causal=True, variant=name,
+                       cu_seqlens_q=cu, cu_seqlens_k=cu)  # fmt: skip
+    frag = next(n for n, v in hb.VARIANTS.items() if v.dq_frag)
+    with pytest.raises(ValueError, match="packed"):
+        hb.dq_accum_for(q, frag)
+
+
+def test_packed_dq_counter_slots_never_collide():
+    """Query tile i of sequence d at slot cu[d] // 64 + d + i: distinct for every (d, i) and
+    below Tq // 64 + batch, whatever the lengths (empty and one-token sequences included)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n = int(torch.randint(1, 12, (1,), generator=g))
+        lens = torch.randint(0, 400, (n,), generator=g)
+        lens[torch.rand(n, generator=g) < 0.2] = 0
+        lens[torch.rand(n, generator=g) < 0.2] = 1
+        cu = [0, *lens.cumsum(0).tolist()]
+        slots = [cu[d] // 64 + d + i for d in range(n) for i in range(-(-int(lens[d]) // 64))]
+        assert len(set(slots)) == len(slots)
+        assert all(0 <= s < cu[-1] // 64 + n for s in slots)
+
+
 def test_backward_path_switches(on_hopper, monkeypatch):
     tensors = _call()
     with configs.use_hopper_backward(False):
@@ -195,3 +313,20 @@ def test_dq_frag_postprocess_inverts_the_fragment_layout(device):
         tile[..., row, col] = tiles[:, :, :, c]
         want[..., c * dq_n:(c + 1) * dq_n] = tile.permute(0, 2, 3, 1, 4).reshape(batch, n_m * block_m, heads, dq_n)
     assert torch.equal(dq.cpu(), want[:, :seqlen])
+
+
+def test_packed_longest_order_keeps_key_blocks_ascending():
+    """The "longest" packed order puts the documents with the most work first and keeps each
+    document's key blocks in ascending order (the ordered dQ waits only on programs launched
+    before it); empty entries go last."""
+    lens = [349, 258, 3417, 0, 1107, 2420, 1, 2330]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    sched = hf.varlen_schedule(cu, cu, sum(lens), rows=128, block_n=64, causal=True)
+    got = hb._longest_documents_first(sched, cu, cu).tolist()
+    assert sorted(map(tuple, got)) == sorted(map(tuple, sched.tolist()))
+    docs = [d for d, _ in got if d >= 0]
+    assert list(dict.fromkeys(docs)) == sorted({d for d in docs}, key=lambda d: -lens[d] ** 2)
+    for d in set(docs):
+        assert [t for e, t in got if e == d] == list(range(-(-lens[d] // 128)))
+    first_empty = next(i for i, (d, _) in enumerate(got) if d < 0)
+    assert all(d < 0 for d, _ in got[first_empty:])

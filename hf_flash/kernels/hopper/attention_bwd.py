@@ -29,12 +29,14 @@ for the 5 counted. ``dq_shared`` (FA3's form) puts both consumers' dS in one pro
 consumer adding half of dQ's columns over all 128 keys (half the reduce traffic of one tile per
 consumer); ``dq_lag`` runs that product one step late, so the consumers need not move in
 lockstep; ``dq_writer`` hands each consumer's dQ tile to a one-warp writer partition through
-double-buffered shared-memory slots. ``dq_ordered`` (the default, ``kv2x64-m64-s2-dqwld``) makes
+double-buffered shared-memory slots. ``dq_ordered`` (``kv2x64-m64-s2-dqwld``) makes
 the result bitwise deterministic: one int32 counter per (batch, head, query tile); the writer
 adds into a tile only when its counter equals the program's key-block index (ascending: a
 program waits only on programs launched before it) and counts itself once its additions have
 completed (``cp.async.bulk.wait_group``, a step later, so the wait runs under the next step).
-Without dQ in the kernel (``kv2x64-m64-s2``),
+``dq_frag`` (the dense default, ``kv2x64-m64-s2-dqwldf``) stores each dQ tile in the wgmma
+fragment's own order (conflict-free shared stores) into a flat accumulator added by 1-D bulk
+reduces; a small Triton kernel then writes dq in its layout. Without dQ in the kernel (``kv2x64-m64-s2``),
 :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton dQ kernel beside this one
 (it recomputes S and dP: 7 products for the 5 counted). The other dQ variants add in whatever
 order the reduces land (``NONDETERMINISTIC`` picks one once deterministic gradients are not
@@ -47,8 +49,21 @@ there and their lse is read as +inf, so P = 0 and dS = 0. Keys past the end of t
 (zero-filled K/V rows, whose dK/dV rows the TMA store clips) are masked in the one key tile that
 has them, so they add nothing to dQ. Rows that saw no key in the forward (lse +inf) get P = 0.
 
+Packed (varlen) calls (``VARLEN``; cu_seqlens; ``VARLEN_DEFAULT``: d128, non-causal the ordered
+fused dqwld, causal kv2x64-m64-s2 with the Triton dQ kernel, which measured faster there): q/dout
+(Tq, H, D), k/v (Tk, Hk, D) are one batch entry (1, H, T, D) of the descriptors, and
+a program takes one entry of :func:`attention_fwd.varlen_schedule` built over the key blocks
+(document, key block; document -1: an empty item, nothing written) for one K/V head; each
+document is bottom-right aligned on its own. Tiles that cross a document's end hold the next
+document's rows, not zeros: the query tile that crosses q_len and every tile of a key block that
+crosses k_len are masked explicitly (P = 0, so dS = 0); such a key block's dK/dV go out with a
+row-masked store, not TMA. The dQ accumulator is (H, Tq, D) float32 (a reduce-add of a tile that
+crosses the end adds exactly 0 to the next document's rows), and the ordered counters are per
+(head, document, query tile): slot ``cu_seqlens_q[d] // 64 + d + i`` of Tq // 64 + batch per head.
+
 Programs are numbered with the (batch, K/V head) pair fastest and the key tile slowest, so under
-causal masking the key tiles that see the most queries start first. Addressing goes through TMA
+causal masking the key tiles that see the most queries start first (packed: the K/V head fastest,
+the documents' key blocks in order). Addressing goes through TMA
 descriptors with the tensors' own strides (int64); lse/delta are read at an int64 (batch, head)
 offset plus int32 row offsets (their rows are unit-stride).
 """
@@ -75,7 +90,8 @@ from triton._C.libtriton import ir as _ir
 from triton.experimental.gluon.language._core import builtin as _builtin
 
 from .. import configs
-from .attention_fwd import LOG2E, _descriptor, _mma_layout, tma_compatible
+from ..launch import CachedLauncher
+from .attention_fwd import LOG2E, _descriptor, _mma_layout, schedule_slots, tma_compatible, varlen_schedule
 
 PRODUCER_REGS = 24
 LOG2E_C = gl.constexpr(LOG2E)
@@ -144,7 +160,7 @@ class Variant:
 # .notes/hopper-bwd.md). dqa (one dQ tile per consumer) is the reference point of the dQ
 # variants: twice dqs's reduce traffic, slower everywhere; dqs/dqsl (no writer partition) and
 # s2 (+ Triton dQ) are the earlier choices, kept as measured references. dqwldf (fragment-order
-# dQ) measured 0.97-1.09x dqwld (mean 1.04, 2 rounds, session 17): not faster at every point yet;
+# dQ, the dense default since session 19) measured 0.99-1.08x dqwld (geometric mean 1.036, 3 rounds);
 # a writer warp per consumer (dqw2ld, dqw2ldf) measured 0.97x / 0.99x on average and was dropped
 # (.notes/hopper-bwd.md). 128 query rows per step (d64) spills ~1 KB per thread at 240
 # registers; a 3-stage Q/dO ring measured no faster than 2.
@@ -174,23 +190,49 @@ VARIANTS = {
 # 369/400/417/447 TFLOP/s against 370/383/411/412 at 4K/8K/16K/32K (1.00-1.08x), non-causal
 # 381/453/471/446 against 373/390/379/389 (1.02-1.24x). At d64 s2 was level with the Triton
 # backward (-4%..+10%, session 15), so d64 stays on Triton.
-DEFAULT = {(128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2-dqwld"}
+# Session 19 call 2 (3 rounds): dqwldf (fragment-order dQ, 1-D bulk reduce) against dqwld,
+# backward 1.016/1.081/1.066/1.062 causal and 1.048/1.029/0.994/0.998 non-causal at 4K-32K
+# (geometric mean 1.036, worst 0.994; the rule fixed before the run: >= 1.02, none below 0.98).
+DEFAULT = {(128, False): "kv2x64-m64-s2-dqwldf", (128, True): "kv2x64-m64-s2-dqwldf"}
 # (head dim, causal) -> the variant run when deterministic gradients are not required
 # (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
 # DEFAULT (H100, session 16 calls 3-4): d128 non-causal dqwl (unordered) 437-441 TFLOP/s at 4K
 # against dqwld's 378-381 (+15%; level at 8K-32K). Causal has none: dqwld is as fast as the
 # unordered forms there (dqwl 290-294 at 32K, where its programs drift apart).
 NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
+# Packed (varlen, cu_seqlens) calls: (head dim, causal) -> variant, deterministic. Head dims
+# without an entry keep the Triton backward (d64: as for dense calls, no measured gain). H100,
+# 2026-11-24 (.notes/hopper-bwd.md, session 19 call 2; 12 documents in 16K tokens, Hq=32, Hkv=8,
+# bf16; backward alone, 3 rounds): causal, the ordered fused dQ (dqwld) ran 208 TFLOP/s against
+# the Triton backward's 263 (its per-tile ordering waits dominate on short documents; unordered
+# dqwl 287), while s2 (Gluon dK/dV + the Triton dQ kernel, deterministic) ran 307 (1.17x);
+# non-causal dqwld 372 against 308 (1.21x), s2 348. Call 3 with these defaults: causal 313 against
+# 263 (1.19x), non-causal 373 against 312 (1.19x); fwd+bwd behind the Triton forward 334 against 290.
+VARLEN_DEFAULT = {(128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2"}
+# packed calls when deterministic gradients are not required: non-causal dqwl 406 TFLOP/s (1.09x
+# dqwld); causal keeps s2 (dqwl 287 < 307)
+VARLEN_NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
 
 
-def covered_head_dims() -> set:
-    """The head dims the Gluon backward covers (those ``DEFAULT`` names a variant for)."""
-    return {d for d, _ in DEFAULT}
+def varlen_builds(variant: str) -> bool:
+    """True when ``variant`` has a packed (varlen) form: every variant but the fragment-order dQ
+    ones (their flat accumulator is laid out per (batch, head, query tile))."""
+    return not VARIANTS[variant].dq_frag
 
 
-def variant_for(head_dim: int, causal: bool) -> str:
+def covered_head_dims(varlen: bool = False) -> set:
+    """The head dims the Gluon backward covers (those ``DEFAULT``, or ``VARLEN_DEFAULT`` for
+    packed calls, names a variant for)."""
+    return {d for d, _ in (VARLEN_DEFAULT if varlen else DEFAULT)}
+
+
+def variant_for(head_dim: int, causal: bool, varlen: bool = False) -> str:
     """The variant :func:`hopper_attention_backward` runs by default for this call."""
     key = (head_dim, bool(causal))
+    if varlen:
+        if not configs.deterministic() and key in VARLEN_NONDETERMINISTIC:
+            return VARLEN_NONDETERMINISTIC[key]
+        return VARLEN_DEFAULT[key]
     if not configs.deterministic() and key in NONDETERMINISTIC:
         return NONDETERMINISTIC[key]
     return DEFAULT[key]
@@ -218,42 +260,71 @@ def _dq_frag_layout(block_m, dq_n):
 
 
 @gluon.jit
-def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-           KEYS: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
-    """The program's (b, kv_h, n0) and its query-tile range: tiles [m_lo, n_m) of every head of
-    the group can see keys [n0, n0 + KEYS); from tile m_full on they see all of them."""
-    bhk = pid % n_bhk
-    b = bhk // nheads_k
-    kv_h = bhk % nheads_k
-    n0 = (pid // n_bhk) * KEYS
-    n_m = gl.cdiv(seqlen_q, BLOCK_M)
+def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
+           KEYS: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """The program's work: (b, kv_h, doc, n0, n_m, m_lo, m_full, q_off, k_off, q_len, k_len).
+    Keys [n0, n0 + KEYS) of a sequence of k_len keys and q_len queries that starts at row k_off
+    (q_off) of batch entry b; query tiles [m_lo, n_m) of every head of the group can see those
+    keys, from tile m_full on all of them.
+
+    Dense: (batch, K/V head) fastest, the key tile slowest (q_off = k_off = 0). Varlen: the K/V
+    head fastest over the entries of ``Sched`` (int32 pairs (document, key tile), from
+    :func:`attention_fwd.varlen_schedule` over cu_seqlens_k; document -1: an empty item, no keys
+    and no queries, so the program loads one K/V tile and writes nothing); b = 0 (the packed
+    tensors are one batch entry)."""
+    if VARLEN:
+        kv_h = pid % nheads_k
+        entry = Sched + 2 * (pid // nheads_k)
+        doc = gl.load(entry)
+        n0 = gl.load(entry + 1) * KEYS
+        valid = doc >= 0
+        doc = gl.maximum(doc, 0)
+        q_off = gl.load(CuSeqQ + doc)
+        k_off = gl.load(CuSeqK + doc)
+        q_len = gl.where(valid, gl.load(CuSeqQ + doc + 1) - q_off, 0)
+        k_len = gl.where(valid, gl.load(CuSeqK + doc + 1) - k_off, 0)
+        b = 0
+    else:
+        bhk = pid % n_bhk
+        b = bhk // nheads_k
+        kv_h = bhk % nheads_k
+        n0 = (pid // n_bhk) * KEYS
+        doc = 0
+        q_off = 0
+        k_off = 0
+        q_len = seqlen_q
+        k_len = seqlen_k
+    n_m = gl.cdiv(q_len, BLOCK_M)
     m_lo = 0
     m_full = 0
     if CAUSAL:
-        shift = seqlen_k - seqlen_q  # bottom-right alignment: row i sees keys j <= i + shift
+        shift = k_len - q_len  # bottom-right alignment: row i sees keys j <= i + shift
         m_lo = gl.minimum(gl.maximum(n0 - shift, 0) // BLOCK_M, n_m)
         m_full = gl.cdiv(gl.maximum(n0 + KEYS - 1 - shift, 0), BLOCK_M)
-    return b, kv_h, n0, n_m, m_lo, m_full
+    return b, kv_h, doc, n0, n_m, m_lo, m_full, q_off, k_off, q_len, k_len
 
 
 @gluon.jit
 def _producer(
     q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
     kv_bar, q_ready, do_ready, q_empty, do_empty,
-    n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+    n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-    CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr,
+    CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
-    b, kv_h, n0, n_m, m_lo, m_full = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL
-    )
+    b, kv_h, doc, n0, n_m, m_lo, m_full, q_off, k_off, q_len, k_len = _steps(
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
+        BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL, VARLEN,
+    )  # fmt: skip
+    # varlen: key rows past the document's end (and query rows past it, below) are the next
+    # document's; the consumers mask them and never store them
     mbarrier.expect(kv_bar, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
     for c in gl.static_range(CONSUMERS):
         tma.async_copy_global_to_shared(
-            k_desc, [b, kv_h, n0 + c * BLOCK_N, 0], kv_bar, k_smem.index(c).reshape([1, 1, BLOCK_N, HEAD_DIM])
+            k_desc, [b, kv_h, k_off + n0 + c * BLOCK_N, 0], kv_bar, k_smem.index(c).reshape([1, 1, BLOCK_N, HEAD_DIM])
         )
         tma.async_copy_global_to_shared(
-            v_desc, [b, kv_h, n0 + c * BLOCK_N, 0], kv_bar, v_smem.index(c).reshape([1, 1, BLOCK_N, HEAD_DIM])
+            v_desc, [b, kv_h, k_off + n0 + c * BLOCK_N, 0], kv_bar, v_smem.index(c).reshape([1, 1, BLOCK_N, HEAD_DIM])
         )
     per_head = n_m - m_lo
     for it in range(group * per_head):
@@ -266,20 +337,22 @@ def _producer(
         mbarrier.wait(q_empty.index(slot), phase)
         mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
-            q_desc, [b, h, m0, 0], q_ready.index(slot), q_smem.index(slot).reshape([1, 1, BLOCK_M, HEAD_DIM])
+            q_desc, [b, h, q_off + m0, 0], q_ready.index(slot), q_smem.index(slot).reshape([1, 1, BLOCK_M, HEAD_DIM])
         )
         mbarrier.wait(do_empty.index(slot), phase)
         mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
-            do_desc, [b, h, m0, 0], do_ready.index(slot), do_smem.index(slot).reshape([1, 1, BLOCK_M, HEAD_DIM])
-        )
+            do_desc, [b, h, q_off + m0, 0], do_ready.index(slot),
+            do_smem.index(slot).reshape([1, 1, BLOCK_M, HEAD_DIM]),
+        )  # fmt: skip
 
 
 @gluon.jit
-def _dq_out(j, dq, b, h, mt, dq_smem, dq_full, dq_empty, dq_desc,
+def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
             INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr,
             DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr):  # fmt: skip
-    """This consumer's (scaled) dQ tile of step ``j``: DQ_WRITER hands it to the writer partition
+    """This consumer's (scaled) dQ tile of step ``j`` (query rows from ``q_row`` of head h):
+    DQ_WRITER hands it to the writer partition
     through slot (j % 2, INDEX) and goes on; otherwise it is staged and added by TMA reduce here.
     DQ_FRAG: the slot holds the tile in fragment order (:func:`_dq_frag_layout`)."""
     if DQ_WRITER:
@@ -297,14 +370,14 @@ def _dq_out(j, dq, b, h, mt, dq_smem, dq_full, dq_empty, dq_desc,
         tma.store_wait(0)
         dq_tile.store(dq)
         fence_async_shared()
-        _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, INDEX * DQ_N], dq_tile.reshape([1, 1, BLOCK_M, DQ_N]))
+        _tma_reduce_add(dq_desc, [b, h, q_row, INDEX * DQ_N], dq_tile.reshape([1, 1, BLOCK_M, DQ_N]))
 
 
 @gluon.jit
-def _dq_shared_step(j, h, mt, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full, dq_empty, dq_desc, dq_zero,
+def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full, dq_empty, dq_desc, dq_zero,
                     sm_scale, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr,
                     DQ_N: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr):  # fmt: skip
-    """dQ[rows of (h, mt), this consumer's DQ_N columns] += sum over the consumers c of
+    """dQ[rows q_row.. of head h, this consumer's DQ_N columns] += sum over the consumers c of
     dS_c K_c[:, columns], for step ``j`` (its dS tiles in buffer j % 2), added by TMA reduce."""
     par = j % 2
     mbarrier.wait(ds_ready.index(par), (j // 2) & 1)  # every consumer's dS of step j is stored
@@ -316,7 +389,7 @@ def _dq_shared_step(j, h, mt, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq
                                k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok, is_async=True)
     dq = warpgroup_mma_wait(0, deps=(dq_tok,))
     mbarrier.arrive(ds_free.index(par))
-    _dq_out(j, dq * sm_scale, b, h, mt, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N,
+    _dq_out(j, dq * sm_scale, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N,
             DQ_WRITER, DQ_FRAG)  # fmt: skip
 
 
@@ -325,10 +398,11 @@ def _consumer(
     q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
     ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+    Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, CAUSAL: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr, DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
-    DQ_FRAG: gl.constexpr,
+    DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -336,9 +410,10 @@ def _consumer(
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # along the queries
     row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)  # along the keys
-    b, kv_h, n0, n_m, m_lo, m_full = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL
-    )
+    b, kv_h, doc, n0, n_m, m_lo, m_full, q_off, k_off, q_len, k_len = _steps(
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
+        BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL, VARLEN,
+    )  # fmt: skip
     k_tile = k_smem.index(INDEX)
     v_tile = v_smem.index(INDEX)
     ds_tile = ds_smem.index(INDEX)
@@ -349,15 +424,26 @@ def _consumer(
     key0 = n0 + INDEX * BLOCK_N
     key_pos = key0 + gl.arange(0, BLOCK_N, layout=row_layout)
     # keys shifted into the query frame: key j is visible to row i iff j - shift <= i
-    keys = key_pos - (seqlen_k - seqlen_q)
-    # the last key tile sticks out of the sequence: its zero-filled keys would get P = exp(-lse),
-    # harmless for dK/dV (rows clipped on store) but not for dQ, so they are masked
-    key_tail = key0 + BLOCK_N > seqlen_k
+    keys = key_pos - (k_len - q_len)
+    # the last key tile sticks out of the sequence: its zero-filled keys (varlen: the next
+    # document's) would get P = exp(-lse), harmless for dK/dV (rows clipped or not stored) but not
+    # for dQ, so they are masked
+    key_tail = key0 + BLOCK_N > k_len
     cols = gl.arange(0, BLOCK_M, layout=col_layout)
     st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
-    b64 = b.to(gl.int64)
+    if VARLEN:
+        # the tiles that need a mask are [m_lo, m_mask) and [m_tail, n_m): those that cross the
+        # causal diagonal (or all of them when the key tile crosses the document's end) and the
+        # one that crosses the query rows' end (next document's rows, masked explicitly)
+        m_tail = q_len // BLOCK_M
+        if CAUSAL:
+            m_mask = gl.where(key_tail, n_m, m_full)
+        else:
+            m_mask = gl.where(key_tail, n_m, 0)
+    else:
+        b64 = b.to(gl.int64)
 
     mbarrier.wait(kv_bar, 0)
     per_head = n_m - m_lo
@@ -374,8 +460,11 @@ def _consumer(
         # rows past the end read lse = +inf, so their P (and dS) is 0
         # int64 (batch, head) offset, int32 row offsets (the rows are unit-stride, checked on the
         # host): no 64-bit offset vector stays live across the products
-        l_base = b64 * stride_lb + h.to(gl.int64) * stride_lh
-        lse2 = gl.load(Lse + l_base + rows, mask=rows < seqlen_q, other=float("inf")) * LOG2E_C
+        if VARLEN:
+            l_base = h.to(gl.int64) * stride_lh + q_off  # lse/delta (H, Tq)
+        else:
+            l_base = b64 * stride_lb + h.to(gl.int64) * stride_lh
+        lse2 = gl.load(Lse + l_base + rows, mask=rows < q_len, other=float("inf")) * LOG2E_C
         q_tile = q_smem.index(slot)
         do_tile = do_smem.index(slot)
         mbarrier.wait(q_ready.index(slot), phase)
@@ -384,19 +473,30 @@ def _consumer(
         dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         st = warpgroup_mma_wait(1, deps=(st,))
         s2 = st * qk_scale
-        if CAUSAL:
+        if VARLEN:
+            # the query tile that crosses the document's end holds the next document's rows:
+            # masked explicitly (P = 0, so dS = 0 and they add exactly 0 to dK, dV and dQ)
+            if (mt < m_mask) | (mt >= m_tail):
+                # keys past the document's end: key_pos >= k_len, i.e. keys >= q_len; causal,
+                # keys <= rows < q_len covers them
+                if CAUSAL:
+                    vis = (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0)) & gl.expand_dims(rows < q_len, 0)
+                else:
+                    vis = gl.expand_dims(keys < q_len, 1) & gl.expand_dims(rows < q_len, 0)
+                s2 = gl.where(vis, s2, float("-inf"))
+        elif CAUSAL:
             if (mt < m_full) | key_tail:
-                vis = (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0)) & gl.expand_dims(key_pos < seqlen_k, 1)
+                vis = (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0)) & gl.expand_dims(key_pos < k_len, 1)
                 s2 = gl.where(vis, s2, float("-inf"))
         else:
             if key_tail:
-                s2 = gl.where(gl.expand_dims(key_pos < seqlen_k, 1), s2, float("-inf"))
+                s2 = gl.where(gl.expand_dims(key_pos < k_len, 1), s2, float("-inf"))
         pt = gl.exp2(s2 - gl.expand_dims(lse2, 0))
         p_op = gl.convert_layout(pt.to(dtype), op_layout)
         dpt = warpgroup_mma_wait(0, deps=(dpt,))
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
         # delta is read here, under the dV product, to keep it out of the registers before
-        delta = gl.load(Delta + l_base + rows, mask=rows < seqlen_q, other=0.0)
+        delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
         dst = pt * (dpt - gl.expand_dims(delta, 0))
         ds = dst.to(dtype)
         ds_op = gl.convert_layout(ds, op_layout)
@@ -412,7 +512,8 @@ def _consumer(
             dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
             mbarrier.arrive(q_empty.index(slot))
             if it > 0:
-                _dq_shared_step(it - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full,
+                _dq_shared_step(it - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
+                                ds_free, dq_full,
                                 dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
                                 DQ_WRITER, DQ_FRAG)  # fmt: skip
             prev_h = h
@@ -440,7 +541,8 @@ def _consumer(
             mbarrier.arrive(q_empty.index(slot))
             dq = warpgroup_mma_wait(0, deps=(dq_tok,))
             mbarrier.arrive(ds_free.index(par))
-            _dq_out(it, dq * sm_scale, b, h, mt, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M,
+            _dq_out(it, dq * sm_scale, b, h, q_off + mt * BLOCK_M, dq_smem, dq_full, dq_empty, dq_desc, INDEX,
+                    CONSUMERS, BLOCK_M,
                     DQ_N, DQ_WRITER, DQ_FRAG)  # fmt: skip
         elif DQ_ATOMIC:
             # dQ_part = dS K: dS^T goes through shared memory to be read transposed
@@ -456,7 +558,7 @@ def _consumer(
             tma.store_wait(0)
             dq_tile.store(dq * sm_scale)
             fence_async_shared()
-            _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, 0], dq_tile.reshape([1, 1, BLOCK_M, HEAD_DIM]))
+            _tma_reduce_add(dq_desc, [b, h, q_off + mt * BLOCK_M, 0], dq_tile.reshape([1, 1, BLOCK_M, HEAD_DIM]))
         else:
             dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
             mbarrier.arrive(do_empty.index(slot))
@@ -466,7 +568,8 @@ def _consumer(
     n_steps = group * per_head
     if DQ_LAG:
         if n_steps > 0:
-            _dq_shared_step(n_steps - 1, prev_h, prev_mt, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full,
+            _dq_shared_step(n_steps - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
+                            ds_free, dq_full,
                             dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
                             DQ_WRITER, DQ_FRAG)  # fmt: skip
     tma.store_wait(0)
@@ -475,13 +578,42 @@ def _consumer(
         # products of all of them are done before it is overwritten
         if n_steps > 0:
             mbarrier.wait(ds_free.index((n_steps - 1) % 2), ((n_steps - 1) // 2) & 1)
-    # K and V are no longer read: their tiles stage this partition's dK and dV for the store
     dk = dk * sm_scale  # dS is taken w.r.t. the scaled scores
-    k_tile.store(dk.to(dtype))
-    v_tile.store(dv.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [b, kv_h, key0, 0], k_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))
-    tma.async_copy_shared_to_global(dv_desc, [b, kv_h, key0, 0], v_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))
+    if VARLEN:
+        if key_tail:
+            # a key tile that crosses the document's end (or lies past it: the second consumer's
+            # of a short last tile, or an empty item): a TMA store would overwrite the next
+            # document's dK/dV, so only the rows inside are stored, element-wise. The tiles go
+            # through the K/V staging tiles (a register layout conversion would need 16 KB of
+            # shared scratch beyond the kernel's 227 KB) and are read back in a layout with 8
+            # consecutive elements per thread (16-byte stores)
+            out_layout: gl.constexpr = gl.BlockedLayout(
+                [1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [NUM_WARPS, 1], [1, 0]
+            )
+            k_tile.store(dk.to(dtype))
+            v_tile.store(dv.to(dtype))
+            offs_n = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_layout))
+            offs_d = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out_layout)), 0)
+            key_rows = gl.expand_dims((k_off + offs_n).to(gl.int64), 1)
+            inside = gl.expand_dims(offs_n < k_len, 1)
+            kv_h64 = kv_h.to(gl.int64)
+            gl.store(DK + kv_h64 * stride_dkh + key_rows * stride_dkm + offs_d, k_tile.load(out_layout), mask=inside)
+            gl.store(DV + kv_h64 * stride_dvh + key_rows * stride_dvm + offs_d, v_tile.load(out_layout), mask=inside)
+        else:
+            k_tile.store(dk.to(dtype))
+            v_tile.store(dv.to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(dk_desc, [b, kv_h, k_off + key0, 0],
+                                            k_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))  # fmt: skip
+            tma.async_copy_shared_to_global(dv_desc, [b, kv_h, k_off + key0, 0],
+                                            v_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))  # fmt: skip
+    else:
+        # K and V are no longer read: their tiles stage this partition's dK and dV for the store
+        k_tile.store(dk.to(dtype))
+        v_tile.store(dv.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dk_desc, [b, kv_h, key0, 0], k_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))
+        tma.async_copy_shared_to_global(dv_desc, [b, kv_h, key0, 0], v_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))
     tma.store_wait(0)
 
 
@@ -537,18 +669,27 @@ def _bulk_wait(x, PENDING: gl.constexpr):
 @gluon.jit
 def _dq_writer(
     dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+    Sched, CuSeqQ, CuSeqK, n_slots_q,
     BLOCK_M: gl.constexpr, KEYS: gl.constexpr, DQ_N: gl.constexpr, CONSUMERS: gl.constexpr,
-    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
+    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
     add them into the float32 accumulator by TMA reduce and hand the slots back once read.
     DQ_ORDERED: before adding into query tile (b, h, mt), wait until the semaphore of that tile
     counts the key blocks that add before this one (those below it), and count this one once the
     additions have completed, not only read their source (a step later: the wait for completion
-    runs under the next step)."""
-    b, kv_h, n0, n_m, m_lo, m_full = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, KEYS, BLOCK_M, CAUSAL
-    )
+    runs under the next step).
+
+    Varlen: the counters are per (head, document, query tile), query tile i of document d at
+    ``h * n_slots_q + cu_seqlens_q[d] // BLOCK_M + d + i`` (n_slots_q = Tq // BLOCK_M + batch: the
+    documents' tiles never share a slot); the key-block index counts within the document."""
+    b, kv_h, doc, n0, n_m, m_lo, m_full, q_off, k_off, q_len, k_len = _steps(
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
+        KEYS, BLOCK_M, CAUSAL, VARLEN,
+    )  # fmt: skip
+    if VARLEN:
+        gl.static_assert(not DQ_FRAG, "packed calls: the (H, Tq, D) accumulator, not fragment order")
+        sem_tile0 = (q_off // BLOCK_M + doc).to(gl.int64)
     lane = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
     sem_prev = Sem + (lane * 0).to(gl.int64)  # the previous step's counter (DQ_ORDERED)
     kt = n0 // KEYS
@@ -562,7 +703,10 @@ def _dq_writer(
             # one int32 counter per (b, h, query tile), every lane reading it; this block's turn
             # is its key-block index: every block below it sees the tile too (causal: a query row
             # that sees key j sees every key before it)
-            sem = Sem + (((b * nheads + h).to(gl.int64) * n_m + mt) + lane * 0)
+            if VARLEN:
+                sem = Sem + ((h.to(gl.int64) * n_slots_q + sem_tile0 + mt) + lane * 0)
+            else:
+                sem = Sem + (((b * nheads + h).to(gl.int64) * n_m + mt) + lane * 0)
             seen = kt - 1
             while seen != kt:
                 seen = gl.max(_load_acquire(sem), axis=0)
@@ -575,7 +719,7 @@ def _dq_writer(
                 tile = ((b * nheads + h) * n_m + mt) * CONSUMERS + c
                 _tma_reduce_add(dq_desc, [tile * 16, 0], dq_smem.index(slot))
             else:
-                _tma_reduce_add(dq_desc, [b, h, mt * BLOCK_M, c * DQ_N],
+                _tma_reduce_add(dq_desc, [b, h, q_off + mt * BLOCK_M, c * DQ_N],
                                 dq_smem.index(slot).reshape([1, 1, BLOCK_M, DQ_N]))  # fmt: skip
         tma.store_wait(0)  # the slots have been read: the consumers may refill them
         for c in gl.static_range(CONSUMERS):
@@ -594,13 +738,14 @@ def _dq_writer(
 
 @gluon.jit
 def _attn_bwd_dkdv_kernel(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Sem,
-    stride_lb, stride_lh, stride_lm,
-    n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Sem, Sched, CuSeqQ, CuSeqK, DK, DV,
+    stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+    stride_dkm, stride_dkh, stride_dvm, stride_dvh, n_slots_q, qk_scale, sm_scale,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
+    VARLEN: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -662,21 +807,23 @@ def _attn_bwd_dkdv_kernel(
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                             Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                             Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
-                             n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, VARLEN)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
-                               seqlen_k, BLOCK_M, BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL,
-                               DQ_ORDERED, DQ_FRAG)),
+                               seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, BLOCK_M, BLOCK_N * CONSUMERS,
+                               HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL, DQ_ORDERED, DQ_FRAG, VARLEN)),
             ],
             [CONSUMER_WARPS, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -688,18 +835,20 @@ def _attn_bwd_dkdv_kernel(
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                             Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+                             Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
-                             n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL)),
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, VARLEN)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -714,33 +863,44 @@ def _attn_bwd_dkdv_kernel(
 def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
              dropout=0.0, varlen=False, softmax_scale=None) -> bool:  # fmt: skip
     """True when :func:`hopper_attention_backward` covers this call: the calls the Gluon
-    forward covers (:func:`hopper.attention_fwd.supports`: dense fp16/bf16, causal or not, no
-    window, softcap, ALiBi or dropout, on sm_90) for which ``DEFAULT`` names a variant (d128),
-    with out, dout, dk and dv shaped like q / k and addressable by TMA too."""
+    forward covers (:func:`hopper.attention_fwd.supports`: dense or packed (``varlen``: q (Tq, H,
+    D), k/v (Tk, Hk, D)) fp16/bf16, causal or not, no window, softcap, ALiBi or dropout, on
+    sm_90) for which ``DEFAULT`` (packed: ``VARLEN_DEFAULT``) names a variant (d128), with out,
+    dout, dk and dv shaped like q / k and addressable by TMA too."""
     from .attention_fwd import supports as fwd_supports
 
     if not fwd_supports(q, k, v, causal=causal, window=window, softcap=softcap, alibi=alibi,
                         dropout=dropout, varlen=varlen, softmax_scale=softmax_scale):  # fmt: skip
         return False
-    if (q.shape[-1], bool(causal)) not in DEFAULT:
+    if (q.shape[-1], bool(causal)) not in (VARLEN_DEFAULT if varlen else DEFAULT):
         return False
     for t, like in ((out, q), (dout, q), (dk, k), (dv, k)):
         if not isinstance(t, torch.Tensor) or t.shape != like.shape or t.dtype != like.dtype:
             return False
         if t.device != like.device or not tma_compatible(t):
             return False
+    if varlen:
+        # programs (K/V heads x schedule entries: key tiles + one per sequence, bounded here by
+        # one per token) and the dQ counters (H x (Tq / 64 + sequences)) are counted in int32
+        tokens_q, tokens_k = q.shape[0], k.shape[0]
+        return (tokens_k + 1) * k.shape[1] < 2**31 and (2 * tokens_q + 1) * q.shape[1] < 2**31
     # programs (key tiles x batch x K/V heads) are counted in int32
     return configs.cdiv(k.shape[1], 64) * k.shape[0] * k.shape[2] < 2**31
 
 
 def _descriptor_f32(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
-    """A float32 (B, S, H, D) view as (B, H, S, D) tiles of rows x cols (the dQ accumulator)."""
-    batch, seqlen, heads, head_dim = t.shape
+    """A float32 (B, S, H, D) view as (B, H, S, D) tiles of rows x cols (the dQ accumulator); a
+    packed (T, H, D) one as one batch entry (1, H, T, D)."""
+    if t.dim() == 3:
+        shape = [1, t.shape[1], t.shape[0], t.shape[2]]
+        strides = [max(t.shape[0], 1) * t.stride(0), t.stride(1), t.stride(0), 1]
+    else:
+        batch, seqlen, heads, head_dim = t.shape
+        shape = [batch, heads, seqlen, head_dim]
+        strides = [t.stride(0), t.stride(2), t.stride(1), 1]
     block = [1, 1, rows, cols]
     layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
-    return TensorDescriptor(
-        t, [batch, heads, seqlen, head_dim], [t.stride(0), t.stride(2), t.stride(1), 1], block, layout
-    )
+    return TensorDescriptor(t, shape, strides, block, layout)
 
 
 def _descriptor_frag(t: torch.Tensor) -> TensorDescriptor:
@@ -753,11 +913,17 @@ def _descriptor_frag(t: torch.Tensor) -> TensorDescriptor:
 
 def dq_accum_for(q: torch.Tensor, variant: str, device=None) -> torch.Tensor:
     """A zeroed float32 dQ accumulator for a ``dq_atomic`` variant: (B, Sq, H, D) over (B, H, Sq, D)
-    storage (a query tile of one head is one block), or for ``dq_frag`` the flat fragment-order
-    tiles, B * H * cdiv(Sq, block_m) * consumers of block_m * D / consumers floats."""
+    storage (a query tile of one head is one block), packed q (Tq, H, D): (Tq, H, D) over (H, Tq,
+    D); or for ``dq_frag`` the flat fragment-order tiles, B * H * cdiv(Sq, block_m) * consumers of
+    block_m * D / consumers floats."""
     var = VARIANTS[variant]
-    b, s, h, d = q.shape
     device = q.device if device is None else device
+    if q.dim() == 3:
+        if var.dq_frag:
+            raise ValueError(f"variant {variant} has no packed (varlen) form")
+        t, h, d = q.shape
+        return torch.zeros(h, t, d, device=device, dtype=torch.float32).transpose(0, 1)
+    b, s, h, d = q.shape
     if var.dq_frag:
         return torch.zeros(b * h * configs.cdiv(s, var.block_m) * var.block_m * d, device=device, dtype=torch.float32)
     return torch.zeros(b, h, s, d, device=device, dtype=torch.float32).transpose(1, 2)
@@ -786,30 +952,95 @@ def _dq_frag_to_bshd(Acc, DQ, stride_db, stride_ds, stride_dh, stride_dd, seqlen
     tl.store(ptrs, x.to(DQ.dtype.element_ty), mask=rows < seqlen)
 
 
+_DQ_FRAG_TO_BSHD = CachedLauncher(_dq_frag_to_bshd)
+_DQ_FRAG_META: dict = {}
+
+
 def dq_frag_to_bshd(dq_accum: torch.Tensor, dq: torch.Tensor, block_m: int = 64, consumers: int = 2) -> None:
     """Write dq (B, S, H, D) from a flat fragment-order accumulator (:func:`dq_accum_for` of a
     ``dq_frag`` variant; already scaled), cast to dq's dtype."""
     b, s, h, d = dq.shape
     n_m = configs.cdiv(s, block_m)
-    _dq_frag_to_bshd[(b * h * n_m,)](dq_accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), dq.stride(3), s, h, n_m,
-                                     BLOCK_M=block_m, HEAD_DIM=d, DQ_N=d // consumers, num_warps=8)  # fmt: skip
+    meta = _DQ_FRAG_META.get((block_m, d, consumers))
+    if meta is None:
+        meta = _DQ_FRAG_META[(block_m, d, consumers)] = _DQ_FRAG_TO_BSHD.meta(
+            BLOCK_M=block_m, HEAD_DIM=d, DQ_N=d // consumers, num_warps=8)
+    _DQ_FRAG_TO_BSHD((b * h * n_m,), (dq_accum, dq), (*dq.stride(), s, h, n_m), (), meta)
 
 
-def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *, softmax_scale, causal, variant):
+def dq_sem_count(q: torch.Tensor, variant: str, cu_seqlens_q=None) -> int:
+    """How many int32 dQ counters a ``dq_ordered`` variant needs: one per (batch, head, query
+    tile), packed calls one per (head, slot) with Tq // block_m + batch slots per head (query tile
+    i of sequence d at slot cu_seqlens_q[d] // block_m + d + i)."""
+    var = VARIANTS[variant]
+    if cu_seqlens_q is not None:
+        return q.shape[1] * n_slots_q(q.shape[0], cu_seqlens_q.numel() - 1, var.block_m)
+    return q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m)
+
+
+def n_slots_q(tokens_q: int, batch: int, block_m: int) -> int:
+    """Query-tile slots per head of a packed call: every sequence's tiles get their own slots."""
+    return tokens_q // block_m + batch
+
+
+# Packed calls' program order: "document" (the schedule's: document by document, key blocks in
+# order) or "longest" (documents by their q_len * k_len, most first; key blocks still in order
+# within each, as the ordered dQ needs)
+VARLEN_ORDERS = ("document", "longest")
+VARLEN_ORDER = "document"
+
+
+def _longest_documents_first(sched, cu_seqlens_q, cu_seqlens_k):
+    """The schedule's entries reordered by their document's q_len * k_len, most first (a stable
+    sort: each document's key blocks stay in ascending order); empty entries last."""
+    doc = sched[:, 0].long()
+    d = doc.clamp(min=0)
+    work = (cu_seqlens_q[d + 1] - cu_seqlens_q[d]).long() * (cu_seqlens_k[d + 1] - cu_seqlens_k[d]).long()
+    work = torch.where(doc >= 0, work, -1)
+    return sched[torch.argsort(work, descending=True, stable=True)]
+
+
+def varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, tokens_k, variant, causal, order=None):
+    """The packed backward's programs: (document, key tile of the variant's keys) pairs over
+    cu_seqlens_k (``attention_fwd.varlen_schedule``, document order, so a document's key blocks
+    start in ascending order, as the ordered dQ needs); ``order="longest"`` reorders them by
+    document size (``VARLEN_ORDERS``; default ``VARLEN_ORDER``)."""
+    var = VARIANTS[variant]
+    order = order or VARLEN_ORDER
+    if order not in VARLEN_ORDERS:
+        raise ValueError(f"order must be one of {VARLEN_ORDERS}, got {order!r}")
+    sched = varlen_schedule(cu_seqlens_k, cu_seqlens_q, tokens_k, rows=var.keys, block_n=var.block_m,
+                            causal=causal, order="document")  # fmt: skip
+    if order == "longest":
+        sched = _longest_documents_first(sched, cu_seqlens_q, cu_seqlens_k)
+    return sched
+
+
+def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *, softmax_scale, causal, variant,
+                cu_seqlens_q=None, cu_seqlens_k=None, sched=None):  # fmt: skip
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the CPU
     compile check, so both build the same kernel. ``dq_accum``: the float32 (B, Sq, H, D)
-    accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller); ``dq_sem``: the
-    zeroed int32 counters of the ``dq_ordered`` variants, B * H * cdiv(Sq, block_m) of them."""
-    batch, seqlen_q, nheads, head_dim = q.shape
-    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller; :func:`dq_accum_for`);
+    ``dq_sem``: the zeroed int32 counters of the ``dq_ordered`` variants (:func:`dq_sem_count`).
+    Packed (varlen) calls pass cu_seqlens: q/dout (Tq, H, D), k/v/dk/dv (Tk, Hk, D), lse/delta
+    (H, Tq); programs = entries of ``sched`` (:func:`varlen_key_schedule`) x K/V heads; without
+    it the entries are left unwritten (the CPU compile check: only their count matters there)."""
+    varlen = cu_seqlens_q is not None
+    if varlen != (cu_seqlens_k is not None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k go together")
+    nheads, head_dim = q.shape[-2:]
+    nheads_k = k.shape[-2]
     var = VARIANTS[variant]
     if head_dim not in var.head_dims:
         raise ValueError(f"variant {variant} is built for head dims {var.head_dims}, not {head_dim}")
     if not softmax_scale > 0:
         raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
-    if lse.stride() != delta.stride() or lse.stride(2) != 1:
+    if lse.stride() != delta.stride() or lse.stride(-1) != 1:
         raise ValueError("lse and delta must share strides, unit along the rows")
+    if varlen and not varlen_builds(variant):
+        raise ValueError(f"variant {variant} has no packed (varlen) form")
     if var.dq_frag:
+        batch, seqlen_q = q.shape[:2]
         want = batch * nheads * configs.cdiv(seqlen_q, var.block_m) * var.block_m * head_dim
         if dq_accum is None or dq_accum.dim() != 1 or dq_accum.numel() != want or dq_accum.dtype != torch.float32:
             raise ValueError(f"variant {variant} needs a flat float32 dq_accum of {want} (dq_accum_for)")
@@ -819,18 +1050,40 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
             raise ValueError(f"variant {variant} needs a float32 dq_accum shaped like q")
         dq_desc = _descriptor_f32(dq_accum, var.block_m, head_dim // var.consumers if var.dq_shared else head_dim)
     if var.dq_ordered:
-        # one counter per (batch, head, query tile): how many key blocks have added into it
-        if dq_sem is None or dq_sem.numel() < batch * nheads * configs.cdiv(seqlen_q, var.block_m):
-            raise ValueError(f"variant {variant} needs a zeroed int32 dq_sem of B * H * cdiv(Sq, {var.block_m})")
+        want = dq_sem_count(q, variant, cu_seqlens_q)
+        if dq_sem is None or dq_sem.numel() < want:
+            raise ValueError(f"variant {variant} needs a zeroed int32 dq_sem of {want} counters (dq_sem_count)")
     if not var.dq_atomic:
         dq_desc = _descriptor(dk, var.block_n)  # not read: the kernel is built without dQ
-    n_bhk = batch * nheads_k
-    grid = (n_bhk * configs.cdiv(seqlen_k, var.keys),)
+    if varlen:
+        if sched is None:
+            n = schedule_slots(k.shape[0], cu_seqlens_k.numel() - 1, var.keys)
+            sched = torch.empty((n, 2), dtype=torch.int32, device=q.device)
+        n_bhk, seqlen_q, seqlen_k = nheads_k, 0, 0
+        grid = (sched.shape[0] * nheads_k,)
+        if grid[0] >= 2**31:
+            raise ValueError("too many programs for one launch (schedule entries x K/V heads >= 2**31)")
+        stride_lb, stride_lh, stride_lm = 0, lse.stride(0), lse.stride(1)
+        slots = n_slots_q(q.shape[0], cu_seqlens_q.numel() - 1, var.block_m)
+        dk_strides = (dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1))
+    else:
+        batch, seqlen_q = q.shape[:2]
+        seqlen_k = k.shape[1]
+        sched = cu_seqlens_q = cu_seqlens_k = None
+        n_bhk = batch * nheads_k
+        grid = (n_bhk * configs.cdiv(seqlen_k, var.keys),)
+        stride_lb, stride_lh, stride_lm = lse.stride(0), lse.stride(1), lse.stride(2)
+        slots = 0
+        dk_strides = (0, 0, 0, 0)  # dense dK/dV go out through TMA only
+    # the cached launcher's order (hf_flash.kernels.launch): descriptors and pointers, integers,
+    # floats, then the constexprs
     args = (
         _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
         _descriptor(dout, var.block_m), _descriptor(dk, var.block_n), _descriptor(dv, var.block_n), dq_desc,
-        lse, delta, dq_sem if var.dq_ordered else lse, lse.stride(0), lse.stride(1), lse.stride(2),
-        n_bhk, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k,
+        lse, delta, dq_sem if var.dq_ordered else lse, sched, cu_seqlens_q, cu_seqlens_k,
+        dk if varlen else None, dv if varlen else None,
+        stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k,
+        *dk_strides, slots,
         float(softmax_scale) * LOG2E, float(softmax_scale),
     )  # fmt: skip
     kwargs = dict(
@@ -838,39 +1091,54 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
-        DQ_FRAG=var.dq_frag, num_warps=4,
+        DQ_FRAG=var.dq_frag, VARLEN=varlen, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
 
 def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale, causal,
-                              variant=None) -> bool:  # fmt: skip
+                              variant=None, cu_seqlens_q=None, cu_seqlens_k=None, order=None) -> bool:  # fmt: skip
     """dK and dV (and, for the ``dq_atomic`` variants, dQ) on Hopper. Layouts as
-    ``hf_flash.kernels.flash_bwd.flash_attn_backward`` (dense): q/dout/dq (B, Sq, H, D),
-    k/v/dk/dv (B, Sk, Hk, D); lse (the forward's natural-log log-sum-exp) and delta
+    ``hf_flash.kernels.flash_bwd.flash_attn_backward``: dense q/dout/dq (B, Sq, H, D),
+    k/v/dk/dv (B, Sk, Hk, D), lse (the forward's natural-log log-sum-exp) and delta
     (rowsum(dO * O) - dlse, from the Triton preprocess) float32 (B, H, Sq) with the same
-    strides. Only calls for which :func:`supports` is true (checked by the caller). ``variant``
-    names an entry of ``VARIANTS`` (default: :func:`variant_for`). Returns whether dq was written
-    (else the caller runs a dQ kernel)."""
-    variant = variant or variant_for(q.shape[-1], causal)
+    strides; packed (cu_seqlens int32 (batch + 1,) given) q/dout/dq (Tq, H, D), k/v/dk/dv (Tk,
+    Hk, D), lse/delta (H, Tq). Only calls for which :func:`supports` is true (checked by the
+    caller). ``variant`` names an entry of ``VARIANTS`` (default: :func:`variant_for`); ``order``
+    the packed calls' program order (``VARLEN_ORDERS``; default ``VARLEN_ORDER``). Packed
+    rows outside every sequence: dK/dV not written, dQ (when written) 0; no host sync reads
+    cu_seqlens. Returns whether dq was written (else the caller runs a dQ kernel)."""
+    varlen = cu_seqlens_q is not None
+    variant = variant or variant_for(q.shape[-1], causal, varlen)
     var = VARIANTS[variant]
-    if k.shape[1] == 0:
-        return False
-    if q.shape[1] == 0 or q.shape[0] == 0:
-        dk.zero_()
-        dv.zero_()
-        return False
+    if varlen:
+        if q.shape[0] == 0 or k.shape[0] == 0 or cu_seqlens_q.numel() < 2:
+            dk.zero_()
+            dv.zero_()
+            dq.zero_()
+            return True
+    else:
+        if k.shape[1] == 0:
+            return False
+        if q.shape[1] == 0 or q.shape[0] == 0:
+            dk.zero_()
+            dv.zero_()
+            return False
     dq_accum = dq_accum_for(q, variant) if var.dq_atomic else None
     dq_sem = None
     if var.dq_ordered:
-        dq_sem = torch.zeros(q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m),
-                             device=q.device, dtype=torch.int32)  # fmt: skip
+        dq_sem = torch.zeros(dq_sem_count(q, variant, cu_seqlens_q), device=q.device, dtype=torch.int32)
+    sched = varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, k.shape[0], variant, causal, order) if varlen else None
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, softmax_scale=softmax_scale, causal=causal,
-        variant=variant,
-    )
+        variant=variant, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched,
+    )  # fmt: skip
+    key = (variant, q.shape[-1], bool(causal), varlen)
+    meta = _LAUNCH_META.get(key)
+    if meta is None:
+        meta = _LAUNCH_META[key] = _BACKWARD.meta(**kwargs)
     with torch.cuda.device(q.device):
-        _attn_bwd_dkdv_kernel[grid](*args, **kwargs)
+        _BACKWARD(grid, args[:15], args[15:28], args[28:], meta)
     if var.dq_frag:
         with torch.cuda.device(q.device):
             dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers)
@@ -879,8 +1147,12 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     return var.dq_atomic
 
 
+_BACKWARD = CachedLauncher(_attn_bwd_dkdv_kernel)
+_LAUNCH_META: dict = {}
+
+
 __all__ = [
-    "hopper_attention_backward", "supports", "launch_args", "dq_accum_for", "dq_frag_to_bshd", "variant_for", "covered_head_dims",
-    "VARIANTS", "DEFAULT",
-    "NONDETERMINISTIC",
+    "hopper_attention_backward", "supports", "launch_args", "dq_accum_for", "dq_sem_count", "dq_frag_to_bshd",
+    "variant_for", "covered_head_dims", "varlen_builds", "VARIANTS", "DEFAULT", "NONDETERMINISTIC", "VARLEN_DEFAULT",
+    "VARLEN_NONDETERMINISTIC", "VARLEN_ORDERS",
 ]

@@ -67,19 +67,34 @@ def _ptxas_report(ptx: str) -> str:
 
 BWD_PREFIX = "bwd:"
 VARLEN_PREFIX = "varlen:"
+BWD_VARLEN_PREFIX = "bwd-varlen:"
 
 
 def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat16) -> dict:
     """Compile one variant and return its resource report. ``variant`` names an entry of
     ``attention_fwd.VARIANTS`` (its packed form behind ``"varlen:"``), or of
-    ``attention_bwd.VARIANTS`` behind ``"bwd:"``."""
+    ``attention_bwd.VARIANTS`` behind ``"bwd:"`` (its packed form behind ``"bwd-varlen:"``)."""
     batch, nheads, nheads_k = 2, 8, 2
     q = torch.empty(batch, SEQLEN, nheads, head_dim, dtype=dtype)
     k = torch.empty(batch, SEQLEN, nheads_k, head_dim, dtype=dtype)
     v = torch.empty_like(k)
     out = torch.empty_like(q)
     lse = torch.empty(batch, nheads, SEQLEN, dtype=torch.float32)
-    if variant.startswith(BWD_PREFIX):
+    if variant.startswith(BWD_VARLEN_PREFIX):
+        var = attention_bwd.VARIANTS[variant[len(BWD_VARLEN_PREFIX):]]
+        # the batch's sequences packed: (B * S, H, D), lse/delta (H, B * S)
+        cu = torch.arange(0, (batch + 1) * SEQLEN, SEQLEN, dtype=torch.int32)
+        qp, kp = q.flatten(0, 1), k.flatten(0, 1)
+        lse_p = lse.transpose(0, 1).reshape(nheads, batch * SEQLEN)
+        _, args, kwargs = attention_bwd.launch_args(
+            qp, kp, v.flatten(0, 1), out.flatten(0, 1), lse_p, torch.empty_like(lse_p), torch.empty_like(kp),
+            torch.empty_like(kp), attention_bwd.dq_accum_for(qp, var.name) if var.dq_atomic else None,
+            torch.zeros(attention_bwd.dq_sem_count(qp, var.name, cu), dtype=torch.int32),
+            softmax_scale=head_dim**-0.5, causal=causal, variant=var.name, cu_seqlens_q=cu, cu_seqlens_k=cu,
+        )  # fmt: skip
+        compiled = compile_sm90(attention_bwd._attn_bwd_dkdv_kernel, args, kwargs)
+        rows, block_n = var.keys, var.block_m
+    elif variant.startswith(BWD_PREFIX):
         var = attention_bwd.VARIANTS[variant[len(BWD_PREFIX):]]
         _, args, kwargs = attention_bwd.launch_args(
             q, k, v, out, lse, torch.empty_like(lse), torch.empty_like(k), torch.empty_like(k),
@@ -157,6 +172,8 @@ def check_many(specs, processes: int = 2) -> list[dict]:
 
 
 def _head_dims(name):
+    if name.startswith(BWD_VARLEN_PREFIX):
+        return attention_bwd.VARIANTS[name[len(BWD_VARLEN_PREFIX):]].head_dims
     if name.startswith(BWD_PREFIX):
         return attention_bwd.VARIANTS[name[len(BWD_PREFIX):]].head_dims
     return attention_fwd.VARIANTS[name.removeprefix(VARLEN_PREFIX)].head_dims
@@ -168,11 +185,21 @@ def varlen_variants():
     return [VARLEN_PREFIX + name for name, var in attention_fwd.VARIANTS.items() if not var.persistent]
 
 
+def bwd_varlen_variants():
+    """The packed (varlen) form of the backward variants packed calls run
+    (``attention_bwd.VARLEN_DEFAULT`` and ``VARLEN_NONDETERMINISTIC``) and of the ordered fused
+    one (dqwld)."""
+    names = [*attention_bwd.VARLEN_DEFAULT.values(), *attention_bwd.VARLEN_NONDETERMINISTIC.values(),
+             "kv2x64-m64-s2-dqwld"]  # fmt: skip
+    return [BWD_VARLEN_PREFIX + name for name in dict.fromkeys(names)]
+
+
 def all_variants():
     """Every forward variant, its packed form as ``"varlen:<name>"``, then every backward (dK/dV)
-    variant as ``"bwd:<name>"``."""
+    variant as ``"bwd:<name>"`` and the packed backward as ``"bwd-varlen:<name>"``."""
     return [
         *attention_fwd.VARIANTS, *varlen_variants(), *(BWD_PREFIX + name for name in attention_bwd.VARIANTS),
+        *bwd_varlen_variants(),
     ]  # fmt: skip
 
 
