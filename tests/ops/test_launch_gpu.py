@@ -14,7 +14,8 @@ import pytest
 import torch
 import triton
 
-from hf_flash import apply_rotary_emb, flash_attn_with_kvcache
+from hf_flash import apply_rotary_emb, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from hf_flash.interface import attention_paths
 from hf_flash.kernels import decode, launch, rotary
 
 pytestmark = pytest.mark.gpu
@@ -220,41 +221,47 @@ def test_compiled_caller_matches_eager(audit):
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
-def test_gluon_forward_repeats_take_fast_path(monkeypatch, packed):
-    """The Gluon Hopper forward (TMA descriptor arguments) and the packed calls' schedule
-    kernel: repeats launch through the cached path, the kernel Triton would pick (audited), and
-    give Triton's own launch's bits."""
+def test_gluon_kernels_repeat_through_the_fast_path(monkeypatch, packed):
+    """The Gluon Hopper forward and backward (TMA descriptor arguments), the packed calls'
+    schedule kernel and the backward's dQ cast, through the public functions: repeats launch
+    through the cached path, the kernel Triton would pick (audited), and give the bits of
+    Triton's own launch path."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels are built for sm_90a")
+    from hf_flash.kernels.hopper import attention_bwd as hb
     from hf_flash.kernels.hopper import attention_fwd as hf
 
     audits = {}
-    for name in ("_FORWARD", "_SCHEDULE"):
-        launcher = getattr(hf, name)
+    for module, name in ((hf, "_FORWARD"), (hf, "_SCHEDULE"), (hb, "_BACKWARD"), (hb, "_DQ_FRAG_TO_BSHD")):
+        launcher = getattr(module, name)
         monkeypatch.setattr(launcher, "_exact", dict(launcher._exact))
         monkeypatch.setattr(launcher, "_spec", dict(launcher._spec))
         audits[name] = _Audit(launcher)
-        monkeypatch.setattr(hf, name, audits[name])
+        monkeypatch.setattr(module, name, audits[name])
     g = torch.Generator(device=DEV).manual_seed(0)
     tokens, nheads, nheads_k, d = 1000, 8, 2, 128
     shape = (tokens,) if packed else (2, tokens // 2)
     q = torch.randn(*shape, nheads, d, device=DEV, dtype=torch.bfloat16, generator=g)
     k = torch.randn(*shape, nheads_k, d, device=DEV, dtype=torch.bfloat16, generator=g)
     v = torch.randn_like(k)
-    cu = torch.tensor([0, 1, 300, 301, 1000], device=DEV, dtype=torch.int32) if packed else None
-    lse_shape = (nheads, tokens) if packed else (2, nheads, tokens // 2)
+    dout = torch.randn_like(q)
+    cu = torch.tensor([0, 1, 300, 301, 1000], device=DEV, dtype=torch.int32)
 
     def call():
-        out = torch.empty_like(q)
-        lse = torch.empty(lse_shape, device=DEV)
-        hf.hopper_attention_forward(q, k, v, out, lse, softmax_scale=d**-0.5, causal=True, cu_seqlens_q=cu,
-                                    cu_seqlens_k=cu)  # fmt: skip
-        return out, lse
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        if packed:
+            out = flash_attn_varlen_func(*leaves, cu, cu, 699, 699, causal=False)
+        else:
+            out = flash_attn_func(*leaves, causal=True)
+        return (out, *torch.autograd.grad(out, leaves, dout))
 
+    assert attention_paths(q, k, v, causal=not packed, varlen=packed) == {"forward": "hopper", "backward": "hopper"}
     with launch.fast_launch(False):
         want = call()
     for _ in range(3):
         assert _equal(call(), want)
-    assert audits["_FORWARD"].checked >= 2
+    assert audits["_FORWARD"].checked >= 2 and audits["_BACKWARD"].checked >= 2
     if packed:
         assert audits["_SCHEDULE"].checked >= 2
+    else:  # the dense default's fragment-order dQ
+        assert audits["_DQ_FRAG_TO_BSHD"].checked >= 2
