@@ -91,7 +91,9 @@ from triton.experimental.gluon.language._core import builtin as _builtin
 
 from .. import configs
 from ..launch import CachedLauncher
-from .attention_fwd import LOG2E, _descriptor, _mma_layout, schedule_slots, tma_compatible, varlen_schedule
+from .attention_fwd import (
+    LOG2E, _descriptor, _mma_layout, schedule_entry, schedule_slots, tma_compatible, varlen_schedule,
+)
 
 PRODUCER_REGS = 24
 LOG2E_C = gl.constexpr(LOG2E)
@@ -274,15 +276,8 @@ def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeq
     tensors are one batch entry)."""
     if VARLEN:
         kv_h = pid % nheads_k
-        entry = Sched + 2 * (pid // nheads_k)
-        doc = gl.load(entry)
-        n0 = gl.load(entry + 1) * KEYS
-        valid = doc >= 0
-        doc = gl.maximum(doc, 0)
-        q_off = gl.load(CuSeqQ + doc)
-        k_off = gl.load(CuSeqK + doc)
-        q_len = gl.where(valid, gl.load(CuSeqQ + doc + 1) - q_off, 0)
-        k_len = gl.where(valid, gl.load(CuSeqK + doc + 1) - k_off, 0)
+        doc, tile, q_off, k_off, q_len, k_len = schedule_entry(Sched, pid // nheads_k, CuSeqQ, CuSeqK)
+        n0 = tile * KEYS
         b = 0
     else:
         bhk = pid % n_bhk

@@ -158,6 +158,23 @@ def _mma_layout(n, num_warps):
 
 
 @gluon.jit
+def schedule_entry(Sched, index, CuSeqQ, CuSeqK):
+    """Entry ``index`` of a :func:`varlen_schedule`: (doc, tile, q_off, k_off, q_len, k_len), the
+    sequence's rows starting at q_off (k_off) of the packed tensors; an empty entry (sequence -1)
+    reads as sequence 0 with no queries and no keys."""
+    entry = Sched + 2 * index
+    doc = gl.load(entry)
+    tile = gl.load(entry + 1)
+    valid = doc >= 0
+    doc = gl.maximum(doc, 0)
+    q_off = gl.load(CuSeqQ + doc)
+    k_off = gl.load(CuSeqK + doc)
+    q_len = gl.where(valid, gl.load(CuSeqQ + doc + 1) - q_off, 0)
+    k_len = gl.where(valid, gl.load(CuSeqK + doc + 1) - k_off, 0)
+    return doc, tile, q_off, k_off, q_len, k_len
+
+
+@gluon.jit
 def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
                ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
     """Decode work item ``t``. Returns (b, h, kv_h, m0, n_tiles, n_unmasked, q_off, k_off,
@@ -172,15 +189,8 @@ def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, C
     :func:`varlen_schedule`; sequence -1: an empty item, no rows and no keys)."""
     if VARLEN:
         h = t % nheads
-        entry = Sched + 2 * (t // nheads)
-        doc = gl.load(entry)
-        m0 = gl.load(entry + 1) * ROWS
-        valid = doc >= 0
-        doc = gl.maximum(doc, 0)
-        q_off = gl.load(CuSeqQ + doc)
-        k_off = gl.load(CuSeqK + doc)
-        q_len = gl.where(valid, gl.load(CuSeqQ + doc + 1) - q_off, 0)
-        k_len = gl.where(valid, gl.load(CuSeqK + doc + 1) - k_off, 0)
+        _, tile, q_off, k_off, q_len, k_len = schedule_entry(Sched, t // nheads, CuSeqQ, CuSeqK)
+        m0 = tile * ROWS
         b = 0  # packed tensors: one batch entry in the descriptors
     else:
         bh = t % n_bh
