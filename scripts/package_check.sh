@@ -5,9 +5,11 @@
 #   1. build the wheel and the sdist (python -m build, in an isolated build environment);
 #   2. check their contents: LICENSE, py.typed, the recipe configs as package data, no top-level
 #      `recipes` package in the wheel, the whole test tree in the sdist;
-#   3. install the wheel with its [recipes] extra into a fresh venv under $WORK, pinning only
-#      torch==2.13.0 (pip takes the CPU wheel on this machine's disk instead of a CUDA build);
-#      numpy is whatever pip picks (2.4 and later too: hf_flash mends Triton 3.6's interpreter);
+#   3. a fresh venv under $WORK with a CPU torch already in it (torch 2.13.0 from this machine's
+#      disk, as a CPU user has it: PyPI's default build is CUDA's, gigabytes), then the wheel with
+#      its [recipes] extra installed with no pin and no constraint: pip keeps that torch and
+#      resolves the rest (numpy too, 2.4 and later included: hf_flash mends Triton 3.6's
+#      interpreter for it);
 #   4. from a folder outside the repository, run every console command with no arguments
 #      (hf-flash-finetune before hf-flash-eval, which evaluates what it trained), each timed;
 #   5. install and uninstall torchtune, which ships a top-level `recipes` package too, and check
@@ -81,10 +83,10 @@ EOF
 install() {
     rm -rf "$WORK/venv"
     "$PY" -m venv "$WORK/venv"
-    "$WORK/venv/bin/pip" install "${PIP_FLAGS[@]}" "torch==2.13.0"
+    "$WORK/venv/bin/pip" install "${PIP_FLAGS[@]}" "torch==2.13.0"  # the user's CPU torch
     local wheel
     wheel="$(ls "$WORK"/dist/*.whl)"
-    "$WORK/venv/bin/pip" install "${PIP_FLAGS[@]}" "torch==2.13.0" "${wheel}[recipes]"
+    "$WORK/venv/bin/pip" install "${PIP_FLAGS[@]}" "${wheel}[recipes]"
     "$WORK/venv/bin/pip" list 2>/dev/null | grep -iE '^(torch|triton|transformers|numpy|accelerate|peft|hf-flash) '
 }
 
