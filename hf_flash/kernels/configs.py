@@ -275,15 +275,47 @@ def hopper_backward_enabled(device: torch.device) -> bool:
     return _HOPPER_BWD and hopper_enabled(device)
 
 
+# Gluon (triton.experimental.gluon) changes its API between Triton releases: the Hopper kernels
+# are written and measured against these.
+GLUON_TRITON = ("3.6.",)
+
+
+def gluon_triton_supported() -> bool:
+    """The installed Triton is one the Gluon Hopper kernels are written for (:data:`GLUON_TRITON`)."""
+    import triton
+
+    return triton.__version__.startswith(GLUON_TRITON)
+
+
+_GLUON_NOTE_SHOWN = False
+
+
 def hopper_enabled(device: torch.device) -> bool:
     """The Gluon Hopper kernels may run on ``device``: switched on (``HF_FLASH_HOPPER``,
     :func:`use_hopper`), a compute-capability 9.0 GPU (H100, H200; the kernels are built for
-    sm_90a), not under the interpreter, and no :func:`override` of the Triton tiles in force (a
-    sweep times the Triton kernels)."""
-    return (
+    sm_90a), a Triton release the kernels are written for (:func:`gluon_triton_supported`; with
+    another one the Triton kernels run and a warning says so once), not under the interpreter,
+    and no :func:`override` of the Triton tiles in force (a sweep times the Triton kernels)."""
+    if not (
         _HOPPER and _OVERRIDE is None and device.type == "cuda" and not interpreting()
         and _capability(device) == (9, 0)
-    )  # fmt: skip
+    ):  # fmt: skip
+        return False
+    if gluon_triton_supported():
+        return True
+    global _GLUON_NOTE_SHOWN
+    if not _GLUON_NOTE_SHOWN:
+        import warnings
+
+        import triton
+
+        _GLUON_NOTE_SHOWN = True
+        warnings.warn(
+            f"hf_flash: the Gluon Hopper kernels are written for Triton {', '.join(v + 'x' for v in GLUON_TRITON)}; "
+            f"with Triton {triton.__version__} every call runs hf_flash's portable Triton kernels "
+            "(install triton==3.6.* for the faster H100/H200 path)", stacklevel=2,
+        )  # fmt: skip
+    return False
 
 
 def _pick(kind: str, default: dict) -> dict:

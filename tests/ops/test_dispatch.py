@@ -11,6 +11,7 @@ used, since the mode sees ops only. Both routes must give bit-identical outputs 
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import pytest
 import torch
@@ -131,6 +132,28 @@ def test_hopper_forward_rule(monkeypatch):
     monkeypatch.setattr(configs, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(configs, "interpreting", lambda: True)
     assert not configs.hopper_enabled(gpu)
+
+
+def test_hopper_kernels_need_the_triton_release_they_are_written_for(monkeypatch):
+    """Gluon's API moves between Triton releases: with another release the Triton kernels run,
+    and a warning says so once."""
+    import triton
+
+    from hf_flash.kernels import configs
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(configs, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(configs, "interpreting", lambda: False)
+    monkeypatch.setattr(configs, "_HOPPER", True)
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    assert configs.hopper_enabled(gpu)
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    monkeypatch.setattr(configs, "_GLUON_NOTE_SHOWN", False)
+    with pytest.warns(UserWarning, match="written for Triton 3.6"):
+        assert not configs.hopper_enabled(gpu)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not configs.hopper_enabled(gpu)  # said once
 
 
 def test_attention_paths_without_a_hopper_gpu(device):
