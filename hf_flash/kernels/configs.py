@@ -106,7 +106,8 @@ def interpreter_numpy_problem() -> Optional[str]:
 
     if not _interpreter_needs_mend():
         return None
-    interpreter = __import__("triton.runtime.interpreter", fromlist=["_patch_lang_tensor"])
+    from triton.runtime import interpreter
+
     if getattr(interpreter, "_patch_lang_tensor", None) is not None:
         return None
     return (

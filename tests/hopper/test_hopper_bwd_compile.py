@@ -243,6 +243,10 @@ def test_packed_launch_args_and_counters():
         hb.launch_args(q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, name),
                        torch.zeros(h * (tokens // 64)), softmax_scale=0.1, causal=True, variant=name,
                        cu_seqlens_q=cu, cu_seqlens_k=cu)  # fmt: skip
+    with pytest.raises(ValueError, match="sched="):  # the programs must be given
+        hb.launch_args(q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, name),
+                       torch.zeros(hb.dq_sem_count(q, name, cu), dtype=torch.int32), softmax_scale=0.1,
+                       causal=True, variant=name, cu_seqlens_q=cu, cu_seqlens_k=cu)  # fmt: skip
     frag = next(n for n, v in hb.VARIANTS.items() if v.dq_frag)
     with pytest.raises(ValueError, match="packed"):
         hb.dq_accum_for(q, frag)

@@ -69,6 +69,10 @@ def test_packed_forms():
     with pytest.raises(ValueError, match="no packed"):
         hk.launch_args(q, k, k, torch.empty_like(q), lse, softmax_scale=0.1, causal=False, variant="ws3x4-pp-s3",
                        cu_seqlens_q=cu, cu_seqlens_k=cu)  # fmt: skip
+    # a packed launch without its work items would read whatever memory the schedule holds
+    with pytest.raises(ValueError, match="sched="):
+        hk.launch_args(q, k, k, torch.empty_like(q), lse, softmax_scale=0.1, causal=False,
+                       variant="ws2x4-overlap-fma", cu_seqlens_q=cu, cu_seqlens_k=cu)  # fmt: skip
 
 
 # ---- varlen_schedule(): the packed calls' work items, built on the device (no host sync) ----

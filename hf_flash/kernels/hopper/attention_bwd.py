@@ -883,21 +883,6 @@ def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softc
     return configs.cdiv(k.shape[1], 64) * k.shape[0] * k.shape[2] < 2**31
 
 
-def _descriptor_f32(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
-    """A float32 (B, S, H, D) view as (B, H, S, D) tiles of rows x cols (the dQ accumulator); a
-    packed (T, H, D) one as one batch entry (1, H, T, D)."""
-    if t.dim() == 3:
-        shape = [1, t.shape[1], t.shape[0], t.shape[2]]
-        strides = [max(t.shape[0], 1) * t.stride(0), t.stride(1), t.stride(0), 1]
-    else:
-        batch, seqlen, heads, head_dim = t.shape
-        shape = [batch, heads, seqlen, head_dim]
-        strides = [t.stride(0), t.stride(2), t.stride(1), 1]
-    block = [1, 1, rows, cols]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
-    return TensorDescriptor(t, shape, strides, block, layout)
-
-
 def _descriptor_frag(t: torch.Tensor) -> TensorDescriptor:
     """The flat float32 fragment-order dQ accumulator as (tiles * 16, 256), one 16 x 256 box (16 KB,
     1 KB rows, no swizzle) per (batch, head, query tile, consumer) tile."""
@@ -969,13 +954,8 @@ def dq_sem_count(q: torch.Tensor, variant: str, cu_seqlens_q=None) -> int:
     i of sequence d at slot cu_seqlens_q[d] // block_m + d + i)."""
     var = VARIANTS[variant]
     if cu_seqlens_q is not None:
-        return q.shape[1] * n_slots_q(q.shape[0], cu_seqlens_q.numel() - 1, var.block_m)
+        return q.shape[1] * schedule_slots(q.shape[0], cu_seqlens_q.numel() - 1, var.block_m)
     return q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m)
-
-
-def n_slots_q(tokens_q: int, batch: int, block_m: int) -> int:
-    """Query-tile slots per head of a packed call: every sequence's tiles get their own slots."""
-    return tokens_q // block_m + batch
 
 
 # Packed calls' program order: "document" (the schedule's: document by document, key blocks in
@@ -1018,8 +998,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
     accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller; :func:`dq_accum_for`);
     ``dq_sem``: the zeroed int32 counters of the ``dq_ordered`` variants (:func:`dq_sem_count`).
     Packed (varlen) calls pass cu_seqlens: q/dout (Tq, H, D), k/v/dk/dv (Tk, Hk, D), lse/delta
-    (H, Tq); programs = entries of ``sched`` (:func:`varlen_key_schedule`) x K/V heads; without
-    it the entries are left unwritten (the CPU compile check: only their count matters there)."""
+    (H, Tq); programs = entries of ``sched`` (:func:`varlen_key_schedule`; the compile check passes
+    an unwritten tensor of ``attention_fwd.schedule_slots`` entries) x K/V heads."""
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k go together")
@@ -1043,7 +1023,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
     elif var.dq_atomic:
         if dq_accum is None or dq_accum.shape != q.shape or dq_accum.dtype != torch.float32:
             raise ValueError(f"variant {variant} needs a float32 dq_accum shaped like q")
-        dq_desc = _descriptor_f32(dq_accum, var.block_m, head_dim // var.consumers if var.dq_shared else head_dim)
+        dq_desc = _descriptor(dq_accum, var.block_m, head_dim // var.consumers if var.dq_shared else head_dim)
     if var.dq_ordered:
         want = dq_sem_count(q, variant, cu_seqlens_q)
         if dq_sem is None or dq_sem.numel() < want:
@@ -1052,14 +1032,13 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         dq_desc = _descriptor(dk, var.block_n)  # not read: the kernel is built without dQ
     if varlen:
         if sched is None:
-            n = schedule_slots(k.shape[0], cu_seqlens_k.numel() - 1, var.keys)
-            sched = torch.empty((n, 2), dtype=torch.int32, device=q.device)
+            raise ValueError("packed (varlen) launches need their programs (sched=varlen_key_schedule(...))")
         n_bhk, seqlen_q, seqlen_k = nheads_k, 0, 0
         grid = (sched.shape[0] * nheads_k,)
         if grid[0] >= 2**31:
             raise ValueError("too many programs for one launch (schedule entries x K/V heads >= 2**31)")
         stride_lb, stride_lh, stride_lm = 0, lse.stride(0), lse.stride(1)
-        slots = n_slots_q(q.shape[0], cu_seqlens_q.numel() - 1, var.block_m)
+        slots = schedule_slots(q.shape[0], cu_seqlens_q.numel() - 1, var.block_m)
         dk_strides = (dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1))
     else:
         batch, seqlen_q = q.shape[:2]

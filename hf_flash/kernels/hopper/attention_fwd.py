@@ -679,9 +679,9 @@ def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
     return all(tma_compatible(t) for t in (q, k, v))
 
 
-def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """(B, S, H, D) tensor seen as (B, H, S, D) with its own strides; one tile = rows x D. A
-    packed (T, H, D) tensor is one batch entry (1, H, T, D)."""
+def _descriptor(t: torch.Tensor, rows: int, cols: int = None) -> TensorDescriptor:
+    """(B, S, H, D) tensor seen as (B, H, S, D) with its own strides; one tile = rows x cols
+    (default: x D). A packed (T, H, D) tensor is one batch entry (1, H, T, D)."""
     if t.dim() == 3:
         # the batch stride of a one-entry axis is never stepped; any 16-byte multiple will do
         shape = [1, t.shape[1], t.shape[0], t.shape[2]]
@@ -690,7 +690,7 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
         batch, seqlen, heads, head_dim = t.shape
         shape = [batch, heads, seqlen, head_dim]
         strides = [t.stride(0), t.stride(2), t.stride(1), 1]
-    block = [1, 1, rows, t.shape[-1]]
+    block = [1, 1, rows, cols or t.shape[-1]]
     return TensorDescriptor(t, shape, strides, block, shared_layout(tuple(block), t.dtype))
 
 
@@ -785,8 +785,8 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
                 sched=None):  # fmt: skip
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the
     CPU compile check, so both build the same kernel. Packed (varlen) calls pass cu_seqlens and
-    their work items ``sched`` (:func:`varlen_schedule`); without it the entries
-    are left unwritten (the compile check: only their count and dtype matter there)."""
+    their work items ``sched`` (:func:`varlen_schedule`; the compile check passes an unwritten
+    tensor of :func:`schedule_slots` entries: only its dtype matters for compiling)."""
     var = VARIANTS[variant]
     varlen = cu_seqlens_q is not None
     nheads, head_dim = q.shape[-2:]
@@ -802,8 +802,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
                 "persistent variants and three consumers without causal masking are dense-only"
             )
         if sched is None:
-            n = schedule_slots(q.shape[0], cu_seqlens_q.numel() - 1, var.rows)
-            sched = torch.empty((n, 2), dtype=torch.int32, device=q.device)
+            raise ValueError("packed (varlen) launches need their work items (sched=varlen_schedule(...))")
         seqlen_q = seqlen_k = 0  # per sequence, from cu_seqlens
         n_bh, n_m = nheads, 0
         grid = (sched.shape[0] * nheads,)

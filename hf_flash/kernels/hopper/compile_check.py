@@ -44,6 +44,13 @@ def ptxas_path() -> str:
     return str(path)
 
 
+def _unwritten_schedule(tokens: int, batch: int, rows: int) -> torch.Tensor:
+    """A packed launch's work items as the kernel sees them when compiling: an int32 (N, 2)
+    tensor (the schedule kernel itself needs a device or the interpreter; its values do not
+    change what is compiled)."""
+    return torch.empty((attention_fwd.schedule_slots(tokens, batch, rows), 2), dtype=torch.int32)
+
+
 def compile_sm90(kernel, args, kwargs):
     """Compile a Gluon kernel for sm_90a as ``kernel[grid](*args, **kwargs)`` would, without a
     GPU: the JIT's own binder computes the signature and specialisation for the target."""
@@ -91,6 +98,7 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
             torch.empty_like(kp), attention_bwd.dq_accum_for(qp, var.name) if var.dq_atomic else None,
             torch.zeros(attention_bwd.dq_sem_count(qp, var.name, cu), dtype=torch.int32),
             softmax_scale=head_dim**-0.5, causal=causal, variant=var.name, cu_seqlens_q=cu, cu_seqlens_k=cu,
+            sched=_unwritten_schedule(kp.shape[0], batch, var.keys),
         )  # fmt: skip
         compiled = compile_sm90(attention_bwd._attn_bwd_dkdv_kernel, args, kwargs)
         rows, block_n = var.keys, var.block_m
@@ -113,6 +121,7 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
             q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), out.flatten(0, 1),
             lse.transpose(0, 1).reshape(nheads, batch * SEQLEN), softmax_scale=head_dim**-0.5, causal=causal,
             variant=var.name, cu_seqlens_q=cu, cu_seqlens_k=cu,
+            sched=_unwritten_schedule(batch * SEQLEN, batch, var.rows),
         )  # fmt: skip
         compiled = compile_sm90(attention_fwd._attn_fwd_kernel, args, kwargs)
         rows, block_n = var.rows, var.block_n
