@@ -1,6 +1,6 @@
 """The packed (varlen) backward alone: Gluon (each variant with a packed form) against Triton.
 
-    python benchmarks/hopper_bwd_varlen.py [--rounds 3] [--out DIR]
+    python benchmarks/hopper_bwd_varlen.py [--rounds 3] [--out DIR] [--variants NAME[@ORDER] ...]
 
 12 documents of random lengths (benchmarks/attention.py's ``packed_lengths``) in 16K tokens,
 Hq=32, Hkv=8, d128, bf16, causal and not. Times ``flash_attn_backward`` (the preprocess, the
@@ -37,6 +37,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), help="variant or variant@order")
     args = ap.parse_args(argv)
     lens = packed_lengths()
     tokens = sum(lens)
@@ -82,7 +83,7 @@ def main(argv=None):
 
             return ctx, fn, bufs
 
-        names = ("triton", *VARIANTS)
+        names = ("triton", *args.variants)
         made = {n: provider(n) for n in names}
         times = {n: [] for n in names}
         host = {}

@@ -152,6 +152,15 @@ class Variant:
     # consumer) tile after another, with one TMA reduce of a 16 x 256 box; :func:`_dq_frag_to_bshd` then writes dQ
     # in (B, S, H, D) (the cast copy the other dQ variants run anyway)
     dq_frag: bool = False
+    # the order of a program's steps: query tiles from the last down, the heads of the group
+    # inside each tile (instead of head by head, tiles upwards). With ordered dQ additions
+    # (ascending key blocks) a causal key block then trails the block below it and ends before
+    # it (it has fewer tiles, all at the top); head by head it catches up at every head boundary
+    # and waits, so the concurrent blocks of a head group all end with the longest one
+    tiles_down: bool = False
+    # dq_ordered: the writer reads the next step's counter right after issuing this step's
+    # reduces, so the read's latency runs under the wait for the TMA and the release
+    poll_ahead: bool = False
 
     @property
     def keys(self) -> int:
@@ -183,6 +192,15 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldf-dn", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                tiles_down=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldf-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                tiles_down=True, poll_ahead=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwld-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
+                tiles_down=True, poll_ahead=True, head_dims=(128,)),
     )
 }  # fmt: skip
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
@@ -300,12 +318,27 @@ def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeq
 
 
 @gluon.jit
+def _step_tile(it, kv_h, group, n_m, m_lo, TILES_DOWN: gl.constexpr):
+    """(query head, query tile) of step ``it`` of a program whose query tiles are [m_lo, n_m):
+    TILES_DOWN, the tiles from the last down with the group's heads inside each tile; otherwise
+    head by head, the tiles upwards. The producer, the consumers and the dQ writer walk the same."""
+    if TILES_DOWN:
+        h = kv_h * group + it % group
+        mt = n_m - 1 - it // group
+    else:
+        per_head = n_m - m_lo
+        h = kv_h * group + it // per_head
+        mt = m_lo + it % per_head
+    return h, mt
+
+
+@gluon.jit
 def _producer(
     q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
     kv_bar, q_ready, do_ready, q_empty, do_empty,
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-    CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr,
+    CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr,
 ):  # fmt: skip
     b, kv_h, doc, n0, n_m, m_lo, m_full, q_off, k_off, q_len, k_len = _steps(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
@@ -323,8 +356,8 @@ def _producer(
         )
     per_head = n_m - m_lo
     for it in range(group * per_head):
-        h = kv_h * group + it // per_head
-        m0 = (m_lo + it % per_head) * BLOCK_M
+        h, mt = _step_tile(it, kv_h, group, n_m, m_lo, TILES_DOWN)
+        m0 = mt * BLOCK_M
         slot = it % STAGES
         # a fresh barrier counts as having completed the phase before 0: the first pass through
         # the ring does not wait
@@ -397,7 +430,7 @@ def _consumer(
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, CAUSAL: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr, DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
-    DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr,
+    DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -446,8 +479,7 @@ def _consumer(
     prev_h = kv_h * group
     prev_mt = gl.to_tensor(m_lo)
     for it in range(group * per_head):
-        h = kv_h * group + it // per_head
-        mt = m_lo + it % per_head
+        h, mt = _step_tile(it, kv_h, group, n_m, m_lo, TILES_DOWN)
         rows = mt * BLOCK_M + cols
         slot = it % STAGES
         phase = (it // STAGES) & 1
@@ -662,11 +694,24 @@ def _bulk_wait(x, PENDING: gl.constexpr):
 
 
 @gluon.jit
+def _dq_counter(Sem, b, h, mt, nheads, n_m, n_slots_q, sem_tile0, lane, VARLEN: gl.constexpr):
+    """The ordered dQ counter of query tile mt of head h (every lane its address): dense, one per
+    (batch, head, query tile); varlen, query tile i of document d at ``h * n_slots_q +
+    cu_seqlens_q[d] // BLOCK_M + d + i`` (``sem_tile0`` = the document's first slot)."""
+    if VARLEN:
+        ptr = Sem + ((h.to(gl.int64) * n_slots_q + sem_tile0 + mt) + lane * 0)
+    else:
+        ptr = Sem + (((b * nheads + h).to(gl.int64) * n_m + mt) + lane * 0)
+    return ptr
+
+
+@gluon.jit
 def _dq_writer(
     dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
     Sched, CuSeqQ, CuSeqK, n_slots_q,
     BLOCK_M: gl.constexpr, KEYS: gl.constexpr, DQ_N: gl.constexpr, CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr,
+    TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
     add them into the float32 accumulator by TMA reduce and hand the slots back once read.
@@ -682,6 +727,7 @@ def _dq_writer(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
         KEYS, BLOCK_M, CAUSAL, VARLEN,
     )  # fmt: skip
+    sem_tile0 = 0
     if VARLEN:
         gl.static_assert(not DQ_FRAG, "packed calls: the (H, Tq, D) accumulator, not fragment order")
         sem_tile0 = (q_off // BLOCK_M + doc).to(gl.int64)
@@ -690,19 +736,23 @@ def _dq_writer(
     kt = n0 // KEYS
     nheads = nheads_k * group
     per_head = n_m - m_lo
-    for it in range(group * per_head):
-        h = kv_h * group + it // per_head
-        mt = m_lo + it % per_head
+    n_steps = group * per_head
+    # POLL_AHEAD: the value of this step's counter, read during the previous step (the first
+    # step reads it where it starts)
+    ahead = lane * 0 + (kt - 1)
+    for it in range(n_steps):
+        h, mt = _step_tile(it, kv_h, group, n_m, m_lo, TILES_DOWN)
         par = it % 2
         if DQ_ORDERED:
             # one int32 counter per (b, h, query tile), every lane reading it; this block's turn
             # is its key-block index: every block below it sees the tile too (causal: a query row
-            # that sees key j sees every key before it)
-            if VARLEN:
-                sem = Sem + ((h.to(gl.int64) * n_slots_q + sem_tile0 + mt) + lane * 0)
+            # that sees key j sees every key before it). The counter only grows and reaches kt
+            # only once every block below has counted, so a value read early that equals kt holds
+            sem = _dq_counter(Sem, b, h, mt, nheads, n_m, n_slots_q, sem_tile0, lane, VARLEN)
+            if POLL_AHEAD:
+                seen = gl.max(ahead, axis=0)
             else:
-                sem = Sem + (((b * nheads + h).to(gl.int64) * n_m + mt) + lane * 0)
-            seen = kt - 1
+                seen = kt - 1
             while seen != kt:
                 seen = gl.max(_load_acquire(sem), axis=0)
             lane = _warp_sync_fence(lane)
@@ -716,6 +766,13 @@ def _dq_writer(
             else:
                 _tma_reduce_add(dq_desc, [b, h, q_off + mt * BLOCK_M, c * DQ_N],
                                 dq_smem.index(slot).reshape([1, 1, BLOCK_M, DQ_N]))  # fmt: skip
+        if DQ_ORDERED:
+            if POLL_AHEAD:
+                if it + 1 < n_steps:
+                    h_next, mt_next = _step_tile(it + 1, kv_h, group, n_m, m_lo, TILES_DOWN)
+                    ahead = _load_acquire(
+                        _dq_counter(Sem, b, h_next, mt_next, nheads, n_m, n_slots_q, sem_tile0, lane, VARLEN)
+                    )  # fmt: skip
         tma.store_wait(0)  # the slots have been read: the consumers may refill them
         for c in gl.static_range(CONSUMERS):
             mbarrier.arrive(dq_empty.index(par * CONSUMERS + c))
@@ -727,7 +784,7 @@ def _dq_writer(
                 lane = _release_add_one(sem_prev, _bulk_wait(lane, CONSUMERS))
             sem_prev = sem
     if DQ_ORDERED:
-        if group * per_head > 0:
+        if n_steps > 0:
             lane = _release_add_one(sem_prev, _bulk_wait(lane, 0))
 
 
@@ -740,7 +797,7 @@ def _attn_bwd_dkdv_kernel(
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    VARLEN: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -804,21 +861,22 @@ def _attn_bwd_dkdv_kernel(
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN, TILES_DOWN)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN, TILES_DOWN)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
-                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, VARLEN)),
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, VARLEN, TILES_DOWN)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, BLOCK_M, BLOCK_N * CONSUMERS,
-                               HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL, DQ_ORDERED, DQ_FRAG, VARLEN)),
+                               HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL, DQ_ORDERED, DQ_FRAG, VARLEN,
+                               TILES_DOWN, POLL_AHEAD)),
             ],
             [CONSUMER_WARPS, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -832,18 +890,18 @@ def _attn_bwd_dkdv_kernel(
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
                              0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN, TILES_DOWN)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
                              Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
                              1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN)),
+                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN, TILES_DOWN)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
-                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, VARLEN)),
+                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, VARLEN, TILES_DOWN)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -1065,7 +1123,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
-        DQ_FRAG=var.dq_frag, VARLEN=varlen, num_warps=4,
+        DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
