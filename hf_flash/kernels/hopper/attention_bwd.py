@@ -174,7 +174,11 @@ class Variant:
 # dQ, the dense default since session 19) measured 0.99-1.08x dqwld (geometric mean 1.036, 3 rounds);
 # a writer warp per consumer (dqw2ld, dqw2ldf) measured 0.97x / 0.99x on average and was dropped
 # (.notes/hopper-bwd.md). 128 query rows per step (d64) spills ~1 KB per thread at 240
-# registers; a 3-stage Q/dO ring measured no faster than 2.
+# registers; a 3-stage Q/dO ring measured no faster than 2. dqwld-dnp (tiles_down + poll_ahead)
+# is the fastest ordered fused form on packed causal calls (292 TFLOP/s against dqwld's 210,
+# session 20) but below s2 (315) there; on dense calls the same walk measured 0.78-1.02x dqwldf
+# (the concurrent key blocks spread over the query tiles and lose L2 reuse), so it was not kept
+# for them.
 VARIANTS = {
     v.name: v
     for v in (
@@ -192,12 +196,6 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldf-dn", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                tiles_down=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldf-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                tiles_down=True, poll_ahead=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwld-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 tiles_down=True, poll_ahead=True, head_dims=(128,)),
