@@ -164,3 +164,34 @@ def test_calls_with_bounds_never_take_the_hopper_kernels(monkeypatch, device):
     bounds = image_bounds(64, [(8, 40)], device=device)[None]
     assert attention_paths(q, k, v) == {"forward": "hopper", "backward": "hopper"}
     assert attention_paths(q, k, v, key_bounds=bounds) == {"forward": "triton", "backward": "triton"}
+
+
+def test_backward_pre_pass_gives_each_key_tile_its_query_rows(device):
+    """The dK/dV kernel's query rows per key tile: every row that sees a key of the tile lies in
+    [first, end), and with causal-like ranges (ends never decreasing) nothing else does; the
+    rows that see the whole tile, [full_first, full_end), only when they are contiguous."""
+    from hf_flash.kernels.flash_bwd import _bwd_bounds_pre_pass
+
+    s, block_n = 70, 16
+    bounds = torch.stack([
+        image_bounds(s, [(9, 41)], device=device),
+        image_bounds(s, [(20, 60)], 12, 0, device, or_window=True),
+    ])  # fmt: skip
+    bounds[1, 30, 1] = 0  # an empty row among full ones: not contiguous any more
+    tiles = -(-s // block_n)
+    runs = torch.full((2, tiles, 4), -7, dtype=torch.int32, device=device)
+    _bwd_bounds_pre_pass[(tiles, 2)](
+        bounds, runs, None, None, bounds.stride(0), bounds.stride(1), runs.stride(0), s, s,
+        BLOCK_M=32, BLOCK_N=block_n, IS_VARLEN=False,
+    )  # fmt: skip
+    lo, hi = bounds[..., 0].long(), bounds[..., 1].long()
+    rows = torch.arange(s, device=device)
+    for b in range(2):
+        for t in range(tiles):
+            n0, n1 = t * block_n, min(t * block_n + block_n, s)
+            sees = rows[(lo[b] < n1) & (hi[b] > n0) & (lo[b] < hi[b])]
+            full = rows[(lo[b] <= n0) & (hi[b] >= n0 + block_n)]
+            want = [int(sees.min()), int(sees.max()) + 1] if sees.numel() else [0, 0]
+            contiguous = full.numel() and int(full.max() - full.min()) + 1 == full.numel()
+            want += [int(full.min()), int(full.max()) + 1] if contiguous else [0, 0]
+            assert runs[b, t].tolist() == want, (b, t)
