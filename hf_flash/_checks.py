@@ -158,6 +158,30 @@ def check_options(
             raise ValueError(f"learnable_sink is on {learnable_sink.device} but q is on {device}")
 
 
+def check_key_bounds(key_bounds, rows: Tuple[int, ...], device, causal: bool, window_size) -> None:
+    """Per-row key ranges: an int32 tensor of shape ``rows + (2,)`` on ``device`` (``rows``:
+    (batch, seqlen_q) dense, (total_q,) packed), with causal and window masks off (the ranges
+    replace them). The values need no check: the kernels clamp each range to its sequence and
+    read an empty one (lo >= hi) as a row that sees no key."""
+    if not isinstance(key_bounds, Tensor):
+        raise TypeError(f"key_bounds must be a torch.Tensor, got {type(key_bounds).__name__}")
+    want = tuple(rows) + (2,)
+    if key_bounds.dtype != torch.int32 or tuple(key_bounds.shape) != want:
+        raise ValueError(
+            f"key_bounds must be an int32 tensor of shape {want} (each query row's [lo, hi) key "
+            f"range), got dtype={key_bounds.dtype}, shape={tuple(key_bounds.shape)}"
+        )
+    if key_bounds.device != device:
+        raise ValueError(f"key_bounds is on {key_bounds.device} but q is on {device}")
+    left, right = kernel_window(causal, window_size)
+    if left >= 0 or right >= 0:
+        raise ValueError(
+            f"key_bounds replaces the causal and sliding-window masks (got causal={causal}, "
+            f"window_size={tuple(int(w) for w in window_size)}); put them into the bounds and "
+            "pass causal=False, window_size=(-1, -1)"
+        )
+
+
 def check_cu_seqlens(
     name: str, cu: Tensor, total: int, max_seqlen: int, device, check_values: bool = True
 ) -> None:

@@ -54,11 +54,11 @@ _OPTIONS = (
     "int window_right, float softcap, float dropout_p"
 )
 # per-call tensors besides q/k/v: packed-sequence boundaries, ALiBi slopes, dropout seed,
-# position_ids of dense rows that may hold packed sequences (found at run time, _packing), and
-# learnable sink logits (H,) float32
+# position_ids of dense rows that may hold packed sequences (found at run time, _packing),
+# learnable sink logits (H,) float32, and per-row key ranges (int32 (..., 2))
 _EXTRA_TENSORS = (
     "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? alibi_slopes, Tensor? rng_state, "
-    "Tensor? position_ids, Tensor? sinks"
+    "Tensor? position_ids, Tensor? sinks, Tensor? key_bounds"
 )
 
 
@@ -77,7 +77,7 @@ def _empty_lse(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Tensor:
 
 
 def _fwd_body(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, position_ids, sinks,
-              **options):  # fmt: skip
+              key_bounds, **options):  # fmt: skip
     packed = _packing.packed_boundaries(position_ids, q.shape[0], q.shape[1])
     if packed is not None:
         return _packed_fwd(q, k, v, packed, alibi_slopes, rng_state, sinks, **options)
@@ -85,13 +85,14 @@ def _fwd_body(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, posi
     lse = _empty_lse(q, cu_seqlens_q)
     _fwd.flash_attn_forward(
         q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        alibi_slopes=alibi_slopes, rng_state=rng_state, sinks=sinks, **options,
+        alibi_slopes=alibi_slopes, rng_state=rng_state, sinks=sinks, key_bounds=key_bounds,
+        **options,
     )  # fmt: skip
     return out, lse
 
 
 def _bwd_body(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
-              rng_state, position_ids, sinks, **options):  # fmt: skip
+              rng_state, position_ids, sinks, key_bounds, **options):  # fmt: skip
     dsinks = _empty_dsinks(q, sinks)
     packed = _packing.packed_boundaries(position_ids, q.shape[0], q.shape[1])
     if packed is not None:
@@ -102,7 +103,8 @@ def _bwd_body(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_s
     _bwd.flash_attn_backward(
         unit_last_stride(dout), dlse, q, k, v, out, lse, dq, dk, dv,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes,
-        rng_state=rng_state, sinks=sinks, dsinks=None if sinks is None else dsinks, **options,
+        rng_state=rng_state, sinks=sinks, dsinks=None if sinks is None else dsinks,
+        key_bounds=key_bounds, **options,
     )  # fmt: skip
     return dq, dk, dv, dsinks
 
@@ -190,14 +192,14 @@ def _(q, k, v, cu_seqlens_q, *tensors, **options):
 
 @_attn_bwd_op.register_fake
 def _(dout, dlse, q, k, v, out, lse, *tensors, **options):
-    sinks = tensors[-1]
+    sinks = tensors[-2]
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), _empty_dsinks(q, sinks)
 
 
 def _setup_context(ctx, inputs, keyword_only_inputs, output):
-    q, k, v, cu_q, cu_k, alibi, rng, position_ids, sinks = inputs
+    q, k, v, cu_q, cu_k, alibi, rng, position_ids, sinks, key_bounds = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, rng, position_ids, sinks)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, rng, position_ids, sinks, key_bounds)
     ctx.options = dict(keyword_only_inputs)
 
 
@@ -208,8 +210,8 @@ def _backward(ctx, dout, dlse):
     # Gradients through the returned log-sum-exp are honoured: d lse_i / d s_ij = P_ij, which
     # the kernel folds into its per-row term (delta_i = rowsum(dO * O) - dlse_i).
     dq, dk, dv, dsinks = _attn_bwd(dout, dlse, q, k, v, out, lse, *extra, **ctx.options)
-    sinks = extra[-1]
-    return dq, dk, dv, None, None, None, None, None, None if sinks is None else dsinks
+    sinks = extra[-2]
+    return dq, dk, dv, None, None, None, None, None, None if sinks is None else dsinks, None
 
 
 _attn_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -220,9 +222,9 @@ class _AttnEager(torch.autograd.Function):
     :func:`hf_flash._runtime.direct_call`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, alibi, rng, position_ids, sinks, options):
+    def forward(ctx, q, k, v, cu_q, cu_k, alibi, rng, position_ids, sinks, key_bounds, options):
         ctx.set_materialize_grads(False)  # an unused lse gets no zero-filled gradient
-        tensors = (q, k, v, cu_q, cu_k, alibi, rng, position_ids, sinks)
+        tensors = (q, k, v, cu_q, cu_k, alibi, rng, position_ids, sinks, key_bounds)
         output = _fwd_body(*tensors, **options)
         _setup_context(ctx, tensors, options, output)
         return output
@@ -236,7 +238,7 @@ def attention_forward(
     q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Optional[Tensor] = None,
     cu_seqlens_k: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
     rng_state: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
-    sinks: Optional[Tensor] = None, **options,
+    sinks: Optional[Tensor] = None, key_bounds: Optional[Tensor] = None, **options,
 ) -> Tuple[Tensor, Tensor]:  # fmt: skip
     """``(out, lse)`` of attention (``hf_flash::attn_fwd``'s arguments by name; ``options`` are
     the keyword-only scalars of :data:`_OPTIONS`). The one entry to the forward: the custom op
@@ -244,8 +246,11 @@ def attention_forward(
     :class:`_AttnEager` when a gradient is needed). Inputs are validated by the caller.
     ``position_ids`` (dense q only): rows may hold packed sequences, found when the op runs
     (:mod:`hf_flash._packing`); the results keep the dense layouts. ``sinks``: (H,) float32
-    learnable sink logits, differentiable."""
-    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, position_ids, sinks)
+    learnable sink logits, differentiable. ``key_bounds``: int32 per-row key ranges
+    (:func:`flash_attn_func`)."""
+    tensors = (
+        q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, position_ids, sinks, key_bounds,
+    )  # fmt: skip
     if not direct_call(q, k, v, *(t for t in tensors[3:] if t is not None)):
         return _attn_fwd_op(*tensors, **options)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)):
@@ -283,13 +288,14 @@ def attention_paths(
     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
     alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0,
     softmax_scale: Optional[float] = None, varlen: bool = False,
-    learnable_sink: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None, key_bounds: Optional[Tensor] = None,
 ) -> dict:  # fmt: skip
     """Which kernels :func:`flash_attn_func` (or, with ``varlen=True``,
     :func:`flash_attn_varlen_func`) runs for these arguments: ``{"forward": "hopper" or
     "triton", "backward": "hopper" or "triton"}``. ``"hopper"`` is the Gluon
     FlashAttention-3-style code for H100/H200 (:mod:`hf_flash.kernels.hopper`), taken for
-    fp16/bf16 calls, causal or not, without window, softcap, ALiBi, dropout or sinks: the
+    fp16/bf16 calls, causal or not, without window, softcap, ALiBi, dropout, sinks or
+    ``key_bounds``: the
     forward of dense calls at head dim 64 or 128, and of packed calls (``varlen=True``; q/k/v
     then (total, nheads, headdim)) at head dim 128 (``HF_FLASH_HOPPER_VARLEN=0`` keeps those on
     Triton); the backward (dK, dV and dQ in one kernel; for causal packed calls dQ in Triton; the
@@ -300,11 +306,12 @@ def attention_paths(
     that call's backward to Triton. Arguments as :func:`flash_attn_func`; nothing is launched."""
     options = _call_options(q, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap)
     forward = _fwd.forward_path(
-        q, k, v, None, varlen=varlen, alibi_slopes=alibi_slopes, sinks=learnable_sink, **options
-    )
+        q, k, v, None, varlen=varlen, alibi_slopes=alibi_slopes, sinks=learnable_sink,
+        key_bounds=key_bounds, **options,
+    )  # fmt: skip
     backward = _bwd.backward_path(
         q, k, v, None, None, None, None, varlen=varlen, alibi_slopes=alibi_slopes,
-        sinks=learnable_sink, **options,
+        sinks=learnable_sink, key_bounds=key_bounds, **options,
     )  # fmt: skip
     return {"forward": forward, "backward": backward}
 
@@ -322,6 +329,7 @@ def flash_attn_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     learnable_sink: Optional[Tensor] = None,
+    key_bounds: Optional[Tensor] = None,
 ):
     """Exact attention on batches of equal-length sequences (no padding), flash-attn 2.x compatible.
 
@@ -354,6 +362,19 @@ def flash_attn_func(
             flash-attn 4's interface): rows put part of their weight on it, and a row that sees
             no key outputs 0. In the scaled scores' units; differentiable (its gradient comes
             from the backward's per-row term). Not with dropout.
+        key_bounds: (batch, seqlen_q, 2) int32, or None. hf_flash's extension: query row i of
+            batch b sees exactly the keys ``key_bounds[b, i, 0] <= j < key_bounds[b, i, 1]``
+            (clamped to ``[0, seqlen_k)``; an empty range sees no key and outputs 0), in place of
+            ``causal`` and ``window_size`` (pass causal=False, window_size=(-1, -1) and put them
+            into the bounds). Any union of ranges that contain row i is one range, e.g. causal
+            OR "the image block that holds row i" (gemma3's bidirectional image tokens), with
+            row 4 in the block of rows 3..5::
+
+                row 2:  1 1 1 0 0 0     [0, 3)
+                row 4:  1 1 1 1 1 1     [0, 6)  (sees 5, later in its block)
+
+            Whole key tiles outside every row's range are skipped, forward and backward. Runs the
+            portable Triton kernels on every GPU (:func:`attention_paths`).
 
     Return:
         out: (batch, seqlen_q, nheads, headdim), q's dtype.
@@ -366,14 +387,14 @@ def flash_attn_func(
     """
     return dense_attention(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-        return_attn_probs, learnable_sink=learnable_sink,
+        return_attn_probs, learnable_sink=learnable_sink, key_bounds=key_bounds,
     )  # fmt: skip
 
 
 def dense_attention(
     q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
     alibi_slopes=None, return_attn_probs=False, *, position_ids: Optional[Tensor] = None,
-    learnable_sink: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None, key_bounds: Optional[Tensor] = None,
 ):  # fmt: skip
     """:func:`flash_attn_func` for hf_flash's transformers integration, which may pass the
     model's ``position_ids`` ((1, seqlen) or (batch, seqlen); seqlen_q == seqlen_k): rows
@@ -402,10 +423,17 @@ def dense_attention(
                 f"position_ids describe packed rows of self-attention; seqlen_q={q.shape[1]} "
                 f"and seqlen_k={k.shape[1]} differ"
             )
+        if key_bounds is not None:
+            _checks.check_key_bounds(key_bounds, q.shape[:2], q.device, causal, window_size)
+            if position_ids is not None:
+                raise ValueError(
+                    "key_bounds with position_ids (packed rows) is not supported; give the "
+                    "bounds of each row's own sequence instead"
+                )
     return _attention(
         q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, softmax_scale, causal,
         window_size, softcap, alibi_slopes, return_attn_probs, position_ids=position_ids,
-        learnable_sink=learnable_sink,
+        learnable_sink=learnable_sink, key_bounds=key_bounds,
     )  # fmt: skip
 
 
@@ -427,6 +455,7 @@ def flash_attn_varlen_func(
     return_attn_probs: bool = False,
     block_table: Optional[Tensor] = None,
     learnable_sink: Optional[Tensor] = None,
+    key_bounds: Optional[Tensor] = None,
 ):
     """Exact attention on packed sequences (no attention across sequence boundaries).
 
@@ -450,6 +479,9 @@ def flash_attn_varlen_func(
             launch, sized from shapes alone), then the varlen kernel runs over it. The page
             table's values are checked on the host together with cu_seqlens.
         learnable_sink: (nheads,) sink logits, as in :func:`flash_attn_func`.
+        key_bounds: (total_q, 2) int32, or None: each packed query row's key range, as in
+            :func:`flash_attn_func`, in key indices of its own sequence (0 = the sequence's
+            first key).
 
     Return:
         out: (total_q, nheads, headdim).
@@ -463,7 +495,7 @@ def flash_attn_varlen_func(
     return varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-        block_table, check_cu_seqlens=True, learnable_sink=learnable_sink,
+        block_table, check_cu_seqlens=True, learnable_sink=learnable_sink, key_bounds=key_bounds,
     )  # fmt: skip
 
 
@@ -471,7 +503,7 @@ def varlen_attention(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
     return_attn_probs=False, block_table=None, *, check_cu_seqlens: bool = True,
-    learnable_sink: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None, key_bounds: Optional[Tensor] = None,
 ):  # fmt: skip
     """:func:`flash_attn_varlen_func` for callers that built ``cu_seqlens`` themselves on the
     device (hf_flash's transformers integration): ``check_cu_seqlens=False`` skips the host-side
@@ -502,10 +534,12 @@ def varlen_attention(
             softcap=softcap, alibi_slopes=alibi_slopes, nheads=q.shape[1],
             batch=cu_seqlens_q.numel() - 1, learnable_sink=learnable_sink, device=q.device,
         )  # fmt: skip
+        if key_bounds is not None:
+            _checks.check_key_bounds(key_bounds, q.shape[:1], q.device, causal, window_size)
     return _attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-        learnable_sink=learnable_sink,
+        learnable_sink=learnable_sink, key_bounds=key_bounds,
     )  # fmt: skip
 
 
@@ -569,12 +603,17 @@ def _gather_pages(q, k_pages, v_pages, block_table, cu_seqlens_k, max_seqlen_k, 
 def _attention(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
     causal, window_size, softcap, alibi_slopes, return_attn_probs, position_ids=None,
-    learnable_sink=None,
+    learnable_sink=None, key_bounds=None,
 ):  # fmt: skip
     """The dense and varlen functions after their checks: one forward (and its autograd), the
     flash-attn return form."""
     if learnable_sink is not None and dropout_p > 0.0:
         raise ValueError("learnable_sink with dropout_p > 0 is not supported; pass dropout_p=0.0")
+    if key_bounds is not None and return_attn_probs and dropout_p > 0.0:
+        raise ValueError(
+            "return_attn_probs=True with dropout is not available with key_bounds; pass "
+            "return_attn_probs=False (the output and lse are)"
+        )
     rng_state = _new_rng_state(q.device) if dropout_p > 0.0 else None
     options = _call_options(q, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                             window_size, softcap)  # fmt: skip
@@ -582,7 +621,7 @@ def _attention(
         unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes, position_ids=position_ids,
         sinks=None if learnable_sink is None else learnable_sink.float(), rng_state=rng_state,
-        **options,
+        key_bounds=unit_last_stride(key_bounds), **options,
     )  # fmt: skip
     if not return_attn_probs:
         return out

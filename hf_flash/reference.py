@@ -85,6 +85,7 @@ def attention_ref(
     upcast: bool = True,
     return_lse: bool = False,
     sinks: Optional[torch.Tensor] = None,
+    key_bounds: Optional[torch.Tensor] = None,
 ):
     """Exact attention, flash-attn semantics.
 
@@ -96,6 +97,9 @@ def attention_ref(
     divided by ``1 - dropout_p``. The log-sum-exp is that of the undropped softmax.
     sinks: (nheads,) learnable sink logits (gpt-oss): one more column of every row's softmax,
     holding the sink's logit and no value; the log-sum-exp includes it.
+    key_bounds: int (batch, seqlen_q, 2): query row i of batch b sees keys
+    ``key_bounds[b, i, 0] <= j < key_bounds[b, i, 1]``, intersected with the causal/window mask
+    (the kernels take one or the other).
 
     Returns out (batch, seqlen_q, nheads, headdim) (float32 if ``upcast``, else q.dtype) and,
     with ``return_lse``, the natural-log LSE (batch, nheads, seqlen_q) in float32, ``+inf`` for
@@ -105,6 +109,7 @@ def attention_ref(
     probs, lse = attention_probs(
         q, k, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
         softcap=softcap, alibi_slopes=alibi_slopes, upcast=upcast, sinks=sinks,
+        key_bounds=key_bounds,
     )  # fmt: skip
     if dropout_p > 0.0:
         if dropout_keep is None:
@@ -126,6 +131,7 @@ def attention_probs(
     alibi_slopes: Optional[torch.Tensor] = None,
     upcast: bool = True,
     sinks: Optional[torch.Tensor] = None,
+    key_bounds: Optional[torch.Tensor] = None,
 ):
     """The softmax probabilities (batch, nheads, seqlen_q, seqlen_k) of :func:`attention_ref`
     (before dropout; rows that see no key are 0) and its log-sum-exp (batch, nheads, seqlen_q)."""
@@ -151,8 +157,12 @@ def attention_probs(
         scores = scores - slopes.view(-1, nheads, 1, 1) * dist
     visible = attention_mask_ref(
         seqlen_q, seqlen_k, causal=causal, window_size=window_size, device=q.device
-    )
-    scores = scores.masked_fill(~visible, float("-inf"))
+    ).expand(batch, seqlen_q, seqlen_k)
+    if key_bounds is not None:
+        j = torch.arange(seqlen_k, device=q.device).view(1, 1, -1)
+        bounds = key_bounds.to(q.device, torch.int64)
+        visible = visible & (j >= bounds[..., :1]) & (j < bounds[..., 1:])
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
     if sinks is not None:
         column = sinks.to(dtype).view(1, nheads, 1, 1).expand(batch, nheads, seqlen_q, 1)
         scores = torch.cat([scores, column], dim=-1)
@@ -161,9 +171,9 @@ def attention_probs(
     if sinks is not None:
         probs = probs[..., :-1]  # the sink's share goes nowhere
     else:
-        empty = ~visible.any(dim=-1)  # (i,)
-        probs = probs.masked_fill(empty.view(1, 1, -1, 1), 0.0)
-        lse = lse.masked_fill(empty.view(1, 1, -1), float("inf"))
+        empty = ~visible.any(dim=-1)  # (b, i)
+        probs = probs.masked_fill(empty[:, None, :, None], 0.0)
+        lse = lse.masked_fill(empty[:, None], float("inf"))
     return probs, lse
 
 
@@ -177,13 +187,15 @@ def attention_varlen_ref(
     alibi_slopes: Optional[torch.Tensor] = None,
     dropout_keep: Optional[Sequence[torch.Tensor]] = None,
     return_lse: bool = False,
+    key_bounds: Optional[torch.Tensor] = None,
     **kwargs,
 ):
     """Packed sequences: q (total_q, nheads, d), k/v (total_k, nheads_k, d).
 
     Sequence ``b`` owns rows ``cu_seqlens[b]:cu_seqlens[b+1]`` and attends only within itself,
     with its own bottom-right alignment. ``dropout_keep`` is a list of per-sequence masks
-    (1, nheads, seqlen_q_b, seqlen_k_b). LSE is returned as (nheads, total_q), as flash-attn.
+    (1, nheads, seqlen_q_b, seqlen_k_b); ``key_bounds`` (total_q, 2) holds each row's key
+    range in its own sequence's key indices. LSE is returned as (nheads, total_q), as flash-attn.
     Other keyword arguments are those of :func:`attention_ref`.
     """
     upcast = kwargs.get("upcast", True)
@@ -207,6 +219,7 @@ def attention_varlen_ref(
             alibi_slopes=slopes,
             dropout_keep=keep,
             return_lse=True,
+            key_bounds=None if key_bounds is None else key_bounds[qs:qe].unsqueeze(0),
             **kwargs,
         )
         out[qs:qe] = o[0]

@@ -13,7 +13,10 @@ Contract with transformers (5.17 ... 5.x)::
 
 ``attention_mask`` is what :func:`~hf_flash.integration.masks.hf_flash_mask` returned for this forward pass: ``None`` (no
 padding: every key is valid), a 2-D bool ``(B, M)`` key mask with ``M <= Skv``, or an integer
-``(B, S)`` tensor of positions within packed sequences (read as ``position_ids``). Keys at index
+``(B, S)`` tensor of positions within packed sequences (read as ``position_ids``), or an int32
+``(B, Sq, 2)`` tensor of each query row's key range ``[lo, hi)`` (a mask function with image
+blocks, :func:`~hf_flash.integration.masks.row_key_bounds`: causality, the window and padding
+are inside it, and the kernels' ``key_bounds`` apply it). Keys at index
 ``>= M`` are never valid: that is how a StaticCache's zero-padded ``max_cache_len`` buffer is
 described, exactly as transformers' FlashAttention path does. The queries are the last ``Sq``
 positions of the mask (``M - Sq ... M - 1``), except a single query (a decode step), which sits
@@ -60,7 +63,7 @@ from ..interface import dense_attention, flash_attn_varlen_func, varlen_attentio
 from . import ATTN_IMPLEMENTATION
 from .common import cast_to_kernel_dtype, flash_window
 from .continuous_batching import paged_cache_attention, updated_step_attention
-from .masks import has_holes, hf_flash_mask, key_blocks
+from .masks import has_holes, hf_flash_mask, is_row_bounds, key_blocks
 
 __all__ = ["ATTN_IMPLEMENTATION", "hf_flash_attention_forward", "hf_flash_mask"]
 
@@ -90,8 +93,10 @@ def hf_flash_attention_forward(
         module: the attention module (reads ``is_causal`` and the projection dtype).
         query: (B, Hq, Sq, D). key, value: (B, Hkv, Skv, D), Hq a multiple of Hkv (GQA/MQA are
             never expanded). RoPE already applied; any strides with a unit last stride.
-        attention_mask: None, the 2-D bool key mask from :func:`hf_flash_mask`, or its int64
-            positions within packed sequences (taken as ``position_ids``).
+        attention_mask: None, the 2-D bool key mask from :func:`hf_flash_mask`, its int64
+            positions within packed sequences (taken as ``position_ids``), or its int32 per-row
+            key ranges (B, Sq, 2) (image blocks; ``is_causal`` and ``sliding_window`` are then
+            already inside them).
         dropout: float. Attention dropout (the module passes 0 in eval).
         scaling: float. Softmax scale; default 1/sqrt(D).
         sliding_window: int. Key j is visible to query i iff ``i - w < j <= i`` (causal).
@@ -148,7 +153,9 @@ def hf_flash_attention_forward(
         v = torch.nn.functional.pad(v, (0, head_dim - v_head_dim))
     q, k, v = cast_to_kernel_dtype(module, q, k, v)
 
-    if attention_mask is not None and has_holes(attention_mask):
+    if is_row_bounds(attention_mask):
+        out = _bounded_attention(q, k, v, attention_mask, opts, kwargs)
+    elif attention_mask is not None and has_holes(attention_mask):
         out = _gathered_attention(q, k, v, attention_mask, causal, opts)
     elif _decode_shaped(seqlen_q, seqlen_k, attention_mask, opts, kwargs):
         out = _decode_attention(q, k, v, attention_mask, opts)
@@ -170,7 +177,7 @@ def hf_flash_attention_forward(
 
 
 def _is_positions(mask: Optional[Tensor]) -> bool:
-    return mask is not None and not mask.is_floating_point() and mask.dtype != torch.bool
+    return mask is not None and mask.dim() == 2 and not mask.is_floating_point() and mask.dtype != torch.bool
 
 
 def _check_inputs(query, key, value, kwargs) -> None:
@@ -214,6 +221,28 @@ def _decode_attention(q, k, v, mask, opts) -> Tensor:
         q, k, v, key_start=key_start, key_end=key_end, softmax_scale=opts["softmax_scale"],
         causal=opts["causal"], window_size=opts["window_size"], softcap=opts["softcap"],
         learnable_sink=opts["learnable_sink"],
+    )  # fmt: skip
+
+
+def _bounded_attention(q, k, v, bounds: Tensor, opts, kwargs) -> Tensor:
+    """Each query row attends its key range ``bounds[b, i] = [lo, hi)`` (hf_flash_mask's
+    :func:`~hf_flash.integration.masks.row_key_bounds`: the mask function's causal, window and
+    image-block structure and the padding are all in it, so the layer's causal flag and
+    ``sliding_window`` are not applied again), through the dense kernels' ``key_bounds``."""
+    batch, seqlen_q = q.shape[:2]
+    if _has_varlen_kwargs(kwargs):
+        raise ValueError(
+            "packed sequences (cu_seq_lens_q/k) with a mask function that has image blocks are not "
+            "supported by hf_flash; pass padded rows with an attention_mask instead"
+        )
+    if tuple(bounds.shape[:2]) != (batch, seqlen_q):
+        raise ValueError(
+            f"the per-row key ranges from hf_flash's mask function have shape "
+            f"{tuple(bounds.shape)}, but the layer has batch {batch} and {seqlen_q} queries"
+        )
+    return dense_attention(
+        q, k, v, opts["dropout_p"], opts["softmax_scale"], False, (-1, -1), opts["softcap"],
+        learnable_sink=opts["learnable_sink"], key_bounds=bounds.to(q.device),
     )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from ..kernels.key_mask import key_mask_rows
 
 __all__ = [
     "hf_flash_mask", "has_holes", "packed_positions", "mask_rows", "MaskRows", "valid_block", "first_valid", "key_blocks",
-    "KEY_BLOCKS",
+    "KEY_BLOCKS", "row_key_bounds", "has_block_overlay", "is_row_bounds",
 ]  # fmt: skip
 
 
@@ -83,8 +83,14 @@ def hf_flash_mask(
             StaticCache layers).
         kv_offset: int. Absolute position of key index 0 (sliding-window caches).
         attention_mask: (batch, >= kv_length) bool, or None. The user's padding mask.
-        kwargs: ``use_vmap=True`` means the model combined a custom ``or``/``and`` mask function
-            (e.g. bidirectional image tokens), which a flash kernel cannot express: rejected.
+        kwargs: ``use_vmap=True`` means the model combined a custom ``or``/``and`` mask function.
+            Those built from transformers' causal, sliding-window and image-block
+            (``blockwise_overlay``: gemma3's bidirectional image tokens) pieces become per-row key
+            ranges (:func:`row_key_bounds`); any other is rejected with its name.
+
+    A mask function with image blocks (or any ``use_vmap`` one) returns each query row's key
+    range instead, an int32 ``(batch, q_length, 2)`` tensor (:func:`row_key_bounds`; padding
+    folded in), which the attention function runs through the kernels' ``key_bounds``.
 
     Outside torch.compile the mask is read once on the host (one Triton launch,
     :mod:`hf_flash.kernels.key_mask`, and one sync per forward pass and mask type, as
@@ -103,13 +109,18 @@ def hf_flash_mask(
     mask, a static cache layer's valid slots (its fill level, a device tensor) become a
     ``kv_length`` mask built on the device.
     """
-    if kwargs.get("use_vmap", False):
-        raise ValueError(
-            "attn_implementation='hf_flash' cannot apply this model's custom mask function "
-            "(an or_mask_function/and_mask_function, e.g. bidirectional attention over image "
-            "tokens); load the model with attn_implementation='sdpa' or 'eager' for this input"
-        )
     compiling = torch.compiler.is_compiling()
+    if kwargs.get("use_vmap", False) or (not compiling and has_block_overlay(mask_function)):
+        if compiling:
+            raise ValueError(
+                "attn_implementation='hf_flash' reads a custom mask function (an "
+                "or_mask_function/and_mask_function, e.g. bidirectional attention over image "
+                "tokens) only outside torch.compile; build the masks before the compiled region"
+            )
+        return row_key_bounds(
+            mask_function, batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask,
+            kwargs.get("device"),
+        )  # fmt: skip
     # a one-token step on a static cache layer (q_offset: its fill-level tensor): the key mask
     # keeps the cache's full width every step, and is never replaced by None (see below)
     static_step = q_length == 1 and isinstance(q_offset, Tensor)
@@ -314,3 +325,156 @@ def key_blocks(mask: Tensor) -> tuple[Tensor, Tensor]:
     if cacheable:
         KEY_BLOCKS.put(mask, blocks)
     return blocks
+
+
+# --------------------------------------------------------------------------------------------
+# Custom mask functions as per-row key ranges (gemma3's bidirectional image blocks)
+# --------------------------------------------------------------------------------------------
+
+_MASKING = "transformers.masking_utils"
+_AND, _OR = "and_masks.<locals>.and_mask", "or_masks.<locals>.or_mask"
+_BLOCKS = "blockwise_overlay.<locals>.inner_mask"
+_WINDOW = "sliding_window_overlay.<locals>.inner_mask"
+_UNBOUNDED = 1 << 40  # beyond any key position
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _piece(fn) -> tuple[Optional[str], dict]:
+    """(qualified name, closure variables) of one of transformers.masking_utils' mask pieces;
+    (None, {}) for any other callable."""
+    if getattr(fn, "__module__", None) != _MASKING or not hasattr(fn, "__code__"):
+        return None, {}
+    cells = getattr(fn, "__closure__", None) or ()
+    return fn.__qualname__, {n: c.cell_contents for n, c in zip(fn.__code__.co_freevars, cells)}
+
+
+def has_block_overlay(mask_function) -> bool:
+    """Whether transformers combined an image-block piece (``blockwise_overlay``: tokens of one
+    block see each other, e.g. gemma3's image tokens) into ``mask_function``, looking through
+    its and/or wrappers. Python only: nothing is evaluated."""
+    name, cells = _piece(mask_function)
+    if name == _BLOCKS:
+        return True
+    if name in (_AND, _OR):
+        return any(has_block_overlay(f) for f in cells.get("mask_functions", ()))
+    return False
+
+
+def is_row_bounds(mask) -> bool:
+    """Whether the attention function got :func:`row_key_bounds`' per-row key ranges."""
+    return isinstance(mask, Tensor) and mask.dtype == torch.int32 and mask.dim() == 3 and mask.shape[-1] == 2
+
+
+def row_key_bounds(
+    mask_function, batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,
+    attention_mask: Optional[Tensor] = None, device=None,
+) -> Tensor:  # fmt: skip
+    """Each query row's visible keys under ``mask_function`` (and the padding mask), as one
+    ``[lo, hi)`` range of key indices: int32 ``(batch, q_length, 2)`` for the kernels'
+    ``key_bounds``.
+
+    The mask function is read piece by piece (transformers' and/or wrappers, causal,
+    bidirectional, sliding-window and image-block pieces) and evaluated as ranges of absolute
+    key positions per query position ``p = q_offset + i``: causal ``[0, p]``, a window of ``w``
+    ``[p - w + 1, ...)``, the image block holding ``p`` that block's tokens (none for text), and
+    AND/OR as intersection/union. Every piece's range holds ``p`` itself or is empty, so unions
+    stay one range: gemma3's ``causal OR block`` (global layers) and ``window AND (causal OR
+    block)`` (local layers) are exact. Then key index ``j = position - kv_offset``, clamped to
+    ``[0, kv_length)``, intersected with the row's valid padding block (left or right padding).
+
+    Torch ops on the device; host reads: the padding mask's (as :func:`hf_flash_mask` reads it
+    anyway) and one check that every image block id covers one run of tokens (skipped while a
+    CUDA graph is captured). Raises ValueError, before any kernel runs, for a piece it does not
+    know (naming it), padding inside a row, or a block id used by two separate runs.
+    """
+    if device is None:
+        device = attention_mask.device if attention_mask is not None else "cpu"
+    positions = torch.arange(q_length, device=device, dtype=torch.int64) + q_offset
+    positions = positions.expand(batch_size, q_length)
+    try:
+        lo, hi = _key_range(mask_function, positions)
+    except _Unsupported as piece:
+        raise ValueError(
+            "attn_implementation='hf_flash' cannot express this model's custom mask function as "
+            f"one key range per query row: it contains {piece}. hf_flash runs causal and sliding-window "
+            "masks combined (and/or) with image blocks (transformers' blockwise_overlay, e.g. "
+            "gemma3's bidirectional image tokens); load the model with attn_implementation='sdpa' "
+            "or 'eager' for this input"
+        ) from None
+    lo = (lo - kv_offset).clamp(0, kv_length)
+    hi = (hi - kv_offset).clamp(0, kv_length)
+    if attention_mask is not None:
+        if attention_mask.dim() != 2:
+            raise ValueError(
+                f"hf_flash needs a 2-D (batch, kv_len) padding mask, got shape "
+                f"{tuple(attention_mask.shape)}; custom 4-D masks need attn_implementation='sdpa'"
+            )
+        rows = mask_rows(attention_mask[:, -kv_length:].to(device), kv_length)
+        if not rows.contiguous:
+            raise ValueError(
+                "attention_mask has padding inside a sequence (a 0 between two 1s in a row) and the "
+                "model's mask function has image blocks; hf_flash takes such masks with left or "
+                "right padding only"
+            )
+        lo = torch.maximum(lo, rows.start.to(torch.int64)[:, None])
+        hi = torch.minimum(hi, rows.end.to(torch.int64)[:, None])
+    return torch.stack([lo, hi], dim=-1).to(torch.int32)
+
+
+def _key_range(fn, pos: Tensor) -> tuple[Tensor, Tensor]:
+    """``[lo, hi)`` absolute key positions that query positions ``pos`` (B, S) see under ``fn``."""
+    name, cells = _piece(fn)
+    if name == "causal_mask_function":
+        return torch.full_like(pos, -_UNBOUNDED), pos + 1
+    if name == "bidirectional_mask_function":
+        return torch.full_like(pos, -_UNBOUNDED), torch.full_like(pos, _UNBOUNDED)
+    if name == _WINDOW and isinstance(cells.get("sliding_window"), int):
+        return pos - cells["sliding_window"] + 1, torch.full_like(pos, _UNBOUNDED)
+    if name == _BLOCKS and isinstance(cells.get("block_sequence_ids"), Tensor):
+        return _block_range(cells["block_sequence_ids"], pos)
+    if name in (_AND, _OR) and cells.get("mask_functions"):
+        ranges = [_key_range(f, pos) for f in cells["mask_functions"]]
+        lo, hi = ranges[0]
+        for lo_b, hi_b in ranges[1:]:
+            if name == _AND:
+                lo, hi = torch.maximum(lo, lo_b), torch.minimum(hi, hi_b)
+            else:  # both hold the row's own position or are empty: the union is one range
+                empty_a, empty_b = lo >= hi, lo_b >= hi_b
+                lo, hi = (
+                    torch.where(empty_a, lo_b, torch.where(empty_b, lo, torch.minimum(lo, lo_b))),
+                    torch.where(empty_a, hi_b, torch.where(empty_b, hi, torch.maximum(hi, hi_b))),
+                )
+        return lo, hi
+    raise _Unsupported(name or getattr(fn, "__qualname__", None) or repr(fn))
+
+
+def _block_range(ids: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+    """The block of ``ids`` (B or 1, L; < 0: no block) holding each query position: its run of
+    equal ids ``[start, end)``, or an empty range (text tokens)."""
+    ids = ids.to(pos.device).expand(pos.shape[0], -1)
+    length = ids.shape[1]
+    if host_reads_allowed():
+        # one id must cover one run of tokens (transformers numbers each image's run anew)
+        sorted_ids, order = ids.sort(dim=1, stable=True)
+        split = (sorted_ids[:, 1:] == sorted_ids[:, :-1]) & (sorted_ids[:, 1:] >= 0)
+        if bool((split & (order[:, 1:] != order[:, :-1] + 1)).any()):
+            raise ValueError(
+                "an image block id of this mask function covers two separate runs of tokens, "
+                "which is not one key range per query row; hf_flash cannot run it, use "
+                "attn_implementation='sdpa' or 'eager'"
+            )
+    idx = torch.arange(length, device=pos.device)
+    first = torch.ones_like(ids[:, :1], dtype=torch.bool)
+    starts = torch.cat([first, ids[:, 1:] != ids[:, :-1]], dim=1)
+    ends = torch.cat([ids[:, :-1] != ids[:, 1:], first], dim=1)
+    run_start = torch.where(starts, idx, 0).cummax(dim=1).values
+    run_end = torch.where(ends, idx + 1, length).flip(1).cummin(dim=1).values.flip(1)
+    at = pos.clamp(0, length - 1)
+    inside = (pos >= 0) & (pos < length) & (ids.gather(1, at) >= 0)
+    return (
+        torch.where(inside, run_start.gather(1, at), pos),
+        torch.where(inside, run_end.gather(1, at), pos),
+    )

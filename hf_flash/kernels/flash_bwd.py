@@ -11,6 +11,12 @@ Three launches, none with atomics, so gradients are bitwise deterministic:
    reduction over the query-head group happens in registers.
 3. ``_bwd_dq_kernel``: one program per query tile: ``dQ += dS K`` over the visible key tiles.
 
+With per-row key bounds (``key_bounds``) a pre-pass, ``_bwd_bounds_pre_pass``, first gives each
+key tile the query rows that see any of its keys and the rows that see all of them, so the dK/dV
+kernel visits exactly the query tiles in between (all of them when the ranges' ends never
+decrease from row to row, as causal-like masks such as gemma3's image blocks) and runs the
+fully-visible ones unmasked. No host sync.
+
 Dropout replays the forward's Philox mask: ``dV`` uses the dropped, rescaled probabilities and
 ``dP`` is masked and rescaled the same way. Softcap multiplies ``dS`` by ``1 - tanh^2``.
 """
@@ -21,9 +27,10 @@ import triton.language as tl
 
 from . import configs
 from .flash_common import (
-    LOG2E, dropout_keep, key_tile_runs, query_tile_runs, scores_log2, seq_bounds, visible,
+    LOG2E, bounded_key_tile_runs, dropout_keep, key_tile_runs, load_row_bounds, query_tile_runs,
+    scores_log2, seq_bounds, visible,
 )  # fmt: skip
-from .flash_fwd import _dense_or_varlen_strides, kernel_flags
+from .flash_fwd import _dense_or_varlen_strides, bounds_strides, kernel_flags
 
 
 @triton.jit
@@ -67,20 +74,67 @@ def _bwd_preprocess(
 
 
 @triton.jit
+def _bwd_bounds_pre_pass(
+    KeyBounds, QueryRuns, CuSeqlensQ, CuSeqlensK,
+    stride_bb, stride_bm, stride_rb, seqlen_q, seqlen_k,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """For key tile ``pid_n`` of sequence ``b``: ``QueryRuns[b, pid_n] = (first, end, full_first,
+    full_end)``, the query rows ``[first, end)`` spanning every row that sees a key of the tile
+    (``(0, 0)`` if none) and ``[full_first, full_end)`` rows that all see every key of it (empty
+    unless the rows that do are contiguous)."""
+    pid_n = tl.program_id(0)
+    b = tl.program_id(1)
+    q_start, q_len, k_start, k_len = seq_bounds(CuSeqlensQ, CuSeqlensK, b, seqlen_q, seqlen_k, IS_VARLEN)
+    n0 = pid_n * BLOCK_N
+    if n0 >= k_len:
+        return
+    n1 = tl.minimum(n0 + BLOCK_N, k_len)
+    b64 = b.to(tl.int64)
+    first = tl.full([], 2147483647, tl.int32)
+    last = tl.full([], -1, tl.int32)
+    full_first = tl.full([], 2147483647, tl.int32)
+    full_last = tl.full([], -1, tl.int32)
+    full_count = tl.full([], 0, tl.int32)
+    for m0 in range(0, q_len, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        lo, hi = load_row_bounds(KeyBounds, stride_bb, stride_bm, b64, q_start, offs_m, q_len, k_len)
+        sees = (lo < n1) & (hi > n0) & (lo < hi)  # rows past q_len have lo = hi = 0
+        full = (offs_m < q_len) & (lo <= n0) & (hi >= n0 + BLOCK_N)
+        first = tl.minimum(first, tl.min(tl.where(sees, offs_m, 2147483647), axis=0))
+        last = tl.maximum(last, tl.max(tl.where(sees, offs_m, -1), axis=0))
+        full_first = tl.minimum(full_first, tl.min(tl.where(full, offs_m, 2147483647), axis=0))
+        full_last = tl.maximum(full_last, tl.max(tl.where(full, offs_m, -1), axis=0))
+        full_count += tl.sum(full.to(tl.int32), axis=0)
+    first = tl.where(last < 0, 0, first)
+    exact = (full_count > 0) & (full_count == full_last - full_first + 1)
+    full_first = tl.where(exact, full_first, 0)
+    full_end = tl.where(exact, full_last + 1, 0)
+    out = QueryRuns + b64 * stride_rb + pid_n * 4
+    tl.store(out, first)
+    tl.store(out + 1, last + 1)
+    tl.store(out + 2, full_first)
+    tl.store(out + 3, full_end)
+
+
+@triton.jit
 def _dkdv_tiles(
     dk, dv, k, v,
     q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
     start, end, offs_n, offs_m0, offs_d, shift, seqlen_q, seqlen_k, window_left, window_right,
+    bounds_base, stride_bm,
     qk_scale, softcap, alibi_slope,
     rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, dropout_p,
     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    ROW_BOUNDS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Accumulate dK, dV of one key tile over query tiles [start, end) of one query head.
     Scores are kept transposed ([BLOCK_N keys, BLOCK_M queries]) so P^T and dS^T feed the
-    dV/dK products directly, with dK/dV in the MMA accumulator layout."""
+    dV/dK products directly, with dK/dV in the MMA accumulator layout. ``bounds_base``: the
+    sequence's first row of the key bounds (``ROW_BOUNDS``)."""
     d_ok = offs_d < HEAD_DIM
     key = offs_n[:, None]  # [BLOCK_N, 1]
     for start_m in range(start, end, BLOCK_M):
@@ -111,6 +165,11 @@ def _dkdv_tiles(
         s2t, tt = scores_log2(st, pos, key, qk_scale, softcap, alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
             vis = visible(pos, key, seqlen_k, window_left, window_right, MASK_LEFT, MASK_RIGHT)
+            if ROW_BOUNDS:
+                bounds_ptrs = bounds_base + offs_m.to(tl.int64) * stride_bm
+                key_lo = tl.load(bounds_ptrs, mask=offs_m < seqlen_q, other=0)
+                key_hi = tl.load(bounds_ptrs + 1, mask=offs_m < seqlen_q, other=0)
+                vis = vis & (key >= key_lo[None, :]) & (key < key_hi[None, :])
             s2t = tl.where(vis, s2t, float("-inf"))
         pt = tl.exp2(s2t - (lse * LOG2E)[None, :])
         dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # [BLOCK_N, BLOCK_M]
@@ -133,18 +192,19 @@ def _dkdv_tiles(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DOut, Lse, Delta, DK, DV, CuSeqlensQ, CuSeqlensK, Alibi, Rng,
+    Q, K, V, DOut, Lse, Delta, DK, DV, CuSeqlensQ, CuSeqlensK, Alibi, Rng, KeyBounds, QueryRuns,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
     stride_dkb, stride_dkn, stride_dkh,
     stride_dvb, stride_dvn, stride_dvh,
-    stride_lb, stride_lh, stride_ab,
+    stride_lb, stride_lh, stride_ab, stride_bb, stride_bm, stride_rb,
     seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nheads, nheads_k, group,
     qk_scale, softcap, dropout_p, window_left, window_right,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    ROW_BOUNDS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -184,10 +244,20 @@ def _bwd_dkdv_kernel(
     if HAS_DROPOUT:
         rng_seed = tl.load(Rng)
         rng_offset = tl.load(Rng + 1)
-    lo, a, bnd, hi = query_tile_runs(
-        n0, shift, q_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT,
-        True,
-    )  # fmt: skip
+    if ROW_BOUNDS:
+        bounds_base = KeyBounds + b64 * stride_bb + q_start.to(tl.int64) * stride_bm
+        # the query rows that see this key tile, from _bwd_bounds_pre_pass
+        runs = QueryRuns + b64 * stride_rb + pid_n * 4
+        hi = tl.load(runs + 1)
+        lo = tl.minimum((tl.load(runs) // BLOCK_M) * BLOCK_M, hi)
+        a = tl.minimum(tl.maximum(tl.cdiv(tl.load(runs + 2), BLOCK_M) * BLOCK_M, lo), hi)
+        bnd = tl.maximum(tl.minimum((tl.load(runs + 3) // BLOCK_M) * BLOCK_M, hi), a)
+    else:
+        bounds_base = Lse  # not read
+        lo, a, bnd, hi = query_tile_runs(
+            n0, shift, q_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT,
+            True,
+        )  # fmt: skip
     if n0 + BLOCK_N > k_len:
         a = hi  # the key tile sticks out of the sequence: every query tile needs the bounds mask
         bnd = hi
@@ -203,22 +273,22 @@ def _bwd_dkdv_kernel(
         dk, dv = _dkdv_tiles(
             dk, dv, k, v, q_base, do_base, Lse + l_off, Delta + l_off, stride_qm, stride_dom,
             lo, a, offs_n, offs_m0, offs_d, shift, q_len, k_len, window_left, window_right,
-            qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
-            dropout_p, BLOCK_M, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT,
+            bounds_base, stride_bm, qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
+            dropout_p, BLOCK_M, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT, ROW_BOUNDS,
             HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
         )  # fmt: skip
         dk, dv = _dkdv_tiles(
             dk, dv, k, v, q_base, do_base, Lse + l_off, Delta + l_off, stride_qm, stride_dom,
             a, bnd, offs_n, offs_m0, offs_d, shift, q_len, k_len, window_left, window_right,
-            qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
-            dropout_p, BLOCK_M, HEAD_DIM, BLOCK_D, False, MASK_LEFT, MASK_RIGHT,
+            bounds_base, stride_bm, qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
+            dropout_p, BLOCK_M, HEAD_DIM, BLOCK_D, False, MASK_LEFT, MASK_RIGHT, ROW_BOUNDS,
             HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
         )  # fmt: skip
         dk, dv = _dkdv_tiles(
             dk, dv, k, v, q_base, do_base, Lse + l_off, Delta + l_off, stride_qm, stride_dom,
             bnd, hi, offs_n, offs_m0, offs_d, shift, q_len, k_len, window_left, window_right,
-            qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
-            dropout_p, BLOCK_M, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT,
+            bounds_base, stride_bm, qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
+            dropout_p, BLOCK_M, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT, ROW_BOUNDS,
             HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
         )  # fmt: skip
     dk = dk * qk_scale  # dS is w.r.t. the scaled scores
@@ -238,15 +308,17 @@ def _bwd_dkdv_kernel(
 def _dq_tiles(
     dq, q, do, lse2, delta,
     k_base, v_base, stride_kn, stride_vn,
-    start, end, offs_m, offs_n0, offs_d, pos, seqlen_k, window_left, window_right,
+    start, end, offs_m, offs_n0, offs_d, pos, seqlen_k, window_left, window_right, key_lo, key_hi,
     qk_scale, softcap, alibi_slope,
     rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, dropout_p,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    ROW_BOUNDS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Accumulate dQ of one query tile over key tiles [start, end)."""
+    """Accumulate dQ of one query tile over key tiles [start, end); ``key_lo`` / ``key_hi``
+    ([BLOCK_M]) are the rows' key ranges with ``ROW_BOUNDS``."""
     d_ok = offs_d < HEAD_DIM
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + offs_n0
@@ -271,6 +343,8 @@ def _dq_tiles(
         s2, t = scores_log2(s, pos, key, qk_scale, softcap, alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
             vis = visible(pos, key, seqlen_k, window_left, window_right, MASK_LEFT, MASK_RIGHT)
+            if ROW_BOUNDS:
+                vis = vis & (key >= key_lo[:, None]) & (key < key_hi[:, None])
             s2 = tl.where(vis, s2, float("-inf"))
         p = tl.exp2(s2 - lse2[:, None])
         dp = tl.dot(do, vt, input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
@@ -288,17 +362,18 @@ def _dq_tiles(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, DOut, Lse, Delta, DQ, CuSeqlensQ, CuSeqlensK, Alibi, Rng,
+    Q, K, V, DOut, Lse, Delta, DQ, CuSeqlensQ, CuSeqlensK, Alibi, Rng, KeyBounds,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
     stride_dqb, stride_dqm, stride_dqh,
-    stride_lb, stride_lh, stride_ab,
+    stride_lb, stride_lh, stride_ab, stride_bb, stride_bm,
     seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nheads, group,
     qk_scale, softcap, dropout_p, window_left, window_right,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    ROW_BOUNDS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     REVERSE_M: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -348,28 +423,34 @@ def _bwd_dq_kernel(
     v_base = V + b64 * stride_vb + kv_h.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
     pos = (offs_m + shift)[:, None]
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    lo, a, bnd, hi = key_tile_runs(
-        m0, shift, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT
-    )
+    if ROW_BOUNDS:
+        key_lo, key_hi = load_row_bounds(KeyBounds, stride_bb, stride_bm, b64, q_start, offs_m, q_len, k_len)
+        lo, a, bnd, hi = bounded_key_tile_runs(key_lo, key_hi, row_ok, k_len, BLOCK_N)
+    else:
+        key_lo = offs_m
+        key_hi = offs_m
+        lo, a, bnd, hi = key_tile_runs(
+            m0, shift, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT
+        )
     dq = _dq_tiles(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-        lo, a, offs_m, offs_n0, offs_d, pos, k_len, window_left, window_right,
+        lo, a, offs_m, offs_n0, offs_d, pos, k_len, window_left, window_right, key_lo, key_hi,
         qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
-        dropout_p, BLOCK_N, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT,
+        dropout_p, BLOCK_N, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT, ROW_BOUNDS,
         HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
     )  # fmt: skip
     dq = _dq_tiles(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-        a, bnd, offs_m, offs_n0, offs_d, pos, k_len, window_left, window_right,
+        a, bnd, offs_m, offs_n0, offs_d, pos, k_len, window_left, window_right, key_lo, key_hi,
         qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
-        dropout_p, BLOCK_N, HEAD_DIM, BLOCK_D, False, MASK_LEFT, MASK_RIGHT,
+        dropout_p, BLOCK_N, HEAD_DIM, BLOCK_D, False, MASK_LEFT, MASK_RIGHT, ROW_BOUNDS,
         HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
     )  # fmt: skip
     dq = _dq_tiles(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-        bnd, hi, offs_m, offs_n0, offs_d, pos, k_len, window_left, window_right,
+        bnd, hi, offs_m, offs_n0, offs_d, pos, k_len, window_left, window_right, key_lo, key_hi,
         qk_scale, softcap, alibi_slope, rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k,
-        dropout_p, BLOCK_N, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT,
+        dropout_p, BLOCK_N, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT, ROW_BOUNDS,
         HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
     )  # fmt: skip
     dq = dq * qk_scale
@@ -380,19 +461,20 @@ def _bwd_dq_kernel(
 
 
 def backward_path(q, k, v, out, dout, dk, dv, *, varlen, causal, window_left, window_right, softcap,
-                  alibi_slopes, dropout_p, softmax_scale, sinks=None, **_) -> str:  # fmt: skip
+                  alibi_slopes, dropout_p, softmax_scale, sinks=None, key_bounds=None,
+                  **_) -> str:  # fmt: skip
     """Which backward kernel :func:`flash_attn_backward` runs for these arguments: ``"hopper"``
     (the Gluon sm_90a kernel, :mod:`hf_flash.kernels.hopper.attention_bwd`) when it covers the
     call and the device allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this
     module's kernels). The Hopper kernel covers what the Hopper forward covers (fp16/bf16,
-    causal or not, no window, softcap, ALiBi, dropout or sinks), dense and packed (``varlen``:
+    causal or not, no window, softcap, ALiBi, dropout, sinks or key bounds), dense and packed (``varlen``:
     cu_seqlens, each sequence bottom-right aligned on its own), at head dim 128 (64: no measured
     gain, Triton) with out, dout, dk and dv addressable by TMA too (``None``: still to be
     allocated like q / k, which then are). Packed calls take it whatever
     :func:`configs.hopper_varlen_enabled` says (that switch is the packed forward's). The
     preprocess is this module's on both paths; the dQ kernel too unless the Hopper variant
     computes dQ itself (its default, in a fixed order: deterministic)."""
-    if sinks is not None or not configs.hopper_backward_enabled(q.device):
+    if sinks is not None or key_bounds is not None or not configs.hopper_backward_enabled(q.device):
         return "triton"
     from .hopper import attention_bwd as hopper  # Gluon: imported only where it can run
 
@@ -410,7 +492,7 @@ def backward_path(q, k, v, out, dout, dk, dv, *, varlen, causal, window_left, wi
 def flash_attn_backward(
     dout, dlse, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-    dropout_p, rng_state, sinks=None, dsinks=None,
+    dropout_p, rng_state, sinks=None, dsinks=None, key_bounds=None,
 ):  # fmt: skip
     """Launch the three backward kernels; layouts as in flash_fwd.flash_attn_forward. Calls
     the Gluon Hopper dK/dV kernel covers run it in place of the Triton one
@@ -418,7 +500,9 @@ def flash_attn_backward(
     their gradient goes to ``dsinks`` (H,): the sink's probability in row i is
     ``p_i = exp(sink - lse_i)`` and its value is zero, so ``d sink = -sum_i p_i * delta_i`` over
     every row of its head (``delta_i = rowsum(dO_i * O_i) - dlse_i``, the preprocess kernel's
-    per-row term); the other gradients keep their form, the sink being inside lse already."""
+    per-row term); the other gradients keep their form, the sink being inside lse already.
+    ``key_bounds``: as in the forward; a pre-pass (one small launch) gives the dK/dV kernel each
+    key tile's query rows."""
     varlen = cu_seqlens_q is not None
     if varlen:
         batch = cu_seqlens_q.numel() - 1
@@ -438,7 +522,7 @@ def flash_attn_backward(
             _sink_grad(sinks, lse, None if dlse is None else -dlse.float(), varlen, dsinks)
         return
     dkdv_cfg, dq_cfg = configs.bwd_configs(head_dim, q.dtype, q.device)
-    flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p)
+    flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p, key_bounds)
     block_d = configs.head_dim_block(head_dim)
     stride_ab = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0
     if dlse is not None:
@@ -464,7 +548,7 @@ def flash_attn_backward(
     path = backward_path(
         q, k, v, out, dout, dk, dv, varlen=varlen, causal=causal, window_left=window_left,
         window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-        softmax_scale=softmax_scale, sinks=sinks,
+        softmax_scale=softmax_scale, sinks=sinks, key_bounds=key_bounds,
     )  # fmt: skip
     if path == "hopper":
         from .hopper.attention_bwd import hopper_attention_backward
@@ -475,26 +559,37 @@ def flash_attn_backward(
         ):
             return  # the variant computed dQ too
     else:
-        _bwd_dkdv_kernel[(configs.cdiv(max_seqlen_k, dkdv_cfg["BLOCK_N"]), batch * nheads_k)](
+        key_tiles = configs.cdiv(max_seqlen_k, dkdv_cfg["BLOCK_N"])
+        query_runs = None
+        if key_bounds is not None:
+            query_runs = torch.empty((batch, key_tiles, 4), dtype=torch.int32, device=q.device)
+            _bwd_bounds_pre_pass[(key_tiles, batch)](
+                key_bounds, query_runs, cu_seqlens_q, cu_seqlens_k,
+                *bounds_strides(key_bounds, varlen), query_runs.stride(0), seqlen_q, seqlen_k,
+                BLOCK_M=64, BLOCK_N=dkdv_cfg["BLOCK_N"], IS_VARLEN=varlen,
+            )  # fmt: skip
+        _bwd_dkdv_kernel[(key_tiles, batch * nheads_k)](
             q, k, v, dout, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
+            key_bounds, query_runs,
             *_dense_or_varlen_strides(q, varlen), *_dense_or_varlen_strides(k, varlen),
             *_dense_or_varlen_strides(v, varlen), *_dense_or_varlen_strides(dout, varlen),
             *_dense_or_varlen_strides(dk, varlen), *_dense_or_varlen_strides(dv, varlen),
-            stride_lb, stride_lh, stride_ab,
+            stride_lb, stride_lh, stride_ab, *bounds_strides(key_bounds, varlen),
+            0 if query_runs is None else query_runs.stride(0),
             *common, nheads, nheads_k, nheads // nheads_k, *scalars,
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=dkdv_cfg["BLOCK_M"],
             BLOCK_N=dkdv_cfg["BLOCK_N"], IS_VARLEN=varlen,
             **configs.launch_options(dkdv_cfg, varlen), **flags,
         )  # fmt: skip
     _bwd_dq_kernel[(configs.cdiv(max_seqlen_q, dq_cfg["BLOCK_M"]), batch * nheads)](
-        q, k, v, dout, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
+        q, k, v, dout, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, key_bounds,
         *_dense_or_varlen_strides(q, varlen), *_dense_or_varlen_strides(k, varlen),
         *_dense_or_varlen_strides(v, varlen), *_dense_or_varlen_strides(dout, varlen),
         *_dense_or_varlen_strides(dq, varlen),
-        stride_lb, stride_lh, stride_ab,
+        stride_lb, stride_lh, stride_ab, *bounds_strides(key_bounds, varlen),
         *common, nheads, nheads // nheads_k, *scalars,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=dq_cfg["BLOCK_M"], BLOCK_N=dq_cfg["BLOCK_N"],
-        IS_VARLEN=varlen, REVERSE_M=window_right >= 0,
+        IS_VARLEN=varlen, REVERSE_M=window_right >= 0 or key_bounds is not None,
         **configs.launch_options(dq_cfg, varlen), **flags,
     )  # fmt: skip
 

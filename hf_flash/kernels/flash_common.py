@@ -17,6 +17,13 @@ Key (or query) ranges are cut into three runs of tiles: tiles that need the mask
 edge of the window, tiles fully inside the window and the sequence (no mask, no bounds checks,
 the fast path) and tiles on the right edge (the causal diagonal). Tiles outside the window are
 never visited, so windowed attention costs O(seqlen * window).
+
+Per-row key bounds (``ROW_BOUNDS``, the ``key_bounds`` argument) replace causal masking and
+windows: query row ``i`` sees keys ``lo_i <= j < hi_i`` (clamped to the sequence; ``lo_i >= hi_i``
+sees none), one int32 pair per row. Query tiles take the hull of their rows' ranges
+(:func:`bounded_key_tile_runs`); the backward's key tiles get the rows that see them from a
+pre-pass (:func:`hf_flash.kernels.flash_bwd._bwd_bounds_pre_pass`). Whole tiles outside every
+row's range are skipped; tiles inside every row's range run unmasked.
 """
 
 import triton
@@ -71,6 +78,33 @@ def key_tile_runs(
     if MASK_LEFT:
         lo = (tl.maximum(first - window_left, 0) // BLOCK_N) * BLOCK_N
         full_lo = tl.cdiv(tl.maximum(last - window_left, 0), BLOCK_N) * BLOCK_N
+    lo = tl.minimum(lo, hi)
+    a = tl.minimum(tl.maximum(full_lo, lo), hi)
+    b = tl.maximum(tl.minimum(full_hi, hi), a)
+    return lo, a, b, hi
+
+
+@triton.jit
+def load_row_bounds(KeyBounds, stride_bb, stride_bm, b64, q_start, offs_m, q_len, k_len):
+    """Each query row's key range ``[lo, hi)`` ([BLOCK_M] int32 each), clamped to ``[0, k_len]``;
+    rows past ``q_len`` get ``[0, 0)``. ``q_start`` is the sequence's first packed row (varlen)."""
+    row_ok = offs_m < q_len
+    ptrs = KeyBounds + b64 * stride_bb + (q_start + offs_m).to(tl.int64) * stride_bm
+    lo = tl.maximum(tl.load(ptrs, mask=row_ok, other=0), 0)
+    hi = tl.minimum(tl.load(ptrs + 1, mask=row_ok, other=0), k_len)
+    return lo, hi
+
+
+@triton.jit
+def bounded_key_tile_runs(lo_rows, hi_rows, row_ok, k_len, BLOCK_N: tl.constexpr):
+    """:func:`key_tile_runs` for per-row key ranges (:func:`load_row_bounds`; ``row_ok`` marks
+    the rows inside the sequence): [lo, hi) covers every row's range, [a, b) lies inside the range
+    of every row of the tile (empty when some row sees no key, which must stay at zero)."""
+    seen = row_ok & (lo_rows < hi_rows)
+    hi = tl.max(tl.where(seen, hi_rows, 0), axis=0)
+    lo = (tl.min(tl.where(seen, lo_rows, k_len), axis=0) // BLOCK_N) * BLOCK_N
+    full_lo = tl.cdiv(tl.max(tl.where(row_ok, lo_rows, 0), axis=0), BLOCK_N) * BLOCK_N
+    full_hi = (tl.min(tl.where(row_ok, hi_rows, k_len), axis=0) // BLOCK_N) * BLOCK_N
     lo = tl.minimum(lo, hi)
     a = tl.minimum(tl.maximum(full_lo, lo), hi)
     b = tl.maximum(tl.minimum(full_hi, hi), a)

@@ -9,7 +9,9 @@ log-sum-exp ``m + log(l)`` lets the backward recompute probabilities without sto
 Supported: float16 / bfloat16 (float32 accumulation) and float32 (IEEE dot products, no TF32);
 head dims 1..256 (padded to a power of two inside the kernel, masked on load/store); GQA/MQA by
 indexing the K/V head; causal (bottom-right) and sliding windows with whole tiles skipped;
-softcap; ALiBi; dropout (Philox, replayed by the backward); dense and packed (varlen) batches.
+softcap; ALiBi; dropout (Philox, replayed by the backward); per-row key ranges in place of
+causal/window masks (``key_bounds``: gemma3's bidirectional image blocks); dense and packed
+(varlen) batches.
 Addresses are computed in int64 so sequences of millions of tokens do not overflow.
 """
 
@@ -18,22 +20,27 @@ import triton
 import triton.language as tl
 
 from . import configs
-from .flash_common import LN2, LOG2E, key_tile_runs, scores_log2, seq_bounds, visible, dropout_keep
+from .flash_common import (
+    LN2, LOG2E, bounded_key_tile_runs, dropout_keep, key_tile_runs, load_row_bounds, scores_log2,
+    seq_bounds, visible,
+)  # fmt: skip
 
 
 @triton.jit
 def _fwd_tiles(
     acc, l_i, m_i, q,
     k_base, v_base, stride_kn, stride_vn, offs_n0, offs_d,
-    start, end, pos_m, offs_m, seqlen_k, window_left, window_right,
+    start, end, pos_m, offs_m, seqlen_k, window_left, window_right, key_lo, key_hi,
     qk_scale, softcap, alibi_slope,
     rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, dropout_p,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    ROW_BOUNDS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Online-softmax update of (acc, l_i, m_i) over key tiles [start, end)."""
+    """Online-softmax update of (acc, l_i, m_i) over key tiles [start, end); ``key_lo`` /
+    ``key_hi`` ([BLOCK_M]) are the rows' key ranges with ``ROW_BOUNDS``."""
     d_ok = offs_d < HEAD_DIM
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + offs_n0
@@ -55,6 +62,8 @@ def _fwd_tiles(
             vis = visible(
                 pos_m[:, None], offs_n[None, :], seqlen_k, window_left, window_right, MASK_LEFT, MASK_RIGHT
             )
+            if ROW_BOUNDS:
+                vis = vis & (offs_n[None, :] >= key_lo[:, None]) & (offs_n[None, :] < key_hi[:, None])
             s2 = tl.where(vis, s2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s2, 1))
         # rows that have seen no key yet keep m = -inf; subtract 0 instead to avoid inf - inf
@@ -83,20 +92,20 @@ def _fwd_tiles(
 
 @triton.jit
 def _flash_fwd_kernel(
-    Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Alibi, Rng, Sinks,
+    Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Alibi, Rng, Sinks, KeyBounds,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh,
-    stride_ab,
+    stride_ab, stride_bb, stride_bm,
     seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nheads, group,
     qk_scale, softcap, dropout_p, window_left, window_right,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     REVERSE_M: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
+    HAS_SINKS: tl.constexpr, ROW_BOUNDS: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -149,29 +158,35 @@ def _flash_fwd_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    lo, a, bnd, hi = key_tile_runs(
-        m0, shift, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT
-    )
+    if ROW_BOUNDS:
+        key_lo, key_hi = load_row_bounds(KeyBounds, stride_bb, stride_bm, b64, q_start, offs_m, q_len, k_len)
+        lo, a, bnd, hi = bounded_key_tile_runs(key_lo, key_hi, row_ok, k_len, BLOCK_N)
+    else:
+        key_lo = offs_m
+        key_hi = offs_m
+        lo, a, bnd, hi = key_tile_runs(
+            m0, shift, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT
+        )
     # left edge of a sliding window (masked), interior (unmasked), right edge / causal diagonal
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_n0, offs_d,
-        lo, a, pos_m, offs_m, k_len, window_left, window_right, qk_scale, softcap, alibi_slope,
+        lo, a, pos_m, offs_m, k_len, window_left, window_right, key_lo, key_hi, qk_scale, softcap, alibi_slope,
         rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, dropout_p,
-        BLOCK_N, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT,
+        BLOCK_N, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT, ROW_BOUNDS,
         HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_n0, offs_d,
-        a, bnd, pos_m, offs_m, k_len, window_left, window_right, qk_scale, softcap, alibi_slope,
+        a, bnd, pos_m, offs_m, k_len, window_left, window_right, key_lo, key_hi, qk_scale, softcap, alibi_slope,
         rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, dropout_p,
-        BLOCK_N, HEAD_DIM, BLOCK_D, False, MASK_LEFT, MASK_RIGHT,
+        BLOCK_N, HEAD_DIM, BLOCK_D, False, MASK_LEFT, MASK_RIGHT, ROW_BOUNDS,
         HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_n0, offs_d,
-        bnd, hi, pos_m, offs_m, k_len, window_left, window_right, qk_scale, softcap, alibi_slope,
+        bnd, hi, pos_m, offs_m, k_len, window_left, window_right, key_lo, key_hi, qk_scale, softcap, alibi_slope,
         rng_seed, rng_offset, bh, max_seqlen_q, max_seqlen_k, dropout_p,
-        BLOCK_N, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT,
+        BLOCK_N, HEAD_DIM, BLOCK_D, True, MASK_LEFT, MASK_RIGHT, ROW_BOUNDS,
         HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, DOT_FP32, PRECISION,
     )  # fmt: skip
 
@@ -198,10 +213,23 @@ def _dense_or_varlen_strides(t: torch.Tensor, varlen: bool):
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p):
+def bounds_strides(key_bounds, varlen: bool):
+    """(batch, row) strides of ``key_bounds`` ((B, Sq, 2), packed (Tq, 2)); 0, 0 without."""
+    if key_bounds is None:
+        return 0, 0
+    assert key_bounds.dtype == torch.int32 and key_bounds.stride(-1) == 1
+    if varlen:
+        return 0, key_bounds.stride(0)
+    return key_bounds.stride(0), key_bounds.stride(1)
+
+
+def kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p, key_bounds=None):
     """Compile-time switches shared by the forward and backward launchers."""
     dot_fp32 = q.dtype == torch.float32 or (configs.interpreting() and q.dtype == torch.bfloat16)
+    # per-row key bounds replace the causal / window masks (the public API checks it)
+    assert key_bounds is None or (window_left < 0 and window_right < 0)
     return dict(
+        ROW_BOUNDS=key_bounds is not None,
         MASK_LEFT=window_left >= 0,
         MASK_RIGHT=window_right >= 0,
         HAS_SOFTCAP=softcap > 0.0,
@@ -214,18 +242,19 @@ def kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p)
 
 
 def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, softcap,
-                 alibi_slopes, dropout_p, softmax_scale, sinks=None, **_) -> str:  # fmt: skip
+                 alibi_slopes, dropout_p, softmax_scale, sinks=None, key_bounds=None,
+                 **_) -> str:  # fmt: skip
     """Which kernel :func:`flash_attn_forward` runs for these arguments: ``"hopper"`` (the
     Gluon sm_90a kernel, :mod:`hf_flash.kernels.hopper`) when it covers the call and the device
     allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this module's kernel). The
     Hopper kernel takes fp16/bf16 calls, causal or not, GQA/MQA, without a sliding window,
-    softcap, ALiBi, dropout or sinks, on tensors TMA can address (``out`` None: the output is
+    softcap, ALiBi, dropout, sinks or per-row key bounds, on tensors TMA can address (``out`` None: the output is
     still to be allocated like q, which then is addressable too): dense calls at head dim 64 or
     128, packed calls (``varlen``: cu_seqlens, causal alignment per sequence) at head dim 128
     unless switched off (:func:`configs.hopper_varlen_enabled`, ``HF_FLASH_HOPPER_VARLEN=0``;
     ``VARLEN_DISPATCH_HEAD_DIMS``: at 64 the packed Gluon kernel measured level with this
     module's, so this one runs them)."""
-    if sinks is not None or not configs.hopper_enabled(q.device):
+    if sinks is not None or key_bounds is not None or not configs.hopper_enabled(q.device):
         return "triton"
     if varlen and not configs.hopper_varlen_enabled():
         return "triton"
@@ -244,7 +273,7 @@ def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, sof
 def flash_attn_forward(
     q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state,
-    sinks=None,
+    sinks=None, key_bounds=None,
 ):  # fmt: skip
     """Launch the forward kernel. Tensors are validated by the caller (hf_flash.interface).
 
@@ -252,13 +281,16 @@ def flash_attn_forward(
     Packed: q/out (Tq, H, D), k/v (Tk, Hk, D), lse (H, Tq), cu_seqlens int32 (B + 1,).
     ``sinks``: None or (H,) float32 learnable sink logits (in the scaled scores' units); the
     lse then includes them.
+    ``key_bounds``: None or int32 (B, Sq, 2) / packed (Tq, 2), unit last stride: query row i
+    sees keys ``key_bounds[..., i, 0] <= j < key_bounds[..., i, 1]`` (key indices of its own
+    sequence, clamped to it), in place of causal and window masks (which must then be off).
     ``window_right`` must already be 0 for causal attention. Calls the Gluon Hopper kernel
     covers run on it (:func:`forward_path`); both write the same outputs.
     """
     options = dict(
         varlen=cu_seqlens_q is not None, causal=causal, window_left=window_left,
         window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
-        dropout_p=dropout_p, softmax_scale=softmax_scale, sinks=sinks,
+        dropout_p=dropout_p, softmax_scale=softmax_scale, sinks=sinks, key_bounds=key_bounds,
     )  # fmt: skip
     if forward_path(q, k, v, out, **options) == "hopper":
         from .hopper.attention_fwd import hopper_attention_forward
@@ -289,22 +321,22 @@ def flash_attn_forward(
             lse.copy_(sinks.view(1, -1, 1).expand_as(lse) if not varlen else sinks[:, None].expand_as(lse))
         return
     cfg = configs.fwd_config(head_dim, q.dtype, q.device)
-    flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p)
+    flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p, key_bounds)
     stride_ab = 0
     if alibi_slopes is not None and alibi_slopes.dim() == 2:
         stride_ab = alibi_slopes.stride(0)
     grid = (configs.cdiv(max_seqlen_q, cfg["BLOCK_M"]), batch * nheads)
     _flash_fwd_kernel[grid](
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, sinks,
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, sinks, key_bounds,
         *_dense_or_varlen_strides(q, varlen),
         *_dense_or_varlen_strides(k, varlen),
         *_dense_or_varlen_strides(v, varlen),
         *_dense_or_varlen_strides(out, varlen),
-        stride_lb, stride_lh, stride_ab,
+        stride_lb, stride_lh, stride_ab, *bounds_strides(key_bounds, varlen),
         seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nheads, nheads // nheads_k,
         float(softmax_scale), float(softcap), float(dropout_p), int(window_left), int(window_right),
         HEAD_DIM=head_dim, BLOCK_D=configs.head_dim_block(head_dim),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], IS_VARLEN=varlen,
-        REVERSE_M=window_right >= 0, HAS_SINKS=sinks is not None,
+        REVERSE_M=window_right >= 0 or key_bounds is not None, HAS_SINKS=sinks is not None,
         **configs.launch_options(cfg, varlen), **flags,
     )  # fmt: skip
