@@ -158,8 +158,10 @@ def test_wide_configs_fit_shared_memory(cap, dtype, monkeypatch):
 def test_configs_up_to_256_unchanged(monkeypatch):
     _fake_capability(monkeypatch, (9, 0))
     dev = torch.device("cuda", 0)
-    assert configs.fwd_config(256, torch.bfloat16, dev) == {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-    assert configs.bwd_configs(256, torch.bfloat16, dev)[1] == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1}
+    fwd = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    assert configs.fwd_config(256, torch.bfloat16, dev) == fwd
+    dq = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1}
+    assert configs.bwd_configs(256, torch.bfloat16, dev)[1] == dq
     assert decode.decode_config(256, torch.bfloat16, dev) == {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3}
 
 
