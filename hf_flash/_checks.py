@@ -19,7 +19,8 @@ from ._runtime import host_reads_allowed, interpreter_active
 
 # dtypes the attention, decode and rotary kernels take (float32 is computed in true float32)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_HEAD_DIM = 256
+# the kernels' head-dim limit (gemma4's global layers use 512); configs.py sizes tiles up to it
+MAX_HEAD_DIM = 512
 # paged K/V caches: page sizes must be a multiple of this (the decode kernel's key tiles)
 PAGE_MULTIPLE = 16
 

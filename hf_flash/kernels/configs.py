@@ -191,7 +191,8 @@ def on_input_device(launcher):
 
 
 def head_dim_block(head_dim: int) -> int:
-    """Head dimension padded to a power of two (>= 16, tl.dot's minimum)."""
+    """Head dimension padded to a power of two (>= 16, tl.dot's minimum); at most 512
+    (``hf_flash._checks.MAX_HEAD_DIM``)."""
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
@@ -343,12 +344,50 @@ def launch_options(cfg: dict, packed: bool = False) -> dict:
 _INTERPRETER = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
 
 
+# Head dims 257..512 (BLOCK_D = 512; gemma4's global layers use 512). Not swept on hardware:
+# sized so that every tile fits shared memory with margin and the fp32 accumulators stay near
+# 128 registers per thread. Shared memory is roughly stages x (the streamed tiles) x BLOCK_D x
+# bytes per element, plus the tiles a program keeps (its Q, or its K and V) x BLOCK_D x bytes;
+# budgets are 227 KB (Hopper), 164 KB (A100), 99 KB (sm_86 / Ada) and 64 KB (Turing).
+# * forward, bf16/fp16, Hopper (64, 32, 8 warps, 2 stages): Q 64 x 512 x 2 = 64 KB, K and V
+#   2 stages x 2 x 32 x 512 x 2 = 128 KB, 192 KB in all; the 64 x 512 fp32 accumulator over 256
+#   threads is 128 registers each.
+# * forward, bf16/fp16, Ampere / Ada (32, 16, 8, 1): Q 32 KB + K and V 2 x 16 x 512 x 2 = 32 KB,
+#   64 KB (fits sm_86's 99 KB); accumulator 32 x 512 / 256 threads = 64 registers.
+# * forward, float32 or older GPUs (16, 16, 4, 1), the smallest tl.dot tiles: Q 16 x 512 x 4 =
+#   32 KB + K and V 2 x 16 x 512 x 4 = 64 KB, 96 KB in float32 (48 KB in 16-bit).
+# * backward dK/dV (keeps K, V and the fp32 dK, dV of BLOCK_N keys; streams Q and dO tiles of
+#   BLOCK_M rows), Hopper (16, 32, 8, 2): Q, dO 2 stages x 2 x 16 x 512 x 2 = 64 KB, K, V 2 x 32 x
+#   512 x 2 = 64 KB, 128 KB; dK + dV 2 x 32 x 512 fp32 / 256 threads = 128 registers.
+#   Elsewhere (16, 16, 8, 1): 32 + 32 = 64 KB (128 KB in float32), 64 registers.
+# * backward dQ (keeps Q, dO and the fp32 dQ of BLOCK_M rows; streams K and V tiles), Hopper
+#   (32, 32, 8, 2): K, V 2 x 2 x 32 x 512 x 2 = 128 KB + Q, dO 2 x 32 x 512 x 2 = 64 KB, 192 KB;
+#   dQ 32 x 512 / 256 threads = 64 registers. Elsewhere (16, 16, 8, 1): 32 + 32 = 64 KB (128 KB
+#   in float32, which therefore wants an A100 or a Hopper GPU at these head dims).
+def _wide_fwd_config(dtype: torch.dtype, major: int) -> dict:
+    if dtype == torch.float32 or major < 8:
+        return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    if major >= 9:
+        return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
+    return {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1}
+
+
+def _wide_bwd_configs(dtype: torch.dtype, major: int) -> tuple[dict, dict]:
+    if dtype != torch.float32 and major >= 9:
+        return ({"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},
+                {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2})  # fmt: skip
+    small = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1}
+    return dict(small), dict(small)
+
+
 def fwd_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
     if interpreting():
         return _pick("fwd", dict(_INTERPRETER))
     d = head_dim_block(head_dim)
     major, _ = _capability(device)
-    if dtype == torch.float32:
+    if d > 256:
+        cfg = _wide_fwd_config(dtype, major)
+    elif dtype == torch.float32:
         cfg = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
     elif major >= 9:  # Hopper (H100 / H200), measured on H100 SXM
         # benchmarks/diagnostics/probe_attention.py, bf16 d=128 causal, B*S = 16K: (128, 128,
@@ -388,7 +427,9 @@ def bwd_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tupl
         return _pick("bwd_dkdv", dict(_INTERPRETER)), _pick("bwd_dq", dict(_INTERPRETER))
     d = head_dim_block(head_dim)
     major, _ = _capability(device)
-    if dtype == torch.float32 or major < 8:
+    if d > 256:
+        dkdv, dq = _wide_bwd_configs(dtype, major)
+    elif dtype == torch.float32 or major < 8:
         dkdv = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
         dq = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
     elif d <= 64 and major >= 9:

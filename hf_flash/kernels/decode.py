@@ -31,7 +31,7 @@ give the angles of the new tokens directly: table row ``t`` for new key ``t`` an
 ``t`` (or row 0 for every query, as above). No load or store ever goes past the cache's
 ``capacity`` rows, whatever ``cache_seqlens`` holds.
 
-Supported: float16 / bfloat16 (float32 accumulation) and float32; head dims 1..256; softcap,
+Supported: float16 / bfloat16 (float32 accumulation) and float32; head dims 1..512; softcap,
 ALiBi, sliding windows. Addresses are computed in int64.
 """
 
@@ -432,6 +432,15 @@ def decode_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> di
     flight matters more than tile shape, hence several pipeline stages of modest key tiles."""
     if configs.interpreting():
         cfg = {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    elif configs.head_dim_block(head_dim) > 256:
+        # head dims 257..512 (not swept on hardware): the query tile is at most 32 rows here
+        # (_Plan), 32 x 512 x 2 = 32 KB (64 KB in float32) of shared memory, plus the streamed
+        # K and V tiles, stages x 2 x 16 x 512 x 2 bytes: 2 stages 64 KB in 16-bit, 96 KB in all
+        # (under sm_86 / Ada's 99 KB); one stage before Ampere (64 KB on Turing) and in float32,
+        # 64 + 64 = 128 KB (A100, Hopper). The fp32 accumulator, 32 x 512 over 256 threads, is
+        # 64 registers each.
+        two = dtype != torch.float32 and configs._capability(device)[0] >= 8
+        cfg = {"BLOCK_N": 16, "num_warps": 8, "num_stages": 2 if two else 1}
     elif dtype == torch.float32:
         cfg = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
     elif configs.head_dim_block(head_dim) <= 128:
@@ -507,9 +516,10 @@ class _Plan:
          q_per_row, per_token, mask_left, mask_right, has_softcap, has_alibi) = flags  # fmt: skip
         cfg = decode_config(head_dim, dtype, device)
         self.block_n = cfg["BLOCK_N"]
-        block_m = max(16, min(64, configs.next_power_of_2(rows)))
-        self.m_tiles = configs.cdiv(rows, block_m)
         block_d = configs.head_dim_block(head_dim)
+        # at most 64 stacked query rows per tile; 32 past head dim 256 (see decode_config)
+        block_m = max(16, min(64 if block_d <= 256 else 32, configs.next_power_of_2(rows)))
+        self.m_tiles = configs.cdiv(rows, block_m)
         dot_fp32 = dtype == torch.float32 or (configs.interpreting() and dtype == torch.bfloat16)
         common = dict(
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=self.block_n,

@@ -529,7 +529,7 @@ def flash_attn_backward(
         dlse = dlse.contiguous()
     delta = torch.empty_like(lse)
 
-    pre_m = 64
+    pre_m = 64 if block_d <= 256 else 32  # out and dO tiles of pre_m x block_d in registers
     _bwd_preprocess[(configs.cdiv(max_seqlen_q, pre_m), batch * nheads)](
         out, dout, dlse, delta, cu_seqlens_q,
         *_dense_or_varlen_strides(out, varlen), *_dense_or_varlen_strides(dout, varlen),

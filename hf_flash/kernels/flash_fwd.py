@@ -7,7 +7,7 @@ the unnormalised output ``acc`` (online softmax). The output is ``acc / l`` and 
 log-sum-exp ``m + log(l)`` lets the backward recompute probabilities without storing them.
 
 Supported: float16 / bfloat16 (float32 accumulation) and float32 (IEEE dot products, no TF32);
-head dims 1..256 (padded to a power of two inside the kernel, masked on load/store); GQA/MQA by
+head dims 1..512 (padded to a power of two inside the kernel, masked on load/store); GQA/MQA by
 indexing the K/V head; causal (bottom-right) and sliding windows with whole tiles skipped;
 softcap; ALiBi; dropout (Philox, replayed by the backward); per-row key ranges in place of
 causal/window masks (``key_bounds``: gemma3's bidirectional image blocks); dense and packed

@@ -171,17 +171,26 @@ def test_sinks_check_on_the_hook_point():
 
 
 def test_heads_wider_than_the_kernels_are_rejected_at_load():
-    """Gemma 4's global layers have heads of 512: refused when the model is built on "hf_flash",
-    not at the first forward."""
+    """Gemma 4's global layers have heads of ``global_head_dim`` (512 by default): 512 loads on
+    "hf_flash"; wider heads are refused when the model is built, not at the first forward."""
+    import copy
+
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
-    config = Gemma4TextConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                              vocab_size=128, layer_types=["sliding_attention", "full_attention"],
-                              global_head_dim=512)  # fmt: skip
-    with pytest.raises(ValueError, match="heads of 512.*up to 256"):
-        Gemma4ForCausalLM._from_config(config, attn_implementation="hf_flash")
-    Gemma4ForCausalLM._from_config(config, attn_implementation="eager")  # the config is fine
+    def config(global_head_dim):
+        return Gemma4TextConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                vocab_size=128, vocab_size_per_layer_input=128,
+                                hidden_size_per_layer_input=16,
+                                layer_types=["sliding_attention", "full_attention"],
+                                global_head_dim=global_head_dim)  # fmt: skip
+
+    model = Gemma4ForCausalLM._from_config(config(512), attn_implementation="hf_flash")
+    assert model.model.layers[1].self_attn.head_dim == 512
+    wide = config(576)
+    with pytest.raises(ValueError, match="heads of 576.*up to 512"):
+        Gemma4ForCausalLM._from_config(copy.deepcopy(wide), attn_implementation="hf_flash")
+    Gemma4ForCausalLM._from_config(wide, attn_implementation="eager")  # the config is fine
 
 
 def test_models_without_flash_support_are_rejected():
