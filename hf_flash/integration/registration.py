@@ -248,7 +248,7 @@ def check_model_supported(model_cls) -> None:
     """Raise before the model is built when its class cannot run on "hf_flash"."""
     # transformers only runs its own support check for names "flash_attention_<n>", so models
     # whose attention needs more than a padding mask (they declare no flash support) land here.
-    if not getattr(model_cls, "_supports_flash_attn", False):
+    if not getattr(model_cls, "_supports_flash_attn", False) and _model_type(model_cls) not in IMAGE_BLOCK_MODEL_TYPES:
         raise ValueError(
             f"{model_cls.__name__} does not support FlashAttention-style attention "
             "(_supports_flash_attn is False), so attn_implementation='hf_flash' cannot run it; "
@@ -305,6 +305,13 @@ def on_hf_flash_model(model) -> None:
     reject_unsupported(model)
     apply_family_patches(model)
 
+
+# Model types whose classes declare no flash support only because flash kernels drop the
+# bidirectional mask over image tokens (transformers >= 5.24 on Gemma3ForConditionalGeneration:
+# "Flash Attention drops the bidirectional mask over image tokens"); hf_flash keeps it (the
+# mask function becomes per-row key ranges, :func:`hf_flash.integration.masks.row_key_bounds`),
+# tested with a tiny random model against eager.
+IMAGE_BLOCK_MODEL_TYPES = frozenset({"gemma3"})
 
 # Model types with attention sinks (``s_aux``, one logit per head in every softmax, no value)
 # that hf_flash runs: their fixed flash-kernel list is there for the sinks, which hf_flash's

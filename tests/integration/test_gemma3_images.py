@@ -224,3 +224,21 @@ def test_key_ranges_equal_transformers_own_mask(device):
         j = torch.arange(kv_len)
         got = (j >= bounds[..., :1]) & (j < bounds[..., 1:])
         assert torch.equal(got, want), fn
+
+
+def test_loads_where_transformers_declares_no_flash_support():
+    """transformers >= 5.24 sets ``_supports_flash_attn = False`` on gemma3's multimodal classes
+    ("Flash Attention drops the bidirectional mask over image tokens"); hf_flash keeps that mask,
+    so it loads them (registration.IMAGE_BLOCK_MODEL_TYPES), and still refuses any other class
+    that declares no flash support."""
+    from hf_flash.integration.registration import check_model_supported
+
+    class NoFlashGemma3(transformers.Gemma3ForConditionalGeneration):
+        _supports_flash_attn = False
+
+    class NoFlashLlama(transformers.LlamaForCausalLM):
+        _supports_flash_attn = False
+
+    check_model_supported(NoFlashGemma3)
+    with pytest.raises(ValueError, match="_supports_flash_attn is False"):
+        check_model_supported(NoFlashLlama)
