@@ -494,7 +494,15 @@ SWEEP_D64 = {
     "bwd_dq": [_cfg(64, 32, 4, 3), _cfg(64, 64, 4, 3), _cfg(128, 32, 4, 3), _cfg(128, 64, 8, 2),
                _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 2)],
 }  # fmt: skip
-SWEEPS = {128: SWEEP, 64: SWEEP_D64}
+# head_dim 512 (Gemma 4's global layers; configs.py sizes them from shared-memory arithmetic:
+# fwd (64, 32, 8, 2), dK/dV (16, 32, 8, 2), dQ (32, 32, 8, 2)). Candidates that fit 227 KB:
+# fewer stages, other tile shapes. Prediction (2026-11-25): the defaults within 10% of the best.
+SWEEP_D512 = {
+    "fwd": [_cfg(64, 32, 8, 1), _cfg(64, 64, 8, 1), _cfg(32, 32, 4, 2), _cfg(32, 64, 4, 1)],
+    "bwd_dkdv": [_cfg(16, 32, 8, 1), _cfg(16, 32, 4, 2), _cfg(32, 32, 8, 1), _cfg(16, 16, 4, 2)],
+    "bwd_dq": [_cfg(32, 32, 8, 1), _cfg(64, 32, 8, 1), _cfg(32, 16, 4, 2)],
+}  # fmt: skip
+SWEEPS = {128: SWEEP, 64: SWEEP_D64, 512: SWEEP_D512}
 SWEEP_SEQLENS = (4096, 16384)
 
 
