@@ -357,12 +357,13 @@ _INTERPRETER = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
 # * forward, float32 or older GPUs (16, 16, 4, 1), the smallest tl.dot tiles: Q 16 x 512 x 4 =
 #   32 KB + K and V 2 x 16 x 512 x 4 = 64 KB, 96 KB in float32 (48 KB in 16-bit).
 # * backward dK/dV (keeps K, V and the fp32 dK, dV of BLOCK_N keys; streams Q and dO tiles of
-#   BLOCK_M rows), Hopper (16, 32, 8, 2): Q, dO 2 stages x 2 x 16 x 512 x 2 = 64 KB, K, V 2 x 32 x
-#   512 x 2 = 64 KB, 128 KB; dK + dV 2 x 32 x 512 fp32 / 256 threads = 128 registers.
+#   BLOCK_M rows), Hopper (32, 32, 8, 1; measured faster than the (16, 32, 8, 2) this arithmetic
+#   first gave): Q, dO 2 x 32 x 512 x 2 = 64 KB, K, V 2 x 32 x 512 x 2 = 64 KB, 128 KB; dK + dV
+#   2 x 32 x 512 fp32 / 256 threads = 128 registers.
 #   Elsewhere (16, 16, 8, 1): 32 + 32 = 64 KB (128 KB in float32), 64 registers.
 # * backward dQ (keeps Q, dO and the fp32 dQ of BLOCK_M rows; streams K and V tiles), Hopper
-#   (32, 32, 8, 2): K, V 2 x 2 x 32 x 512 x 2 = 128 KB + Q, dO 2 x 32 x 512 x 2 = 64 KB, 192 KB;
-#   dQ 32 x 512 / 256 threads = 64 registers. Elsewhere (16, 16, 8, 1): 32 + 32 = 64 KB (128 KB
+#   (64, 32, 8, 1; measured, as dK/dV): K, V 2 x 32 x 512 x 2 = 64 KB + Q, dO 2 x 64 x 512 x 2 =
+#   128 KB, 192 KB; dQ 64 x 512 / 256 threads = 128 registers. Elsewhere (16, 16, 8, 1): 32 + 32 = 64 KB (128 KB
 #   in float32, which therefore wants an A100 or a Hopper GPU at these head dims).
 def _wide_fwd_config(dtype: torch.dtype, major: int) -> dict:
     if dtype == torch.float32 or major < 8:
@@ -374,8 +375,12 @@ def _wide_fwd_config(dtype: torch.dtype, major: int) -> dict:
 
 def _wide_bwd_configs(dtype: torch.dtype, major: int) -> tuple[dict, dict]:
     if dtype != torch.float32 and major >= 9:
-        return ({"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},
-                {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2})  # fmt: skip
+        # benchmarks/attention.py --sweep-configs --head-dims 512 (H100 bf16 causal, whole
+        # backward, the other kernel at its previous default, 2026-11-25): dK/dV (32, 32, 8 warps,
+        # 1 stage) 74.9 / 299.8 ms at S = 4K / 16K against 96.8 / 384.4 for (16, 32, 8, 2);
+        # dQ (64, 32, 8, 1) 85.4 / 335.8 against the same (its 1-stage (32, 32) 193 / 793)
+        return ({"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1},
+                {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1})  # fmt: skip
     small = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1}
     return dict(small), dict(small)
 
