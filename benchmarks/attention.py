@@ -120,7 +120,8 @@ def grid(args) -> list[tuple[int, str, int]]:
     if args.quick:
         shapes = list(QUICK_SHAPES)
     else:
-        shapes = [(d, m, s) for d in HEAD_DIMS for m in MASKS for s in SEQLENS]
+        # --head-dims may name head dims outside the default grid (e.g. 512)
+        shapes = [(d, m, s) for d in (args.head_dims or HEAD_DIMS) for m in MASKS for s in SEQLENS]
         shapes = [(d, m, s) for d, m, s in shapes if m != "window" or s > WINDOW]
     keep = lambda d, m, s: (  # noqa: E731
         (not args.head_dims or d in args.head_dims)
