@@ -27,8 +27,8 @@ import triton.language as tl
 
 from . import configs
 from .flash_common import (
-    LOG2E, bounded_key_tile_runs, dropout_keep, key_tile_runs, load_row_bounds, query_tile_runs,
-    scores_log2, seq_bounds, visible,
+    LOG2E, dropout_keep, load_row_bounds, query_tile_key_runs, query_tile_runs, scores_log2, seq_bounds,
+    visible,
 )  # fmt: skip
 from .flash_fwd import _dense_or_varlen_strides, bounds_strides, kernel_flags
 
@@ -423,15 +423,10 @@ def _bwd_dq_kernel(
     v_base = V + b64 * stride_vb + kv_h.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
     pos = (offs_m + shift)[:, None]
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if ROW_BOUNDS:
-        key_lo, key_hi = load_row_bounds(KeyBounds, stride_bb, stride_bm, b64, q_start, offs_m, q_len, k_len)
-        lo, a, bnd, hi = bounded_key_tile_runs(key_lo, key_hi, row_ok, k_len, BLOCK_N)
-    else:
-        key_lo = offs_m
-        key_hi = offs_m
-        lo, a, bnd, hi = key_tile_runs(
-            m0, shift, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT
-        )
+    key_lo, key_hi, lo, a, bnd, hi = query_tile_key_runs(
+        KeyBounds, stride_bb, stride_bm, b64, q_start, offs_m, row_ok, q_len, k_len, m0, shift,
+        window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, ROW_BOUNDS,
+    )  # fmt: skip
     dq = _dq_tiles(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
         lo, a, offs_m, offs_n0, offs_d, pos, k_len, window_left, window_right, key_lo, key_hi,

@@ -112,6 +112,28 @@ def bounded_key_tile_runs(lo_rows, hi_rows, row_ok, k_len, BLOCK_N: tl.constexpr
 
 
 @triton.jit
+def query_tile_key_runs(
+    KeyBounds, stride_bb, stride_bm, b64, q_start, offs_m, row_ok, q_len, k_len, m0, shift,
+    window_left, window_right,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    ROW_BOUNDS: tl.constexpr,
+):  # fmt: skip
+    """The key tiles of one query tile, for the forward and the dQ kernel: ``(key_lo, key_hi,
+    lo, a, b, hi)``, the rows' key ranges (``ROW_BOUNDS``: :func:`load_row_bounds`; otherwise
+    unused placeholders) and the runs of :func:`bounded_key_tile_runs` or :func:`key_tile_runs`."""
+    if ROW_BOUNDS:
+        key_lo, key_hi = load_row_bounds(KeyBounds, stride_bb, stride_bm, b64, q_start, offs_m, q_len, k_len)
+        lo, a, b, hi = bounded_key_tile_runs(key_lo, key_hi, row_ok, k_len, BLOCK_N)
+    else:
+        key_lo = offs_m
+        key_hi = offs_m
+        lo, a, b, hi = key_tile_runs(
+            m0, shift, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT
+        )
+    return key_lo, key_hi, lo, a, b, hi
+
+
+@triton.jit
 def query_tile_runs(
     n0, shift, seqlen_q, window_left, window_right,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,

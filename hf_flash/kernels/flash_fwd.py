@@ -20,10 +20,7 @@ import triton
 import triton.language as tl
 
 from . import configs
-from .flash_common import (
-    LN2, LOG2E, bounded_key_tile_runs, dropout_keep, key_tile_runs, load_row_bounds, scores_log2,
-    seq_bounds, visible,
-)  # fmt: skip
+from .flash_common import LN2, LOG2E, dropout_keep, query_tile_key_runs, scores_log2, seq_bounds, visible
 
 
 @triton.jit
@@ -158,15 +155,10 @@ def _flash_fwd_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    if ROW_BOUNDS:
-        key_lo, key_hi = load_row_bounds(KeyBounds, stride_bb, stride_bm, b64, q_start, offs_m, q_len, k_len)
-        lo, a, bnd, hi = bounded_key_tile_runs(key_lo, key_hi, row_ok, k_len, BLOCK_N)
-    else:
-        key_lo = offs_m
-        key_hi = offs_m
-        lo, a, bnd, hi = key_tile_runs(
-            m0, shift, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT
-        )
+    key_lo, key_hi, lo, a, bnd, hi = query_tile_key_runs(
+        KeyBounds, stride_bb, stride_bm, b64, q_start, offs_m, row_ok, q_len, k_len, m0, shift,
+        window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, ROW_BOUNDS,
+    )  # fmt: skip
     # left edge of a sliding window (masked), interior (unmasked), right edge / causal diagonal
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_n0, offs_d,
