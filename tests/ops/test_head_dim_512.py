@@ -15,35 +15,13 @@ from hf_flash._checks import MAX_HEAD_DIM
 from hf_flash.kernels import configs, decode
 from hf_flash.reference import (
     FWD_FACTOR,
-    GRAD_FACTOR,
     assert_close_to_ref,
     assert_grads_close_to_ref,
-    attention_ref,
     attention_varlen_ref,
     kvcache_attention_ref,
 )
 
-
-def _dense(device, batch, sq, sk, h, hk, d, dtype, **opts):
-    def mk(*shape):
-        return torch.randn(*shape, device=device, dtype=dtype).requires_grad_()
-
-    q, k, v = mk(batch, sq, h, d), mk(batch, sk, hk, d), mk(batch, sk, hk, d)
-    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
-    ref, ref_lse = attention_ref(q, k, v, return_lse=True, upcast=True, **opts)
-    ref_lp = attention_ref(q, k, v, upcast=False, **opts)
-    assert out.shape == q.shape and out.dtype == dtype
-    assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, dtype)
-    fin = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), fin)
-    assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-3 if dtype != torch.float32 else 1e-5)
-    dout = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), dout)
-    exact = torch.autograd.grad(ref, (q, k, v), dout.float())
-    lowp = torch.autograd.grad(ref_lp, (q, k, v), dout)
-    for name, g, e, lp in zip(("dq", "dk", "dv"), got, exact, lowp):
-        assert g.shape == e.shape and g.dtype == dtype
-        assert_close_to_ref(name, g, e, lp, GRAD_FACTOR, dtype)
+from test_flash_attn import _check_dense as _dense  # the dense check of the head dims <= 256
 
 
 def _varlen(device, lens, h, hk, d, dtype, **opts):
