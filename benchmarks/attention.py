@@ -24,6 +24,10 @@ K and V are expanded to Hq heads (``repeat_interleave`` on the head axis, the sa
 once, outside the timed region, and the result records ``"gqa": "expanded"``. FLOPs depend on
 Hq only, so every provider is credited with the same count.
 
+Softcap (``--masks softcap``): causal attention with Gemma 2's score cap, scores ``50 *
+tanh(s / 50)`` (flash-attn ``softcap=50``); FlexAttention gets it as a ``score_mod`` beside its
+causal block mask; SDPA has no softcap (recorded as unsupported). Credited with causal FLOPs.
+
 Sliding window W=4096 means causal attention where query i sees keys (i - W, i]
 (flash-attn ``window_size=(W - 1, 0)``). SDPA has no window argument: ``sdpa`` gets K/V expanded
 and a materialised boolean mask (what transformers' sdpa path does with any mask), ``sdpa_cudnn``
@@ -82,10 +86,11 @@ NHEADS_Q = 32
 NHEADS_KV = 8
 TOKENS = 16384  # tokens per batch: B = TOKENS // S (at least 1)
 WINDOW = 4096
+SOFTCAP = 50.0  # Gemma 2's attention logit cap
 DEVICE = "cuda"
 SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768)
 HEAD_DIMS = (128, 64)
-MASKS = ("causal", "full", "window")
+MASKS = ("causal", "full", "window", "softcap")
 PROVIDERS = ("hf_flash", "hf_flash_triton", "sdpa", "sdpa_flash", "sdpa_cudnn", "flex")
 PEERS = PROVIDERS[1:]
 PASSES = ("fwd", "bwd", "fwd+bwd")
@@ -103,7 +108,7 @@ def visible_pairs(seqlen: int, mask: str, window: int = WINDOW) -> float:
     """Number of (query, key) pairs each FLOP count is credited with, per batch and head."""
     if mask == "full":
         return float(seqlen * seqlen)
-    if mask == "causal":
+    if mask in ("causal", "softcap"):
         return seqlen * seqlen / 2  # the convention of the published FA2 / cuDNN numbers
     if mask == "window":
         # query i sees min(i + 1, window) keys
@@ -176,6 +181,8 @@ def _hf_flash_builder(hopper: bool):
         kw = {"causal": mask != "full"}
         if mask == "window":
             kw["window_size"] = (WINDOW - 1, 0)
+        if mask == "softcap":
+            kw["softcap"] = SOFTCAP
         leaves = (_leaf(q), _leaf(k), _leaf(v))
 
         # hf_flash_triton switches the Gluon kernel off; hf_flash runs what hf_flash picks
@@ -203,6 +210,8 @@ def _sdpa_builder(name: str):
         mask = shape["mask"]
         if mask == "window" and name == "sdpa_flash":
             raise Unsupported("SDPA's flash backend takes no attention mask or window")
+        if mask == "softcap":
+            raise Unsupported("SDPA has no softcap")
         if backend is None:
             ctx = contextlib.nullcontext
         else:
@@ -272,14 +281,19 @@ def _sliding(b, h, q_idx, kv_idx):
     return (q_idx >= kv_idx) & (q_idx - kv_idx < WINDOW)
 
 
+def _softcap(score, b, h, q_idx, kv_idx):
+    return SOFTCAP * torch.tanh(score / SOFTCAP)
+
+
 def build_flex(shape, q, k, v, dout, mode: str = "dynamic"):
     from torch.nn.attention.flex_attention import create_block_mask
 
     mask, seqlen = shape["mask"], shape["seqlen"]
     block_mask = None
     if mask != "full":
-        mod = _causal if mask == "causal" else _sliding
+        mod = _sliding if mask == "window" else _causal
         block_mask = create_block_mask(mod, None, None, seqlen, seqlen, device=q.device)
+    extra = {"score_mod": _softcap} if mask == "softcap" else {}
     leaves = (_leaf(_bhsd(q)), _leaf(_bhsd(k)), _leaf(_bhsd(v)))
     if mode == "dynamic" and _FLEX_DYNAMIC_ERROR:
         mode = "static"
@@ -288,7 +302,7 @@ def build_flex(shape, q, k, v, dout, mode: str = "dynamic"):
 
     def attn():
         try:
-            return state["fn"](*leaves, block_mask=block_mask, enable_gqa=True)
+            return state["fn"](*leaves, block_mask=block_mask, enable_gqa=True, **extra)
         except Exception as e:
             # a dynamic-shape compile failure must not lose the peer: compile this shape alone
             if info["compile"] != "dynamic":
@@ -296,7 +310,7 @@ def build_flex(shape, q, k, v, dout, mode: str = "dynamic"):
             info.update({"compile": "static", "dynamic_error": _error(e)})
             _FLEX_DYNAMIC_ERROR.append(info["dynamic_error"])
             state["fn"] = _flex_fn("static")
-            return state["fn"](*leaves, block_mask=block_mask, enable_gqa=True)
+            return state["fn"](*leaves, block_mask=block_mask, enable_gqa=True, **extra)
 
     return attn, leaves, _bhsd(dout), info
 

@@ -294,13 +294,13 @@ def attention_paths(
     :func:`flash_attn_varlen_func`) runs for these arguments: ``{"forward": "hopper" or
     "triton", "backward": "hopper" or "triton"}``. ``"hopper"`` is the Gluon
     FlashAttention-3-style code for H100/H200 (:mod:`hf_flash.kernels.hopper`), taken for
-    fp16/bf16 calls, causal or not, without window, softcap, ALiBi, dropout, sinks or
-    ``key_bounds``: the
-    forward of dense calls at head dim 64 or 128, and of packed calls (``varlen=True``; q/k/v
-    then (total, nheads, headdim)) at head dim 128 (``HF_FLASH_HOPPER_VARLEN=0`` keeps those on
-    Triton); the backward (dK, dV and dQ in one kernel; for causal packed calls dQ in Triton; the
-    delta preprocess stays Triton) at head dim 128 for dense and packed calls alike (whichever
-    forward ran). Everything else runs the portable Triton kernels.
+    fp16/bf16 calls, causal or not, with or without a sliding window, without ALiBi, dropout,
+    sinks or ``key_bounds``: the forward (softcap too) of dense calls at head dim 64 or 128, and
+    of packed calls (``varlen=True``; q/k/v then (total, nheads, headdim)) at head dim 128
+    (``HF_FLASH_HOPPER_VARLEN=0`` keeps those on Triton); the backward (dK, dV and dQ in one
+    kernel; for causal packed calls dQ in Triton; the delta preprocess stays Triton) at head dim
+    128 for dense and packed calls alike (whichever forward ran), without softcap. Everything
+    else runs the portable Triton kernels.
     ``HF_FLASH_HOPPER=0`` keeps every call on Triton. The backward's answer assumes the incoming
     gradient is laid out like q (as autograd usually hands it); one TMA cannot address sends
     that call's backward to Triton. Arguments as :func:`flash_attn_func`; nothing is launched."""

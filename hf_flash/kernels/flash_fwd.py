@@ -239,8 +239,8 @@ def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, sof
     """Which kernel :func:`flash_attn_forward` runs for these arguments: ``"hopper"`` (the
     Gluon sm_90a kernel, :mod:`hf_flash.kernels.hopper`) when it covers the call and the device
     allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this module's kernel). The
-    Hopper kernel takes fp16/bf16 calls, causal or not, GQA/MQA, without a sliding window,
-    softcap, ALiBi, dropout, sinks or per-row key bounds, on tensors TMA can address (``out`` None: the output is
+    Hopper kernel takes fp16/bf16 calls, causal or not, GQA/MQA, sliding windows and softcap,
+    without ALiBi, dropout, sinks or per-row key bounds, on tensors TMA can address (``out`` None: the output is
     still to be allocated like q, which then is addressable too): dense calls at head dim 64 or
     128, packed calls (``varlen``: cu_seqlens, causal alignment per sequence) at head dim 128
     unless switched off (:func:`configs.hopper_varlen_enabled`, ``HF_FLASH_HOPPER_VARLEN=0``;
@@ -289,7 +289,7 @@ def flash_attn_forward(
 
         hopper_attention_forward(
             q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal,
-            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, window=(window_left, window_right), softcap=softcap,
         )  # fmt: skip
         return
     varlen = cu_seqlens_q is not None

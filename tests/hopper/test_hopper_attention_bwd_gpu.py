@@ -33,7 +33,15 @@ def _qkv(batch, sq, sk, h, hk, d, dtype, seed=0):
     return mk(batch, sq, h, d), mk(batch, sk, hk, d), mk(batch, sk, hk, d)
 
 
-def _backward(q, k, v, dout, causal, scale=None, variant=None, monkeypatch=None):
+def _window_opts(causal, window):
+    """The kernels' (window_left, window_right) for a flash-attn window (causal: right 0)."""
+    from hf_flash._checks import kernel_window
+
+    left, right = kernel_window(causal, window)
+    return dict(causal=causal, window_left=left, window_right=right)
+
+
+def _backward(q, k, v, dout, causal, scale=None, variant=None, monkeypatch=None, window=(-1, -1)):
     """Forward (the Gluon forward) and the backward through flash_attn_backward with the Gluon
     dK/dV kernel (``variant``: an entry of VARIANTS, else the default), into NaN-poisoned
     buffers. Returns (dq, dk, dv)."""
@@ -41,8 +49,7 @@ def _backward(q, k, v, dout, causal, scale=None, variant=None, monkeypatch=None)
     from hf_flash.kernels.hopper import attention_bwd as hb
 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    opts = dict(softmax_scale=scale, causal=causal, window_left=-1, window_right=0 if causal else -1,
-                softcap=0.0, alibi_slopes=None, dropout_p=0.0)  # fmt: skip
+    opts = dict(softmax_scale=scale, softcap=0.0, alibi_slopes=None, dropout_p=0.0, **_window_opts(causal, window))
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)
     lens = dict(cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1])
@@ -58,14 +65,14 @@ def _backward(q, k, v, dout, causal, scale=None, variant=None, monkeypatch=None)
     return dq, dk, dv
 
 
-def _check(q, k, v, causal, scale=None, variant=None, monkeypatch=None, seed=0):
+def _check(q, k, v, causal, scale=None, variant=None, monkeypatch=None, seed=0, window=(-1, -1)):
     g = torch.Generator(device="cuda").manual_seed(seed + 100)
     dout = torch.randn(q.shape, device="cuda", dtype=q.dtype, generator=g)
-    grads = _backward(q, k, v, dout, causal, scale, variant, monkeypatch)
+    grads = _backward(q, k, v, dout, causal, scale, variant, monkeypatch, window)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    ref = attention_ref(*leaves, causal=causal, softmax_scale=scale, upcast=True)
+    ref = attention_ref(*leaves, causal=causal, softmax_scale=scale, upcast=True, window_size=window)
     ref_grads = torch.autograd.grad(ref, leaves, dout.float())
-    ref_lp = attention_ref(*leaves, causal=causal, softmax_scale=scale, upcast=False)
+    ref_lp = attention_ref(*leaves, causal=causal, softmax_scale=scale, upcast=False, window_size=window)
     lp_grads = torch.autograd.grad(ref_lp, leaves, dout)
     for name, a, r, lp in zip(("dq", "dk", "dv"), grads, ref_grads, lp_grads):
         assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, q.dtype)
@@ -300,14 +307,13 @@ def _packed_qkv(lens_q, lens_k, h, hk, d, dtype, seed=0):
     return mk(sum(lens_q), h, d), mk(sum(lens_k), hk, d), mk(sum(lens_k), hk, d), _cu(lens_q), _cu(lens_k)
 
 
-def _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale=None):
+def _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale=None, window=(-1, -1)):
     """Packed forward (the library's choice) and flash_attn_backward on the Gluon backward (checked
     through backward_path), into NaN-poisoned buffers. Returns (dq, dk, dv)."""
     from hf_flash.kernels import flash_bwd, flash_fwd
 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    opts = dict(softmax_scale=scale, causal=causal, window_left=-1, window_right=0 if causal else -1,
-                softcap=0.0, alibi_slopes=None, dropout_p=0.0)  # fmt: skip
+    opts = dict(softmax_scale=scale, softcap=0.0, alibi_slopes=None, dropout_p=0.0, **_window_opts(causal, window))
     lens_q, lens_k = (cu[1:] - cu[:-1] for cu in (cu_q, cu_k))
     lens = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(lens_q.max()), max_seqlen_k=int(lens_k.max()))
     out = torch.empty_like(q)
@@ -321,17 +327,18 @@ def _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale=None):
     return dq, dk, dv
 
 
-def _check_packed(lens_q, lens_k, h, hk, causal, dtype, d=128, seed=0, scale=None):
+def _check_packed(lens_q, lens_k, h, hk, causal, dtype, d=128, seed=0, scale=None, window=(-1, -1)):
     from hf_flash.reference import attention_varlen_ref
 
     q, k, v, cu_q, cu_k = _packed_qkv(lens_q, lens_k, h, hk, d, dtype, seed)
     g = torch.Generator(device="cuda").manual_seed(seed + 100)
     dout = torch.randn(q.shape, device="cuda", dtype=dtype, generator=g)
-    grads = _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale)
+    grads = _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale, window)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    ref = attention_varlen_ref(*leaves, cu_q, cu_k, causal=causal, softmax_scale=scale, upcast=True)
+    opts = dict(causal=causal, softmax_scale=scale, window_size=window)
+    ref = attention_varlen_ref(*leaves, cu_q, cu_k, upcast=True, **opts)
     ref_grads = torch.autograd.grad(ref, leaves, dout.float())
-    ref_lp = attention_varlen_ref(*leaves, cu_q, cu_k, causal=causal, softmax_scale=scale, upcast=False)
+    ref_lp = attention_varlen_ref(*leaves, cu_q, cu_k, upcast=False, **opts)
     lp_grads = torch.autograd.grad(ref_lp, leaves, dout)
     for name, a, r, lp in zip(("dq", "dk", "dv"), grads, ref_grads, lp_grads):
         assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, dtype)
@@ -487,3 +494,95 @@ def test_packed_empty_calls_launch_nothing():
     finally:
         hb._attn_bwd_dkdv_kernel = launch
     assert calls == []
+
+
+# ---- sliding windows ----
+
+# (causal, flash-attn window): causal windows (Mistral, gemma's local layers), the one-key window,
+# two-sided, one-sided non-causal, a window wider than the sequence
+WINDOWS = [
+    pytest.param(True, (100, -1), id="causal-left100"),
+    pytest.param(True, (0, -1), id="causal-diagonal-only"),
+    pytest.param(False, (37, 50), id="two-sided"),
+    pytest.param(False, (-1, 3), id="right-only"),
+    pytest.param(False, (200, -1), id="left-only"),
+    pytest.param(True, (5000, -1), id="causal-window-past-the-sequence"),
+]
+WINDOW_SHAPES = [
+    pytest.param(2, 1025, 1100, 8, 2, id="sq<sk-gqa"),
+    pytest.param(1, 777, 200, 4, 2, id="sq>sk-empty-rows"),
+    pytest.param(1, 1, 1, 2, 1, id="s1"),
+    pytest.param(1, 512, 512, 32, 8, id="hq32-hkv8"),
+]
+
+
+@needs_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal,window", WINDOWS)
+@pytest.mark.parametrize("batch,sq,sk,h,hk", WINDOW_SHAPES)
+def test_windows_match_reference(batch, sq, sk, h, hk, causal, window, head_dim, monkeypatch):
+    dtype = torch.float16 if sq == 777 else torch.bfloat16
+    _check(*_qkv(batch, sq, sk, h, hk, head_dim, dtype, seed=21), causal, variant=_variant_for(head_dim),
+           monkeypatch=monkeypatch, window=window)  # fmt: skip
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant,head_dim", _variant_head_dims())
+def test_every_variant_with_a_window(variant, head_dim, monkeypatch):
+    _check(*_qkv(2, 1025, 1100, 8, 2, head_dim, torch.bfloat16, seed=22), True, variant=variant,
+           monkeypatch=monkeypatch, window=(130, -1))  # fmt: skip
+    _check(*_qkv(1, 700, 650, 4, 4, head_dim, torch.float16, seed=23), False, variant=variant,
+           monkeypatch=monkeypatch, window=(64, 200))  # fmt: skip
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant", _ordered_variants())
+@pytest.mark.parametrize("causal,window", [pytest.param(True, (300, -1), id="causal-left300"),
+                                           pytest.param(False, (500, 200), id="two-sided")])  # fmt: skip
+def test_ordered_dq_with_a_window_repeats_bitwise(variant, causal, window, monkeypatch):
+    """With a left window a query tile's first adding key block is not block 0: the ordered dQ
+    counts turns from the tile's first block (``_first_key_block``), bitwise repeatable over
+    several waves of programs and equal to the oracle."""
+    q, k, v = _qkv(2, 4000, 4100, 16, 4, 128, torch.bfloat16, seed=24)
+    dout = torch.randn_like(q)
+    a = _backward(q, k, v, dout, causal, variant=variant, monkeypatch=monkeypatch, window=window)
+    for _ in range(2):
+        b = _backward(q, k, v, dout, causal, variant=variant, monkeypatch=monkeypatch, window=window)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    _check(q, k, v, causal, variant=variant, monkeypatch=monkeypatch, seed=24, window=window)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal,window", WINDOWS)
+def test_packed_windows_match_reference(causal, window):
+    _check_packed(PACKED_LENS, PACKED_LENS, 8, 2, causal, torch.bfloat16, seed=25, window=window)
+    _check_packed([50, 200, 1, 0, 300], [120, 200, 77, 64, 97], 4, 1, causal, torch.float16, seed=26, window=window)
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant", _packed_variants())
+def test_packed_every_variant_with_a_window(variant, monkeypatch):
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    for causal, window in ((True, (70, -1)), (False, (90, 33))):
+        monkeypatch.setitem(hb.VARLEN_DEFAULT, (128, causal), variant)
+        _check_packed(PACKED_LENS, PACKED_LENS, 8, 2, causal, torch.bfloat16, seed=27, window=window)
+
+
+@needs_hopper
+def test_windowed_public_function_takes_the_hopper_backward():
+    """flash_attn_func with a sliding window runs the Gluon forward and backward (attention_paths
+    says so); softcap keeps the Triton backward behind the Gluon forward; gradients match."""
+    from hf_flash import flash_attn_func
+    from hf_flash.interface import attention_paths
+    from hf_flash.reference import assert_grads_close_to_ref
+
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 1500, 1500, 8, 2, 128, torch.bfloat16, seed=28))
+    for opts, backward in ((dict(causal=True, window_size=(256, 0)), "hopper"),
+                           (dict(window_size=(100, 100)), "hopper"),
+                           (dict(causal=True, window_size=(256, 0), softcap=30.0), "triton")):  # fmt: skip
+        assert attention_paths(q, k, v, **opts) == {"forward": "hopper", "backward": backward}, opts
+        out = flash_attn_func(q, k, v, **opts)
+        ref = attention_ref(q, k, v, upcast=True, **opts)
+        ref_lp = attention_ref(q, k, v, upcast=False, **opts)
+        assert_grads_close_to_ref(out, ref, ref_lp, (q, k, v), torch.randn_like(out), torch.bfloat16)

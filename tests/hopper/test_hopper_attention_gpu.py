@@ -23,21 +23,25 @@ def _hopper():
 needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU (H100/H200)")
 
 
-def _run(q, k, v, causal, variant=None, scale=None):
+def _run(q, k, v, causal, variant=None, scale=None, window=(-1, -1), softcap=0.0):
     from hf_flash.kernels.hopper import attention_fwd as hk
 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    assert hk.supports(q, k, v, causal=causal), "the case under test must be one the kernel covers"
+    assert hk.supports(q, k, v, causal=causal, window=window, softcap=softcap), (
+        "the case under test must be one the kernel covers"
+    )
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), dtype=torch.float32, device=q.device)
-    hk.hopper_attention_forward(q, k, v, out, lse, softmax_scale=scale, causal=causal, variant=variant)
+    hk.hopper_attention_forward(q, k, v, out, lse, softmax_scale=scale, causal=causal, variant=variant,
+                                window=window, softcap=softcap)  # fmt: skip
     return out, lse
 
 
-def _check(q, k, v, causal, variant=None, scale=None):
-    out, lse = _run(q, k, v, causal, variant, scale)
-    ref, ref_lse = attention_ref(q, k, v, causal=causal, softmax_scale=scale, upcast=True, return_lse=True)
-    ref_lp = attention_ref(q, k, v, causal=causal, softmax_scale=scale, upcast=False)
+def _check(q, k, v, causal, variant=None, scale=None, window=(-1, -1), softcap=0.0):
+    out, lse = _run(q, k, v, causal, variant, scale, window, softcap)
+    opts = dict(causal=causal, softmax_scale=scale, window_size=window, softcap=softcap)
+    ref, ref_lse = attention_ref(q, k, v, upcast=True, return_lse=True, **opts)
+    ref_lp = attention_ref(q, k, v, upcast=False, **opts)
     assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, q.dtype)
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite), "lse must be +inf exactly on rows that see no key"
@@ -151,23 +155,26 @@ def _packed(lens_q, lens_k, h, hk, d, dtype, seed=0):
     return mk(sum(lens_q), h, d), mk(sum(lens_k), hk, d), mk(sum(lens_k), hk, d), _cu(lens_q), _cu(lens_k)
 
 
-def _run_varlen(q, k, v, cu_q, cu_k, causal, variant=None, order="document"):
+def _run_varlen(q, k, v, cu_q, cu_k, causal, variant=None, order="document", window=(-1, -1), softcap=0.0):
     from hf_flash.kernels.hopper import attention_fwd as hk
 
-    assert hk.supports(q, k, v, causal=causal, varlen=True), "the case under test must be one the kernel covers"
+    assert hk.supports(q, k, v, causal=causal, varlen=True, window=window, softcap=softcap), (
+        "the case under test must be one the kernel covers"
+    )
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("nan"), dtype=torch.float32, device=q.device)
     hk.hopper_attention_forward(
         q, k, v, out, lse, softmax_scale=q.shape[-1] ** -0.5, causal=causal, variant=variant,
-        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, order=order,
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, order=order, window=window, softcap=softcap,
     )  # fmt: skip
     return out, lse
 
 
-def _check_varlen(q, k, v, cu_q, cu_k, causal, variant=None, order="document"):
-    out, lse = _run_varlen(q, k, v, cu_q, cu_k, causal, variant, order)
-    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal, upcast=True, return_lse=True)
-    ref_lp = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal, upcast=False)
+def _check_varlen(q, k, v, cu_q, cu_k, causal, variant=None, order="document", window=(-1, -1), softcap=0.0):
+    out, lse = _run_varlen(q, k, v, cu_q, cu_k, causal, variant, order, window, softcap)
+    opts = dict(causal=causal, window_size=window, softcap=softcap)
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=True, return_lse=True, **opts)
+    ref_lp = attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=False, **opts)
     assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, q.dtype)
     finite = torch.isfinite(ref_lse)
     assert not torch.isnan(lse).any(), "unwritten lse"
@@ -270,9 +277,81 @@ def test_varlen_calls_the_kernel_does_not_cover_stay_on_triton():
     from hf_flash.interface import attention_paths
 
     q, k, v, _, _ = _packed([100, 200], None, 8, 2, 128, torch.bfloat16)
-    for opts in (dict(window_size=(63, 0), causal=True), dict(softcap=30.0), dict(dropout_p=0.1),
-                 dict(alibi_slopes=torch.rand(8, device="cuda"))):  # fmt: skip
+    for opts in (dict(dropout_p=0.1), dict(alibi_slopes=torch.rand(8, device="cuda"))):
         assert attention_paths(q, k, v, varlen=True, **opts)["forward"] == "triton", opts
     q80, k80, v80, _, _ = _packed([100, 200], None, 8, 2, 80, torch.bfloat16)
     assert attention_paths(q80, k80, v80, varlen=True, causal=True)["forward"] == "triton"
     assert attention_paths(q.float(), k.float(), v.float(), varlen=True)["forward"] == "triton"
+
+
+# ---- sliding windows and softcap ----
+
+# (causal, window (left, right), softcap): causal windows (Mistral, gemma's local layers), the
+# one-key window, two-sided, one-sided non-causal, windows wider than the sequence, softcap
+# (gemma2) alone and with a window
+MASKS = [
+    pytest.param(True, (100, 0), 0.0, id="causal-left100"),
+    pytest.param(True, (0, 0), 0.0, id="causal-diagonal-only"),
+    pytest.param(False, (37, 50), 0.0, id="two-sided"),
+    pytest.param(False, (-1, 3), 0.0, id="right-only"),
+    pytest.param(False, (200, -1), 0.0, id="left-only"),
+    pytest.param(True, (5000, 0), 0.0, id="causal-window-past-the-sequence"),
+    pytest.param(True, (-1, 0), 30.0, id="causal-softcap"),
+    pytest.param(False, (-1, -1), 5.0, id="softcap-5"),
+    pytest.param(True, (300, 0), 50.0, id="causal-left300-softcap"),
+]
+MASK_SHAPES = [
+    pytest.param(2, 1025, 1100, 8, 2, id="sq<sk-gqa"),
+    pytest.param(1, 777, 200, 4, 2, id="sq>sk-empty-rows"),
+    pytest.param(1, 1, 1, 2, 1, id="s1"),
+    pytest.param(1, 4096, 4096, 4, 1, id="4096-mqa"),
+]
+
+
+@needs_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal,window,softcap", MASKS)
+@pytest.mark.parametrize("batch,sq,sk,h,hk", MASK_SHAPES)
+def test_windows_and_softcap_match_reference(batch, sq, sk, h, hk, causal, window, softcap, head_dim):
+    dtype = torch.float16 if sq == 777 else torch.bfloat16
+    _check(*_qkv(batch, sq, sk, h, hk, head_dim, dtype, seed=7), causal, window=window, softcap=softcap)
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant,head_dim", _variant_head_dims())
+def test_every_variant_with_a_window_and_softcap(variant, head_dim):
+    _check(*_qkv(2, 1025, 1100, 8, 2, head_dim, torch.bfloat16, seed=8), True, variant=variant, window=(130, 0))
+    _check(*_qkv(1, 700, 650, 4, 4, head_dim, torch.bfloat16, seed=9), False, variant=variant, window=(64, 200),
+           softcap=20.0)  # fmt: skip
+
+
+@needs_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal,window,softcap", MASKS)
+def test_varlen_windows_and_softcap_match_reference(causal, window, softcap, head_dim):
+    lens_q, lens_k = [50, 300, 1, 0, 1025, 5, 700], [200, 100, 64, 17, 1025, 0, 650]
+    _check_varlen(*_packed(lens_q, lens_k, 8, 2, head_dim, torch.bfloat16, seed=10), causal, window=window,
+                  softcap=softcap)  # fmt: skip
+
+
+@needs_hopper
+def test_windowed_calls_take_the_gluon_forward_through_the_public_function():
+    from hf_flash import flash_attn_func, flash_attn_varlen_func
+    from hf_flash.interface import attention_paths
+
+    q, k, v = _qkv(2, 2000, 2000, 8, 2, 128, torch.bfloat16, seed=11)
+    for opts in (dict(causal=True, window_size=(256, 0)), dict(window_size=(100, 100)), dict(softcap=30.0),
+                 dict(causal=True, window_size=(512, 0), softcap=50.0)):  # fmt: skip
+        assert attention_paths(q, k, v, **opts)["forward"] == "hopper", opts
+        out = flash_attn_func(q, k, v, **opts)
+        ref = attention_ref(q, k, v, upcast=True, **opts)
+        ref_lp = attention_ref(q, k, v, upcast=False, **opts)
+        assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, q.dtype)
+    lens = [1, 97, 1025, 0, 300]
+    qp, kp, vp, cu, _ = _packed(lens, lens, 8, 2, 128, torch.bfloat16, seed=12)
+    opts = dict(causal=True, window_size=(64, 0))
+    assert attention_paths(qp, kp, vp, varlen=True, **opts)["forward"] == "hopper"
+    out = flash_attn_varlen_func(qp, kp, vp, cu, cu, max(lens), max(lens), **opts)
+    ref = attention_varlen_ref(qp, kp, vp, cu, cu, upcast=True, **opts)
+    ref_lp = attention_varlen_ref(qp, kp, vp, cu, cu, upcast=False, **opts)
+    assert_close_to_ref("out", out, ref, ref_lp, FWD_FACTOR, qp.dtype)

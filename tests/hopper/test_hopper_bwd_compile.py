@@ -31,6 +31,10 @@ SPECS += [("bwd:" + name, d, False, "float16") for (d, causal), name in hb.DEFAU
 # the packed (varlen) forms (compile_check.bwd_varlen_variants): causal bf16, non-causal fp16
 SPECS += [(name, 128, causal, "bfloat16" if causal else "float16")
           for name in compile_check.bwd_varlen_variants() for causal in (True, False)]  # fmt: skip
+# sliding windows (two-sided non-causal, left-bounded causal): the variants windowed calls run,
+# dense and packed, bfloat16
+SPECS += [(prefix + hb.variant_for(128, causal, bool(prefix)), 128, causal, "bfloat16", "window")
+          for prefix in ("bwd:", compile_check.BWD_VARLEN_PREFIX) for causal in (True, False)]  # fmt: skip
 
 
 def _variant(spec_name):
@@ -48,9 +52,9 @@ def reports():
 @pytest.mark.parametrize("spec", SPECS, ids=["-".join(map(str, s)) for s in SPECS])
 def test_bwd_variant_builds_for_sm90a(reports, spec):
     r = reports[spec]
-    variant, head_dim, causal, dtype = spec
+    variant, head_dim, causal, dtype, *features = spec
     var, varlen = _variant(variant)
-    assert (r["variant"], r["head_dim"], r["causal"], r["dtype"]) == spec
+    assert (r["variant"], r["head_dim"], r["causal"], r["dtype"], r["features"]) == (*spec[:4], "".join(features))
     if var.dq_atomic:
         bound = (SPILL_BYTES_VARLEN_DQ if varlen else SPILL_BYTES_DQ)[head_dim]
     else:
@@ -125,6 +129,11 @@ def test_backward_path_covered_calls(on_hopper):
         assert _path(_call(128, dtype), causal=True, window_right=0) == "hopper"
     assert _path(_call(h=8, hk=1), causal=True, window_right=0) == "hopper"  # MQA
     assert _path(_call(sq=1, sk=5000)) == "hopper"
+    # sliding windows, causal or not, either side
+    assert _path(_call(), window_left=16, causal=True, window_right=0) == "hopper"
+    assert _path(_call(), window_left=16, window_right=4) == "hopper"
+    assert _path(_call(), window_right=4) == "hopper"
+    assert _path(_call(), window_left=5) == "hopper"
     q, k, *_ = _call()
     # out/dout/dk/dv not allocated yet (attention_paths): laid out like q / k
     assert _path((q, k, k, None, None, None, None)) == "hopper"
@@ -134,9 +143,8 @@ def test_backward_path_covered_calls(on_hopper):
     "change",
     [
         pytest.param(dict(varlen=True), id="varlen"),
-        pytest.param(dict(window_left=16, causal=True, window_right=0), id="window-left"),
-        pytest.param(dict(window_right=4), id="window-right"),
         pytest.param(dict(softcap=30.0), id="softcap"),
+        pytest.param(dict(window_left=16, softcap=30.0), id="window-softcap"),
         pytest.param(dict(alibi_slopes=torch.zeros(8)), id="alibi"),
         pytest.param(dict(dropout_p=0.1), id="dropout"),
     ],
@@ -186,6 +194,8 @@ def test_backward_path_packed_calls(on_hopper):
         assert _path(_packed(dtype=dtype), varlen=True, causal=True, window_right=0) == "hopper"
     assert _path(_packed(h=32, hk=8, tq=100, tk=5000), varlen=True, causal=True, window_right=0) == "hopper"
     assert _path(_packed(h=8, hk=1), varlen=True) == "hopper"  # MQA
+    assert _path(_packed(), varlen=True, window_left=16, causal=True, window_right=0) == "hopper"
+    assert _path(_packed(), varlen=True, window_left=16, window_right=4) == "hopper"
     for enabled in (False, True):
         with configs.use_hopper_varlen(enabled):
             assert _path(_packed(), varlen=True) == "hopper"
@@ -204,8 +214,6 @@ def test_backward_path_packed_calls(on_hopper):
 @pytest.mark.parametrize(
     "change",
     [
-        pytest.param(dict(window_left=16, causal=True, window_right=0), id="window-left"),
-        pytest.param(dict(window_right=4), id="window-right"),
         pytest.param(dict(softcap=30.0), id="softcap"),
         pytest.param(dict(alibi_slopes=torch.zeros(8)), id="alibi"),
         pytest.param(dict(dropout_p=0.1), id="dropout"),

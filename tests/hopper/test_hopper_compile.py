@@ -25,6 +25,13 @@ SPECS += [
     if hk.varlen_builds(name, causal)
 ]  # fmt: skip
 SPECS += [(compile_check.VARLEN_PREFIX + name, d, causal, "float16") for (d, causal), name in hk.VARLEN_DEFAULT.items()]
+# sliding windows and softcap: the variants windowed / soft-capped calls run (default_variant),
+# dense and packed, bfloat16
+SPECS += [
+    (prefix + hk.default_variant(d, causal, bool(prefix), (256, 0 if causal else 256)), d, causal, "bfloat16", feat)
+    for prefix in ("", compile_check.VARLEN_PREFIX) for d in hk.HEAD_DIMS for causal in (False, True)
+    for feat in ("window", "softcap", "window-softcap")
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +42,9 @@ def reports():
 @pytest.mark.parametrize("spec", SPECS, ids=["-".join(map(str, s)) for s in SPECS])
 def test_variant_builds_for_sm90a(reports, spec):
     r = reports[spec]
-    variant, head_dim, causal, dtype = spec
+    variant, head_dim, causal, dtype, *features = spec
     var = hk.VARIANTS[variant.removeprefix(compile_check.VARLEN_PREFIX)]
-    assert (r["variant"], r["head_dim"], r["causal"], r["dtype"]) == spec
+    assert (r["variant"], r["head_dim"], r["causal"], r["dtype"], r["features"]) == (*spec[:4], "".join(features))
     assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0 and r["stack_bytes"] == 0, r
     assert r["shared_bytes"] <= SHARED_LIMIT, r
     # S = Q K^T has D/16 k-steps, P V has BLOCK_N/16, per consumer partition; the overlapped
@@ -56,6 +63,27 @@ def test_defaults_are_variants_for_their_head_dim():
     for (d, causal), name in hk.VARLEN_DEFAULT.items():
         assert d in hk.VARIANTS[name].head_dims and hk.varlen_builds(name, causal)
     assert set(hk.VARLEN_DEFAULT) == set(hk.DEFAULT)
+
+
+def test_default_variant_and_mask_args():
+    # a left window bound: three consumers spill, two run it
+    assert hk.VARIANTS[hk.default_variant(64, True)].consumers == 3
+    assert hk.default_variant(64, True, window=(128, 0)) == hk.LEFT_WINDOW_FALLBACK
+    assert hk.default_variant(64, False, window=(-1, 5)) == hk.DEFAULT[(64, False)]
+    assert hk.default_variant(128, True, window=(128, 0)) == hk.DEFAULT[(128, True)]
+    assert hk.VARIANTS[hk.LEFT_WINDOW_FALLBACK].consumers == 2
+    m = hk.mask_args(True, (100, -1), 0.0, 0.125)
+    assert (m["MASK_LEFT"], m["MASK_RIGHT"], m["window_left"], m["window_right"], m["SOFTCAP"]) == (
+        True, True, 100, 0, False
+    )  # fmt: skip
+    m = hk.mask_args(False, (-1, 7), 50.0, 0.125)
+    assert (m["MASK_LEFT"], m["MASK_RIGHT"], m["window_right"], m["SOFTCAP"]) == (False, True, 7, True)
+    assert m["softcap_in"] == pytest.approx(0.125 / 50.0) and m["softcap_out"] == pytest.approx(50.0 * 1.4426950408889634)
+    # a side as wide as any sequence the kernel takes is no bound (and stays out of int32 overflow)
+    m = hk.mask_args(False, (2**40, 2**31 - 1))
+    assert not m["MASK_LEFT"] and not m["MASK_RIGHT"]
+    with pytest.raises(ValueError, match="window_right 0"):
+        hk.mask_args(True, (-1, 3))
 
 
 def test_packed_forms():
@@ -179,15 +207,20 @@ def test_supports_covered_calls(on_hopper):
     # transposed (B, H, S, D) storage: head dim unit stride, other strides 16-byte multiples
     qs, ks = _t(2, 8, 64, 128), _t(2, 2, 64, 128)
     assert hk.supports(qs.transpose(1, 2), ks.transpose(1, 2), ks.transpose(1, 2), causal=False)
+    # sliding windows (either side, causal or not) and softcap
+    q, k, v = _qkv()
+    for kw in (dict(causal=True, window=(16, 0)), dict(causal=False, window=(16, 4)), dict(causal=False, window=(-1, 4)),
+               dict(causal=False, window=(7, -1)), dict(causal=True, softcap=30.0),
+               dict(causal=False, window=(16, 16), softcap=50.0)):  # fmt: skip
+        assert hk.supports(q, k, v, **kw), kw
 
 
 @pytest.mark.parametrize(
     "change",
     [
         pytest.param(dict(varlen=True), id="varlen"),
-        pytest.param(dict(window=(16, 0)), id="window-left"),
-        pytest.param(dict(window=(-1, 4)), id="window-right"),
-        pytest.param(dict(softcap=30.0), id="softcap"),
+        pytest.param(dict(causal=True, window=(16, 4)), id="causal-right-window"),
+        pytest.param(dict(softcap=-1.0), id="negative-softcap"),
         pytest.param(dict(alibi=torch.zeros(8)), id="alibi"),
         pytest.param(dict(dropout=0.1), id="dropout"),
     ],
@@ -197,9 +230,10 @@ def test_supports_rejects_features(on_hopper, change):
     assert not hk.supports(q, k, v, **{"causal": False, **change})
 
 
-def test_supports_window_zero_right_needs_causal(on_hopper):
+def test_supports_window_zero_right_without_causal(on_hopper):
+    # (-1, 0) without causal is a right window of 0 keys: the same mask, covered as a window
     q, k, v = _qkv()
-    assert not hk.supports(q, k, v, causal=False, window=(-1, 0))
+    assert hk.supports(q, k, v, causal=False, window=(-1, 0))
 
 
 @pytest.mark.parametrize("d", [32, 80, 96, 256])
@@ -233,7 +267,9 @@ def test_supports_packed_calls(on_hopper):
     # packed tensors need varlen, dense ones must not have it
     assert not hk.supports(q, k, k, causal=True)
     assert not hk.supports(*_qkv(), causal=True, varlen=True)
-    for change in (dict(window=(16, 0)), dict(softcap=30.0), dict(alibi=torch.zeros(8)), dict(dropout=0.1)):
+    for change in (dict(window=(16, 0)), dict(softcap=30.0)):
+        assert hk.supports(q, k, k, causal=True, varlen=True, **change), change
+    for change in (dict(alibi=torch.zeros(8)), dict(dropout=0.1)):
         assert not hk.supports(q, k, k, causal=True, varlen=True, **change), change
     assert not hk.supports(_t(300, 8, 80), _t(200, 2, 80), _t(200, 2, 80), causal=True, varlen=True)
     assert not hk.supports(q, _t(200, 3, 128), _t(200, 3, 128), causal=True, varlen=True)
@@ -261,7 +297,9 @@ def test_forward_path_packed(on_hopper, monkeypatch):
     q64, k64 = _t(300, 8, 64), _t(200, 2, 64)
     assert hk.supports(q64, k64, k64, causal=True, varlen=True)
     assert flash_fwd.forward_path(q64, k64, k64, None, **opts) == "triton"
-    assert flash_fwd.forward_path(q, k, k, None, **{**opts, "window_left": 63}) == "triton"
+    assert flash_fwd.forward_path(q, k, k, None, **{**opts, "window_left": 63}) == "hopper"
+    assert flash_fwd.forward_path(q, k, k, None, **{**opts, "softcap": 30.0}) == "hopper"
+    assert flash_fwd.forward_path(q, k, k, None, **{**opts, "alibi_slopes": torch.zeros(8)}) == "triton"
     assert flash_fwd.forward_path(q, k, k, None, **opts, sinks=torch.zeros(8)) == "triton"
     monkeypatch.setattr(configs, "hopper_enabled", lambda device: False)
     assert flash_fwd.forward_path(q, k, k, None, **opts) == "triton"

@@ -255,13 +255,16 @@ def test_packed_compile_and_cuda_graph_capture(hopper, monkeypatch):
     assert not torch.equal(captured, out_e)
 
 
-@pytest.mark.parametrize("window", [256, None], ids=["window", "dense"])
-def test_past_2_31_elements_int64_addressing(window):
+@pytest.mark.parametrize(
+    "window,hopper", [(256, True), (256, False), (None, True)], ids=["window", "window-triton", "dense"]
+)
+def test_past_2_31_elements_int64_addressing(window, hopper):
     """576K tokens x 32 heads x 128 (2.4 x 10^9 elements per q): q's last rows start past
     element 2^31, so any 32-bit offset arithmetic would wrap (ALST met an illegal memory access
     at 555K tokens). The last rows, and the keys they see, are checked against the oracle,
-    forward and backward: with a sliding window (short to run) and dense causal (the path long
-    training takes on the GPU: Gluon on Hopper, ~20 s)."""
+    forward and backward: with a sliding window (short to run; on Hopper the Gluon kernels run
+    it, and the Triton ones with them switched off) and dense causal (the path long training
+    takes on the GPU: Gluon on Hopper, ~20 s)."""
     torch.manual_seed(5)
     s, h, hk, d, m = 576 * 1024, 32, 8, 128, 16
     w = window or s
@@ -269,12 +272,13 @@ def test_past_2_31_elements_int64_addressing(window):
     q, k, v = _qkv(1, s, s, h, hk, d, dtype)
     assert q[:, -m:].storage_offset() > 2**31
     opts = {"causal": True, "window_size": (w - 1, 0) if window else (-1, -1)}
-    paths = attention_paths(q, k, v, **opts)
-    assert paths["forward"] == ("hopper" if not window and configs.hopper_enabled(q.device) else "triton"), paths
-    out = flash_attn_func(q, k, v, **opts)
-    dout = torch.zeros_like(out)
-    dout[:, -m:] = torch.randn_like(dout[:, -m:])
-    g = torch.autograd.grad(out, (q, k, v), dout)
+    with configs.use_hopper(hopper):
+        paths = attention_paths(q, k, v, **opts)
+        assert paths["forward"] == ("hopper" if hopper and configs.hopper_enabled(q.device) else "triton"), paths
+        out = flash_attn_func(q, k, v, **opts)
+        dout = torch.zeros_like(out)
+        dout[:, -m:] = torch.randn_like(dout[:, -m:])
+        g = torch.autograd.grad(out, (q, k, v), dout)
     # only the last rows are compared: drop the rest before the oracle (its dense scores over
     # 576K keys take 1.1 GiB per float32 tensor even for 16 queries)
     out, dout, g = out[:, -m:].clone(), dout[:, -m:].clone(), (g[0][:, -m:].clone(), g[1], g[2])

@@ -92,7 +92,8 @@ from triton.experimental.gluon.language._core import builtin as _builtin
 from .. import configs
 from ..launch import CachedLauncher
 from .attention_fwd import (
-    LOG2E, _descriptor, _mma_layout, schedule_entry, schedule_slots, tma_compatible, varlen_schedule,
+    LOG2E, _descriptor, _mma_layout, mask_args, schedule_entry, schedule_slots, tma_compatible,
+    varlen_schedule,
 )
 
 PRODUCER_REGS = 24
@@ -278,12 +279,18 @@ def _dq_frag_layout(block_m, dq_n):
 
 
 @gluon.jit
-def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
-           KEYS: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
-    """The program's work: (b, kv_h, doc, n0, n_m, m_lo, m_full, q_off, k_off, q_len, k_len).
-    Keys [n0, n0 + KEYS) of a sequence of k_len keys and q_len queries that starts at row k_off
-    (q_off) of batch entry b; query tiles [m_lo, n_m) of every head of the group can see those
-    keys, from tile m_full on all of them.
+def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+           KEYS: gl.constexpr, BLOCK_M: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr,
+           VARLEN: gl.constexpr):  # fmt: skip
+    """The program's work: (b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off,
+    q_len, k_len). Keys [n0, n0 + KEYS) of a sequence of k_len keys and q_len queries (n_m query
+    tiles) that starts at row q_off (k_off) of batch entry b; query tiles [m_lo, m_hi) of every
+    head of the group can see some of those keys, tiles [m_full, m_full_hi) all of them (as far
+    as the window goes: the key tail is masked apart).
+
+    Query row i sits at key position ``i + k_len - q_len`` and sees key j iff ``pos -
+    window_left <= j`` (MASK_LEFT) and ``j <= pos + window_right`` (MASK_RIGHT; causal is
+    window_right 0).
 
     Dense: (batch, K/V head) fastest, the key tile slowest (q_off = k_off = 0). Varlen: the K/V
     head fastest over the entries of ``Sched`` (int32 pairs (document, key tile), from
@@ -306,25 +313,45 @@ def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeq
         q_len = seqlen_q
         k_len = seqlen_k
     n_m = gl.cdiv(q_len, BLOCK_M)
+    shift = k_len - q_len  # bottom-right alignment: row i sits at key position i + shift
     m_lo = 0
     m_full = 0
-    if CAUSAL:
-        shift = k_len - q_len  # bottom-right alignment: row i sees keys j <= i + shift
-        m_lo = gl.minimum(gl.maximum(n0 - shift, 0) // BLOCK_M, n_m)
-        m_full = gl.cdiv(gl.maximum(n0 + KEYS - 1 - shift, 0), BLOCK_M)
-    return b, kv_h, doc, n0, n_m, m_lo, m_full, q_off, k_off, q_len, k_len
+    m_hi = n_m
+    m_full_hi = n_m
+    if MASK_RIGHT:
+        # row i sees key j iff j <= i + shift + right  <=>  i >= j - shift - right
+        m_lo = gl.minimum(gl.maximum(n0 - shift - window_right, 0) // BLOCK_M, n_m)
+        m_full = gl.cdiv(gl.maximum(n0 + KEYS - 1 - shift - window_right, 0), BLOCK_M)
+    if MASK_LEFT:
+        # row i sees key j iff j >= i + shift - left  <=>  i <= j - shift + left
+        m_hi = gl.minimum(gl.cdiv(gl.maximum(n0 + KEYS - shift + window_left, 0), BLOCK_M), n_m)
+        m_full_hi = gl.maximum(n0 - shift + window_left + 1, 0) // BLOCK_M
+        m_lo = gl.minimum(m_lo, m_hi)
+    return b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len
 
 
 @gluon.jit
-def _step_tile(it, kv_h, group, n_m, m_lo, TILES_DOWN: gl.constexpr):
-    """(query head, query tile) of step ``it`` of a program whose query tiles are [m_lo, n_m):
+def _first_key_block(mt, shift, window_left, KEYS: gl.constexpr, BLOCK_M: gl.constexpr, MASK_LEFT: gl.constexpr):
+    """The lowest key block (of KEYS keys) whose query tiles (:func:`_steps`) include tile mt:
+    the blocks that add into a query tile are consecutive from this one (0 without a left
+    window bound), so the ordered dQ counts turns from it."""
+    if MASK_LEFT:
+        first = gl.maximum(mt * BLOCK_M + shift - window_left, 0) // KEYS
+    else:
+        first = 0
+    return first
+
+
+@gluon.jit
+def _step_tile(it, kv_h, group, m_hi, m_lo, TILES_DOWN: gl.constexpr):
+    """(query head, query tile) of step ``it`` of a program whose query tiles are [m_lo, m_hi):
     TILES_DOWN, the tiles from the last down with the group's heads inside each tile; otherwise
     head by head, the tiles upwards. The producer, the consumers and the dQ writer walk the same."""
     if TILES_DOWN:
         h = kv_h * group + it % group
-        mt = n_m - 1 - it // group
+        mt = m_hi - 1 - it // group
     else:
-        per_head = n_m - m_lo
+        per_head = m_hi - m_lo
         h = kv_h * group + it // per_head
         mt = m_lo + it % per_head
     return h, mt
@@ -334,13 +361,14 @@ def _step_tile(it, kv_h, group, n_m, m_lo, TILES_DOWN: gl.constexpr):
 def _producer(
     q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
     kv_bar, q_ready, do_ready, q_empty, do_empty,
-    n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
+    n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-    CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr,
+    CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
+    TILES_DOWN: gl.constexpr,
 ):  # fmt: skip
-    b, kv_h, doc, n0, n_m, m_lo, m_full, q_off, k_off, q_len, k_len = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
-        BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL, VARLEN,
+    b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+        window_right, BLOCK_N * CONSUMERS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN,
     )  # fmt: skip
     # varlen: key rows past the document's end (and query rows past it, below) are the next
     # document's; the consumers mask them and never store them
@@ -352,9 +380,9 @@ def _producer(
         tma.async_copy_global_to_shared(
             v_desc, [b, kv_h, k_off + n0 + c * BLOCK_N, 0], kv_bar, v_smem.index(c).reshape([1, 1, BLOCK_N, HEAD_DIM])
         )
-    per_head = n_m - m_lo
+    per_head = m_hi - m_lo
     for it in range(group * per_head):
-        h, mt = _step_tile(it, kv_h, group, n_m, m_lo, TILES_DOWN)
+        h, mt = _step_tile(it, kv_h, group, m_hi, m_lo, TILES_DOWN)
         m0 = mt * BLOCK_M
         slot = it % STAGES
         # a fresh barrier counts as having completed the phase before 0: the first pass through
@@ -423,11 +451,11 @@ def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free,
 def _consumer(
     q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
     ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
-    n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+    n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale, sm_scale,
     Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, CAUSAL: gl.constexpr,
-    DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr, DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
+    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, MASK_LEFT: gl.constexpr,
+    MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr, DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
     DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
@@ -436,9 +464,9 @@ def _consumer(
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # along the queries
     row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)  # along the keys
-    b, kv_h, doc, n0, n_m, m_lo, m_full, q_off, k_off, q_len, k_len = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
-        BLOCK_N * CONSUMERS, BLOCK_M, CAUSAL, VARLEN,
+    b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+        window_right, BLOCK_N * CONSUMERS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN,
     )  # fmt: skip
     k_tile = k_smem.index(INDEX)
     v_tile = v_smem.index(INDEX)
@@ -459,25 +487,35 @@ def _consumer(
     st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
-    if VARLEN:
+    if MASK_LEFT or RIGHT_WINDOW:
+        # windows: the tiles that need a mask are all of them when the key tile crosses the
+        # sequence's end, else those below m_full (the right edge) or from m_full_hi on (the left
+        # edge) and, varlen, the one that crosses the query rows' end (the next document's rows,
+        # masked explicitly); the others run unmasked in [m_unmasked_lo, m_unmasked_hi)
+        m_unmasked_lo = m_full
+        m_unmasked_hi = m_full_hi
+        if VARLEN:
+            m_unmasked_hi = gl.minimum(m_unmasked_hi, q_len // BLOCK_M)
+        m_unmasked_hi = gl.where(key_tail, 0, m_unmasked_hi)
+    elif VARLEN:
         # the tiles that need a mask are [m_lo, m_mask) and [m_tail, n_m): those that cross the
         # causal diagonal (or all of them when the key tile crosses the document's end) and the
         # one that crosses the query rows' end (next document's rows, masked explicitly)
         m_tail = q_len // BLOCK_M
-        if CAUSAL:
+        if MASK_RIGHT:
             m_mask = gl.where(key_tail, n_m, m_full)
         else:
             m_mask = gl.where(key_tail, n_m, 0)
-    else:
+    if not VARLEN:
         b64 = b.to(gl.int64)
 
     mbarrier.wait(kv_bar, 0)
-    per_head = n_m - m_lo
+    per_head = m_hi - m_lo
     # DQ_LAG: the (head, query tile) of the previous step, whose dQ product is still to run
     prev_h = kv_h * group
     prev_mt = gl.to_tensor(m_lo)
     for it in range(group * per_head):
-        h, mt = _step_tile(it, kv_h, group, n_m, m_lo, TILES_DOWN)
+        h, mt = _step_tile(it, kv_h, group, m_hi, m_lo, TILES_DOWN)
         rows = mt * BLOCK_M + cols
         slot = it % STAGES
         phase = (it // STAGES) & 1
@@ -498,18 +536,31 @@ def _consumer(
         dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         st = warpgroup_mma_wait(1, deps=(st,))
         s2 = st * qk_scale
-        if VARLEN:
+        if MASK_LEFT or RIGHT_WINDOW:
+            if (mt < m_unmasked_lo) | (mt >= m_unmasked_hi):
+                # keys past the sequence's end: key_pos >= k_len, i.e. keys >= q_len; varlen,
+                # the query tile that crosses the document's end holds the next document's rows:
+                # masked explicitly (P = 0, so dS = 0 and they add exactly 0 to dK, dV and dQ)
+                vis = gl.expand_dims(keys < q_len, 1)
+                if MASK_RIGHT:
+                    vis = vis & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows + window_right, 0))
+                if MASK_LEFT:
+                    vis = vis & (gl.expand_dims(keys, 1) >= gl.expand_dims(rows - window_left, 0))
+                if VARLEN:
+                    vis = vis & gl.expand_dims(rows < q_len, 0)
+                s2 = gl.where(vis, s2, float("-inf"))
+        elif VARLEN:
             # the query tile that crosses the document's end holds the next document's rows:
             # masked explicitly (P = 0, so dS = 0 and they add exactly 0 to dK, dV and dQ)
             if (mt < m_mask) | (mt >= m_tail):
                 # keys past the document's end: key_pos >= k_len, i.e. keys >= q_len; causal,
                 # keys <= rows < q_len covers them
-                if CAUSAL:
+                if MASK_RIGHT:
                     vis = (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0)) & gl.expand_dims(rows < q_len, 0)
                 else:
                     vis = gl.expand_dims(keys < q_len, 1) & gl.expand_dims(rows < q_len, 0)
                 s2 = gl.where(vis, s2, float("-inf"))
-        elif CAUSAL:
+        elif MASK_RIGHT:  # causal
             if (mt < m_full) | key_tail:
                 vis = (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0)) & gl.expand_dims(key_pos < k_len, 1)
                 s2 = gl.where(vis, s2, float("-inf"))
@@ -706,24 +757,25 @@ def _dq_counter(Sem, b, h, mt, nheads, n_m, n_slots_q, sem_tile0, lane, VARLEN: 
 @gluon.jit
 def _dq_writer(
     dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-    Sched, CuSeqQ, CuSeqK, n_slots_q,
+    Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right,
     BLOCK_M: gl.constexpr, KEYS: gl.constexpr, DQ_N: gl.constexpr, CONSUMERS: gl.constexpr,
-    CAUSAL: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr,
+    MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr,
     TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
     add them into the float32 accumulator by TMA reduce and hand the slots back once read.
     DQ_ORDERED: before adding into query tile (b, h, mt), wait until the semaphore of that tile
-    counts the key blocks that add before this one (those below it), and count this one once the
+    counts the key blocks that add before this one (those below it, from
+    :func:`_first_key_block` on), and count this one once the
     additions have completed, not only read their source (a step later: the wait for completion
     runs under the next step).
 
     Varlen: the counters are per (head, document, query tile), query tile i of document d at
     ``h * n_slots_q + cu_seqlens_q[d] // BLOCK_M + d + i`` (n_slots_q = Tq // BLOCK_M + batch: the
     documents' tiles never share a slot); the key-block index counts within the document."""
-    b, kv_h, doc, n0, n_m, m_lo, m_full, q_off, k_off, q_len, k_len = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
-        KEYS, BLOCK_M, CAUSAL, VARLEN,
+    b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+        window_right, KEYS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN,
     )  # fmt: skip
     sem_tile0 = 0
     if VARLEN:
@@ -733,25 +785,28 @@ def _dq_writer(
     sem_prev = Sem + (lane * 0).to(gl.int64)  # the previous step's counter (DQ_ORDERED)
     kt = n0 // KEYS
     nheads = nheads_k * group
-    per_head = n_m - m_lo
+    per_head = m_hi - m_lo
     n_steps = group * per_head
     # POLL_AHEAD: the value of this step's counter, read during the previous step (the first
-    # step reads it where it starts)
-    ahead = lane * 0 + (kt - 1)
+    # step reads it where it starts; no turn is -1)
+    ahead = lane * 0 - 1
     for it in range(n_steps):
-        h, mt = _step_tile(it, kv_h, group, n_m, m_lo, TILES_DOWN)
+        h, mt = _step_tile(it, kv_h, group, m_hi, m_lo, TILES_DOWN)
         par = it % 2
         if DQ_ORDERED:
             # one int32 counter per (b, h, query tile), every lane reading it; this block's turn
-            # is its key-block index: every block below it sees the tile too (causal: a query row
-            # that sees key j sees every key before it). The counter only grows and reaches kt
-            # only once every block below has counted, so a value read early that equals kt holds
+            # is its key-block index counted from the tile's first block: every block between
+            # that one and this one sees the tile too (the rows that see a key of this block see
+            # one of each block down to the window's left edge). The counter only grows and
+            # reaches the turn only once every block below has counted, so a value read early
+            # that equals the turn holds
+            turn = kt - _first_key_block(mt, k_len - q_len, window_left, KEYS, BLOCK_M, MASK_LEFT)
             sem = _dq_counter(Sem, b, h, mt, nheads, n_m, n_slots_q, sem_tile0, lane, VARLEN)
             if POLL_AHEAD:
                 seen = gl.max(ahead, axis=0)
             else:
-                seen = kt - 1
-            while seen != kt:
+                seen = turn - 1
+            while seen != turn:
                 seen = gl.max(_load_acquire(sem), axis=0)
             lane = _warp_sync_fence(lane)
         for c in gl.static_range(CONSUMERS):
@@ -767,7 +822,7 @@ def _dq_writer(
         if DQ_ORDERED:
             if POLL_AHEAD:
                 if it + 1 < n_steps:
-                    h_next, mt_next = _step_tile(it + 1, kv_h, group, n_m, m_lo, TILES_DOWN)
+                    h_next, mt_next = _step_tile(it + 1, kv_h, group, m_hi, m_lo, TILES_DOWN)
                     ahead = _load_acquire(
                         _dq_counter(Sem, b, h_next, mt_next, nheads, n_m, n_slots_q, sem_tile0, lane, VARLEN)
                     )  # fmt: skip
@@ -790,14 +845,20 @@ def _dq_writer(
 def _attn_bwd_dkdv_kernel(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Sem, Sched, CuSeqQ, CuSeqK, DK, DV,
     stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-    stride_dkm, stride_dkh, stride_dvm, stride_dvh, n_slots_q, qk_scale, sm_scale,
+    stride_dkm, stride_dkh, stride_dvm, stride_dvh, n_slots_q, window_left, window_right,
+    qk_scale, sm_scale,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
+    if not RIGHT_WINDOW:
+        window_right = 0  # no right window or causal: a literal, as in the builds without windows
+    if not MASK_LEFT:
+        window_left = 0
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
@@ -856,25 +917,28 @@ def _attn_bwd_dkdv_kernel(
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
-                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
-                             Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
-                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN, TILES_DOWN)),
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+                             sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
+                             stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
+                             MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
+                             DQ_FRAG, VARLEN, TILES_DOWN)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
-                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
-                             Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
-                             1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN, TILES_DOWN)),
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+                             sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
+                             stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
+                             MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
+                             DQ_FRAG, VARLEN, TILES_DOWN)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
-                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
-                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, VARLEN, TILES_DOWN)),
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+                             window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
+                             VARLEN, TILES_DOWN)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
-                               seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, BLOCK_M, BLOCK_N * CONSUMERS,
-                               HEAD_DIM // CONSUMERS, CONSUMERS, CAUSAL, DQ_ORDERED, DQ_FRAG, VARLEN,
-                               TILES_DOWN, POLL_AHEAD)),
+                               seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
+                               BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, POLL_AHEAD)),
             ],
             [CONSUMER_WARPS, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -885,21 +949,24 @@ def _attn_bwd_dkdv_kernel(
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
-                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
-                             Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
-                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN, TILES_DOWN)),
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+                             sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
+                             stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
+                             MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
+                             DQ_FRAG, VARLEN, TILES_DOWN)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
                              do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
                              stride_lb, stride_lh, stride_lm,
-                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale,
-                             Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
-                             1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS, CAUSAL, DQ_ATOMIC,
-                             DQ_SHARED, DQ_LAG, DQ_WRITER, DQ_FRAG, VARLEN, TILES_DOWN)),
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+                             sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
+                             stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
+                             MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
+                             DQ_FRAG, VARLEN, TILES_DOWN)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                              kv_bar, q_ready, do_ready, q_empty, do_empty,
-                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
-                             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, VARLEN, TILES_DOWN)),
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+                             window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
+                             VARLEN, TILES_DOWN)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -915,11 +982,15 @@ def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softc
              dropout=0.0, varlen=False, softmax_scale=None) -> bool:  # fmt: skip
     """True when :func:`hopper_attention_backward` covers this call: the calls the Gluon
     forward covers (:func:`hopper.attention_fwd.supports`: dense or packed (``varlen``: q (Tq, H,
-    D), k/v (Tk, Hk, D)) fp16/bf16, causal or not, no window, softcap, ALiBi or dropout, on
-    sm_90) for which ``DEFAULT`` (packed: ``VARLEN_DEFAULT``) names a variant (d128), with out,
-    dout, dk and dv shaped like q / k and addressable by TMA too."""
+    D), k/v (Tk, Hk, D)) fp16/bf16, causal or not, any sliding window, no ALiBi or dropout, on
+    sm_90) but softcap (its tanh derivative kept over the dP product spills 230-580 bytes per
+    thread at d128: the Triton backward runs those) for which ``DEFAULT`` (packed:
+    ``VARLEN_DEFAULT``) names a variant (d128), with out, dout, dk and dv shaped like q / k and
+    addressable by TMA too."""
     from .attention_fwd import supports as fwd_supports
 
+    if softcap > 0.0:
+        return False
     if not fwd_supports(q, k, v, causal=causal, window=window, softcap=softcap, alibi=alibi,
                         dropout=dropout, varlen=varlen, softmax_scale=softmax_scale):  # fmt: skip
         return False
@@ -1048,14 +1119,15 @@ def varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, tokens_k, variant, causal, o
 
 
 def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *, softmax_scale, causal, variant,
-                cu_seqlens_q=None, cu_seqlens_k=None, sched=None):  # fmt: skip
+                cu_seqlens_q=None, cu_seqlens_k=None, sched=None, window=(-1, -1)):  # fmt: skip
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the CPU
     compile check, so both build the same kernel. ``dq_accum``: the float32 (B, Sq, H, D)
     accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller; :func:`dq_accum_for`);
     ``dq_sem``: the zeroed int32 counters of the ``dq_ordered`` variants (:func:`dq_sem_count`).
     Packed (varlen) calls pass cu_seqlens: q/dout (Tq, H, D), k/v/dk/dv (Tk, Hk, D), lse/delta
     (H, Tq); programs = entries of ``sched`` (:func:`varlen_key_schedule`; the compile check passes
-    an unwritten tensor of ``attention_fwd.schedule_slots`` entries) x K/V heads."""
+    an unwritten tensor of ``attention_fwd.schedule_slots`` entries) x K/V heads. ``window`` as in
+    :func:`attention_fwd.mask_args`."""
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k go together")
@@ -1068,6 +1140,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
     if lse.stride() != delta.stride() or lse.stride(-1) != 1:
         raise ValueError("lse and delta must share strides, unit along the rows")
+    masks = mask_args(causal, window)
     if varlen and not varlen_builds(variant):
         raise ValueError(f"variant {variant} has no packed (varlen) form")
     if var.dq_frag:
@@ -1113,13 +1186,14 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         lse, delta, dq_sem if var.dq_ordered else lse, sched, cu_seqlens_q, cu_seqlens_k,
         dk if varlen else None, dv if varlen else None,
         stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k,
-        *dk_strides, slots,
+        *dk_strides, slots, masks["window_left"], masks["window_right"],
         float(softmax_scale) * LOG2E, float(softmax_scale),
     )  # fmt: skip
     kwargs = dict(
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
-        PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), DQ_ATOMIC=var.dq_atomic,
+        PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
+        RIGHT_WINDOW=masks["RIGHT_WINDOW"], DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
         DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead, num_warps=4,
     )  # fmt: skip
@@ -1127,7 +1201,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
 
 
 def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale, causal,
-                              variant=None, cu_seqlens_q=None, cu_seqlens_k=None, order=None) -> bool:  # fmt: skip
+                              variant=None, cu_seqlens_q=None, cu_seqlens_k=None, order=None,
+                              window=(-1, -1)) -> bool:  # fmt: skip
     """dK and dV (and, for the ``dq_atomic`` variants, dQ) on Hopper. Layouts as
     ``hf_flash.kernels.flash_bwd.flash_attn_backward``: dense q/dout/dq (B, Sq, H, D),
     k/v/dk/dv (B, Sk, Hk, D), lse (the forward's natural-log log-sum-exp) and delta
@@ -1135,7 +1210,8 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     strides; packed (cu_seqlens int32 (batch + 1,) given) q/dout/dq (Tq, H, D), k/v/dk/dv (Tk,
     Hk, D), lse/delta (H, Tq). Only calls for which :func:`supports` is true (checked by the
     caller). ``variant`` names an entry of ``VARIANTS`` (default: :func:`variant_for`); ``order``
-    the packed calls' program order (``VARLEN_ORDERS``; default ``VARLEN_ORDER``). Packed
+    the packed calls' program order (``VARLEN_ORDERS``; default ``VARLEN_ORDER``); ``window``
+    (left, right) as in :func:`attention_fwd.mask_args` (the forward's). Packed
     rows outside every sequence: dK/dV not written, dQ (when written) 0; no host sync reads
     cu_seqlens. Returns whether dq was written (else the caller runs a dQ kernel)."""
     varlen = cu_seqlens_q is not None
@@ -1161,14 +1237,15 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     sched = varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, k.shape[0], variant, causal, order) if varlen else None
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, softmax_scale=softmax_scale, causal=causal,
-        variant=variant, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched,
+        variant=variant, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window,
     )  # fmt: skip
-    key = (variant, q.shape[-1], bool(causal), varlen)
+    key = (variant, q.shape[-1], varlen, *(kwargs[f] for f in ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW")))
     meta = _LAUNCH_META.get(key)
     if meta is None:
         meta = _LAUNCH_META[key] = _BACKWARD.meta(**kwargs)
+    # launch_args' order: 7 descriptors and 8 pointers, 15 integers, 2 floats
     with torch.cuda.device(q.device):
-        _BACKWARD(grid, args[:15], args[15:28], args[28:], meta)
+        _BACKWARD(grid, args[:15], args[15:30], args[30:], meta)
     if var.dq_frag:
         with torch.cuda.device(q.device):
             dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers)

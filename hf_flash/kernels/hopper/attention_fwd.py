@@ -138,11 +138,23 @@ VARLEN_DEFAULT = {
     (64, True): "ws3x4-pp-s3",
 }
 HEAD_DIMS = (64, 128)
+# Calls with a left window bound run this variant where their default has three consumers: at
+# 160 registers each, the left-edge mask spills 128-296 bytes per thread (CPU compile, sm_90a);
+# two consumers spill nothing with any mask or the softcap.
+LEFT_WINDOW_FALLBACK = "ws2x4-overlap-fma"
 # Packed calls hf_flash dispatches here (flash_fwd.forward_path): head dim 128. At d64 the packed
 # kernel measured slower than the Triton varlen forward (H100, 12 documents in 16K tokens: 0.53 ms
 # against 0.48 ms; .notes/hopper.md), so d64 packed calls stay on Triton.
 VARLEN_DISPATCH_HEAD_DIMS = (128,)
 PRODUCER_REGS = 24
+
+
+def default_variant(head_dim: int, causal: bool, varlen: bool = False, window=(-1, -1)) -> str:
+    """The variant :func:`hopper_attention_forward` runs for a call when none is named."""
+    name = (VARLEN_DEFAULT if varlen else DEFAULT)[(head_dim, bool(causal))]
+    if mask_args(causal, window)["MASK_LEFT"] and VARIANTS[name].consumers > 2:
+        return LEFT_WINDOW_FALLBACK
+    return name
 
 
 def varlen_builds(variant: str, causal: bool) -> bool:
@@ -175,13 +187,18 @@ def schedule_entry(Sched, index, CuSeqQ, CuSeqK):
 
 
 @gluon.jit
-def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
-               ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
-    """Decode work item ``t``. Returns (b, h, kv_h, m0, n_tiles, n_unmasked, q_off, k_off,
-    q_len, k_len): the item's query rows are [m0, m0 + ROWS) of a sequence of q_len queries and
-    k_len keys that starts at row q_off (k_off) of the batch entry b; keys
-    [0, n_tiles * BLOCK_N) are visible to some row of the item, the first n_unmasked tiles to
-    every row and inside the key range.
+def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+               ROWS: gl.constexpr, BLOCK_N: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr,
+               VARLEN: gl.constexpr):  # fmt: skip
+    """Decode work item ``t``. Returns (b, h, kv_h, m0, lo, n_tiles, full_lo, full_hi, q_off,
+    k_off, q_len, k_len): the item's query rows are [m0, m0 + ROWS) of a sequence of q_len
+    queries and k_len keys that starts at row q_off (k_off) of the batch entry b; key tiles
+    [lo, n_tiles) are visible to some row of the item, tiles [full_lo, full_hi) to every row and
+    inside the key range (the others need the mask).
+
+    Query row i sits at key position ``i + k_len - q_len`` (bottom-right alignment) and sees key
+    j iff ``pos - window_left <= j`` (MASK_LEFT) and ``j <= pos + window_right`` (MASK_RIGHT;
+    causal is window_right 0).
 
     Dense: (batch, head) runs fastest and query tiles are counted from the end, so under causal
     masking the items that see the most keys come first. Varlen: the head runs fastest over the
@@ -201,29 +218,35 @@ def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, C
         k_off = 0
         q_len = seqlen_q
         k_len = seqlen_k
+    first = m0 + (k_len - q_len)  # key position of the item's first row
+    last = first + ROWS - 1
     hi = k_len
-    full = k_len // BLOCK_N
-    if CAUSAL:
-        shift = k_len - q_len  # bottom-right alignment
-        hi = gl.minimum(k_len, gl.maximum(m0 + ROWS + shift, 0))
-        full = gl.minimum(full, gl.maximum(m0 + shift + 1, 0) // BLOCK_N)
+    full_hi = k_len // BLOCK_N
+    if MASK_RIGHT:
+        hi = gl.minimum(k_len, gl.maximum(last + window_right + 1, 0))
+        full_hi = gl.minimum(full_hi, gl.maximum(first + window_right + 1, 0) // BLOCK_N)
     n_tiles = gl.cdiv(hi, BLOCK_N)
-    return b, h, h // group, m0, n_tiles, gl.minimum(full, n_tiles), q_off, k_off, q_len, k_len
+    lo = 0
+    full_lo = 0
+    if MASK_LEFT:
+        lo = gl.minimum(gl.maximum(first - window_left, 0) // BLOCK_N, n_tiles)
+        full_lo = gl.cdiv(gl.maximum(last - window_left, 0), BLOCK_N)
+    return b, h, h // group, m0, lo, n_tiles, full_lo, gl.minimum(full_hi, n_tiles), q_off, k_off, q_len, k_len
 
 
 @gluon.jit
 def _producer_item(
     t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
     """Loads of one work item; ``it`` counts the K/V tiles loaded so far (ring slot and phase),
     ``n_done`` the items started. Returns the new ``it``."""
-    b, h, kv_h, m0, n_tiles, n_unmasked, q_off, k_off, q_len, k_len = _work_item(
-        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
-        BLOCK_M * CONSUMERS, BLOCK_N, CAUSAL, VARLEN,
+    b, h, kv_h, m0, lo, n_tiles, full_lo, full_hi, q_off, k_off, q_len, k_len = _work_item(
+        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+        BLOCK_M * CONSUMERS, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN,
     )  # fmt: skip
     # varlen: rows past the sequence's end read the next sequence's (or zeros past the tensor's
     # end); the consumers mask those keys and never store those rows
@@ -236,7 +259,7 @@ def _producer_item(
         tma.async_copy_global_to_shared(
             q_desc, [b, h, q_off + m0 + c * BLOCK_M, 0], q_bar, q_smem.index(c).reshape([1, 1, BLOCK_M, HEAD_DIM])
         )
-    for j in range(n_tiles):
+    for j in range(lo, n_tiles):
         slot = it % STAGES
         phase = ((it // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(slot), phase)
@@ -259,9 +282,9 @@ def _producer_item(
 def _producer(
     q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, PERSISTENT: gl.constexpr,
     VARLEN: gl.constexpr,
 ):  # fmt: skip
     if PERSISTENT:
@@ -271,7 +294,8 @@ def _producer(
             it = _producer_item(
                 t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                 q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
-                Sched, CuSeqQ, CuSeqK, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, VARLEN,
+                Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
+                MASK_LEFT, MASK_RIGHT, VARLEN,
             )  # fmt: skip
             n_done += 1
     else:
@@ -279,32 +303,72 @@ def _producer(
         _producer_item(
             gl.program_id(0), zero, zero, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
             q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
-            Sched, CuSeqQ, CuSeqK, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL, VARLEN,
+            Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
+            MASK_LEFT, MASK_RIGHT, VARLEN,
         )  # fmt: skip
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, rows, j, n_unmasked, seqlen_k, qk_scale,
-                  s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                  FMA_SCALE: gl.constexpr):  # fmt: skip
-    """Mask if this tile needs it and update the running max and sum; returns (p, alpha, m, l).
+def _tanh(x):
+    # 1 - 2 / (exp2(2x log2(e)) + 1), as flash_common.tanh (the Triton kernels'), so both
+    # paths soft-cap alike: exact limits (+-1) where exp2 overflows or underflows, no NaN
+    return 1.0 - 2.0 / (gl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@gluon.jit
+def _per_tile(x):
+    """``x`` unchanged, through a register move the compiler cannot see through or move out of
+    a loop (an int32 tensor of any layout)."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale,
+                  softcap_in, softcap_out, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                  MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
+                  FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr):  # fmt: skip
+    """Transform and mask tile ``j``'s scores and update the running max and sum; returns
+    (p, alpha, m, l).
 
     ``qk_scale`` is softmax_scale * log2(e). With FMA_SCALE the running max stays in the raw
     score domain and ``s * scale - m * scale`` is one fused multiply-add per score (the scale is
-    positive, so the max commutes with it); otherwise the scores are scaled first. ``m`` is in the
-    domain of the scores it came from; :func:`_log2_max` converts it."""
-    if not FMA_SCALE:
+    positive, so the max commutes with it); otherwise the scores are scaled first. SOFTCAP
+    replaces the scale by ``softcap_out * tanh(s * softcap_in)`` (softcap_in = softmax_scale /
+    cap, softcap_out = cap * log2(e)), FMA_SCALE or not. ``m`` is in the domain of the scores it
+    came from; the epilogue converts it. Tiles outside [full_lo, full_hi) are masked: row r
+    at key position ``rows[r]`` sees keys ``rows[r] - window_left <= j <= rows[r] +
+    window_right`` (each bound with its MASK_ switch)."""
+    if SOFTCAP:
+        s = _tanh(s * softcap_in) * softcap_out
+    elif not FMA_SCALE:
         s = s * qk_scale
-    if j >= n_unmasked:
-        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        vis = gl.expand_dims(cols, 0) < seqlen_k
-        if CAUSAL:
-            vis = vis & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1))
+    masked = j >= full_hi
+    if MASK_LEFT:
+        masked = masked | (j < full_lo)
+    if masked:
+        if MASK_LEFT or RIGHT_WINDOW:
+            # window edges: columns relative to the tile against per-row bounds relative to the
+            # tile, the bounds made opaque (:func:`_per_tile`); otherwise the compiler may rewrite
+            # a comparison as (bound - column) against the tile offset and hoist that whole tile of
+            # differences out of the loop (64 registers per thread, spilled)
+            key0 = j * BLOCK_N
+            cols = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+            vis = cols < seqlen_k - key0
+            if MASK_RIGHT:
+                vis = vis & (cols <= gl.expand_dims(_per_tile(rows + (window_right - key0)), 1))
+            if MASK_LEFT:
+                vis = vis & (cols >= gl.expand_dims(_per_tile(rows - (window_left + key0)), 1))
+        else:
+            # no window: the key range's end and the causal diagonal
+            cols = gl.expand_dims(j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+            vis = cols < seqlen_k
+            if MASK_RIGHT:
+                vis = vis & (cols <= gl.expand_dims(rows, 1))
         s = gl.where(vis, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1))
     # rows that have seen no key yet keep m = -inf; subtract 0 instead to avoid inf - inf
     m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
-    if FMA_SCALE:
+    if FMA_SCALE and not SOFTCAP:
         p = gl.exp2(s * qk_scale - gl.expand_dims(m_sub * qk_scale, 1))
         alpha = gl.exp2((m_i - m_sub) * qk_scale)
     else:
@@ -349,10 +413,12 @@ def _store_tile(out, o_tile, o_desc, b, h, row, BLOCK_M: gl.constexpr, HEAD_DIM:
 def _consumer_item(
     t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
     o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, qk_scale,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+    qk_scale, softcap_in, softcap_out,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr,
-    CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, VARLEN: gl.constexpr,
+    STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
+    SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
+    PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
     """One work item of one consumer partition. ``it`` (K/V tiles consumed so far), ``tk``
     (ping-pong turns taken) and ``n_done`` (items done) carry the barrier phases from item to
@@ -364,12 +430,12 @@ def _consumer_item(
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    b, h, kv_h, m0, n_tiles, n_unmasked, q_off, k_off, q_len, k_len = _work_item(
-        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK,
-        BLOCK_M * CONSUMERS, BLOCK_N, CAUSAL, VARLEN,
+    b, h, kv_h, m0, lo, n_tiles, full_lo, full_hi, q_off, k_off, q_len, k_len = _work_item(
+        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+        BLOCK_M * CONSUMERS, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN,
     )  # fmt: skip
     row0 = m0 + INDEX * BLOCK_M
-    # key positions each query row may see, bottom-right aligned
+    # the rows' key positions, bottom-right aligned
     rows = row0 + gl.arange(0, BLOCK_M, layout=row_s) + (k_len - q_len)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
@@ -377,7 +443,7 @@ def _consumer_item(
 
     mbarrier.wait(q_bar, n_done & 1)
     if OVERLAP:
-        if n_tiles > 0:
+        if n_tiles > lo:
             slot = it % STAGES
             mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
             _turn_wait(turn, tk, INDEX, PINGPONG)
@@ -386,10 +452,12 @@ def _consumer_item(
             tk += 1
             s = warpgroup_mma_wait(0, deps=(s,))
             mbarrier.arrive(k_empty.index(slot))
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, rows, 0, n_unmasked, k_len, qk_scale,
-                                               s_layout, BLOCK_N, CAUSAL, FMA_SCALE)  # fmt: skip
+            p, alpha, m_i, l_i = _softmax_step(
+                s, m_i, l_i, rows, lo, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
+            )  # fmt: skip
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            for j in range(1, n_tiles):
+            for j in range(lo + 1, n_tiles):
                 prev = it % STAGES
                 it += 1
                 slot = it % STAGES
@@ -404,8 +472,10 @@ def _consumer_item(
                 # S_j is done once at most one group (the P V product) is still running
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot))
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, rows, j, n_unmasked, k_len, qk_scale,
-                                                   s_layout, BLOCK_N, CAUSAL, FMA_SCALE)  # fmt: skip
+                p, alpha, m_i, l_i = _softmax_step(
+                    s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+                    softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
+                )  # fmt: skip
                 # p_op is a register operand of the running wgmma: keep it alive until the wait
                 acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
                 mbarrier.arrive(v_empty.index(prev))
@@ -425,7 +495,7 @@ def _consumer_item(
         else:
             mbarrier.arrive(q_empty)
     else:
-        for j in range(n_tiles):
+        for j in range(lo, n_tiles):
             slot = it % STAGES
             phase = (it // STAGES) & 1
             mbarrier.wait(k_ready.index(slot), phase)
@@ -434,8 +504,10 @@ def _consumer_item(
             _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s,))
             mbarrier.arrive(k_empty.index(slot))
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, rows, j, n_unmasked, k_len, qk_scale,
-                                               s_layout, BLOCK_N, CAUSAL, FMA_SCALE)  # fmt: skip
+            p, alpha, m_i, l_i = _softmax_step(
+                s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
+            )  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             mbarrier.wait(v_ready.index(slot), phase)
@@ -452,7 +524,7 @@ def _consumer_item(
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)
-    if FMA_SCALE:
+    if FMA_SCALE and not SOFTCAP:
         m_log2 = m_i * qk_scale
     else:
         m_log2 = m_i
@@ -490,11 +562,12 @@ def _consumer_item(
 def _consumer(
     q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
     o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, qk_scale,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+    qk_scale, softcap_in, softcap_out,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr,
-    CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr,
-    VARLEN: gl.constexpr,
+    STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
+    SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
+    PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
     q_tile = q_smem.index(INDEX)
     o_tile = o_smem.index(INDEX)
@@ -506,9 +579,9 @@ def _consumer(
             it, tk = _consumer_item(
                 t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
                 v_empty, turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-                nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, qk_scale,
-                INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG,
-                FMA_SCALE, VARLEN,
+                nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+                qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
+                MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
             )  # fmt: skip
             n_done += 1
     else:
@@ -517,9 +590,9 @@ def _consumer(
         _consumer_item(
             gl.program_id(0), zero, zero, zero, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
             v_empty, turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-            nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, qk_scale,
-            INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG,
-            FMA_SCALE, VARLEN,
+            nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+            qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
+            MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
         )  # fmt: skip
     tma.store_wait(0)
 
@@ -528,14 +601,21 @@ def _consumer(
 def _attn_fwd_kernel(
     q_desc, k_desc, v_desc, o_desc, Out, Lse, Sched, CuSeqQ, CuSeqK,
     stride_om, stride_oh, stride_lb, stride_lh, stride_lm,
-    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, qk_scale,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_in, softcap_out,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-    PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
+    SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
+    PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
     # program takes item program_id (PERSISTENT: program_id, program_id + num_programs, ...)
+    if not RIGHT_WINDOW:
+        # no right window, or causal (0): a literal, so those builds carry no window register
+        # (the three-consumer packed causal builds spill otherwise)
+        window_right = 0
+    if not MASK_LEFT:
+        window_left = 0
 
     dtype: gl.constexpr = q_desc.dtype
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -567,18 +647,20 @@ def _attn_fwd_kernel(
             [
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, qk_scale,
-                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
+                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+                             window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
+                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS, CONSUMERS, PINGPONG,
+                             FMA_SCALE, PERSISTENT, VARLEN)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, qk_scale,
-                             1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
+                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+                             window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
+                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS, CONSUMERS, PINGPONG,
+                             FMA_SCALE, PERSISTENT, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
-                             Sched, CuSeqQ, CuSeqK, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL,
-                             PERSISTENT, VARLEN)),
+                             Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                             CONSUMERS, MASK_LEFT, MASK_RIGHT, PERSISTENT, VARLEN)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -589,23 +671,26 @@ def _attn_fwd_kernel(
             [
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, qk_scale,
-                             0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
+                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+                             window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
+                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS, CONSUMERS, PINGPONG,
+                             FMA_SCALE, PERSISTENT, VARLEN)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, qk_scale,
-                             1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
+                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+                             window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
+                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS, CONSUMERS, PINGPONG,
+                             FMA_SCALE, PERSISTENT, VARLEN)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, qk_scale,
-                             2, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
+                             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+                             window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
+                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS, CONSUMERS, PINGPONG,
+                             FMA_SCALE, PERSISTENT, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
-                             Sched, CuSeqQ, CuSeqK, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CAUSAL,
-                             PERSISTENT, VARLEN)),
+                             Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                             CONSUMERS, MASK_LEFT, MASK_RIGHT, PERSISTENT, VARLEN)),
             ],
             [CONSUMER_WARPS, CONSUMER_WARPS, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
@@ -632,21 +717,48 @@ def _on_hopper(t: torch.Tensor) -> bool:
     return t.is_cuda and configs._capability(t.device) == (9, 0)
 
 
+# A window side at least this wide is no bound at all (no sequence the kernels take is this long);
+# smaller ones stay int32 in the kernels' position arithmetic
+_UNBOUNDED = 1 << 30
+
+
+def mask_args(causal, window=(-1, -1), softcap=0.0, softmax_scale=1.0) -> dict:
+    """The masking and score-transform arguments of a launch, shared by the forward and backward
+    launchers: ``window_left`` / ``window_right`` (ints; -1 or a side at least ``_UNBOUNDED``
+    wide: no bound on that side; causal is ``window_right`` 0) as the runtime values (0 for an
+    unbounded side) and the MASK_LEFT / MASK_RIGHT switches (RIGHT_WINDOW: a right bound past
+    the diagonal, window_right > 0; without it the forward compiles window_right as 0), and the softcap (``cap * tanh(s * scale / cap)``, 0: none)
+    as SOFTCAP with ``softcap_in`` = scale / cap and ``softcap_out`` = cap * log2(e)."""
+    left, right = (int(w) for w in window)
+    if causal:
+        if right > 0:
+            raise ValueError(f"causal attention has window_right 0 (or -1), got {right}")
+        right = 0
+    left = -1 if left < 0 or left >= _UNBOUNDED else left
+    right = -1 if right < 0 or right >= _UNBOUNDED else right
+    cap = float(softcap)
+    return dict(
+        window_left=max(left, 0), window_right=max(right, 0), MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
+        RIGHT_WINDOW=right > 0,
+        SOFTCAP=cap > 0.0, softcap_in=float(softmax_scale) / cap if cap > 0.0 else 0.0,
+        softcap_out=cap * LOG2E if cap > 0.0 else 0.0,
+    )  # fmt: skip
+
+
 def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None, dropout=0.0,
              varlen=False, softmax_scale=None) -> bool:  # fmt: skip
     """True when :func:`hopper_attention_forward` covers this call; everything else keeps the
     Triton kernels. Covered: dense q (B, Sq, H, D) and k/v (B, Sk, Hk, D), or packed (``varlen``)
     q (Tq, H, D) and k/v (Tk, Hk, D), on an sm_90 GPU, float16 or bfloat16 (all three the same),
-    D in (64, 128), H a multiple of Hk, causal or not, no sliding window (``window`` (-1, -1),
-    or (-1, 0) with ``causal``), no softcap, ALiBi or dropout, a positive softmax scale (None:
-    the default 1/sqrt(D)), and strides a TMA descriptor accepts (innermost 1, the others and the
-    base 16-byte aligned)."""
-    if alibi is not None or dropout > 0.0 or softcap > 0.0:
+    D in (64, 128), H a multiple of Hk, causal or not, any sliding window ``(left, right)`` (-1:
+    no bound on that side; causal calls have right 0 or -1), softcap or not, no ALiBi or
+    dropout, a positive softmax scale (None: the default 1/sqrt(D)), and strides a TMA
+    descriptor accepts (innermost 1, the others and the base 16-byte aligned)."""
+    if alibi is not None or dropout > 0.0 or softcap < 0.0:
         return False
     if softmax_scale is not None and not softmax_scale > 0:
         return False
-    left, right = window
-    if left >= 0 or not (right < 0 or (causal and right == 0)):
+    if causal and window[1] > 0:
         return False
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         return False
@@ -676,6 +788,8 @@ def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
         # work items (batch x head x 64-row query tiles, an upper bound) are counted in int32
         if batch * nheads * configs.cdiv(seqlen_q, 64) >= 2**31 or k.shape[1] >= 2**31:
             return False
+    if max(window) >= 0 and max(q.shape[-3], k.shape[-3]) >= _UNBOUNDED:
+        return False  # key positions plus a window side must stay int32
     return all(tma_compatible(t) for t in (q, k, v))
 
 
@@ -782,9 +896,10 @@ def varlen_schedule(cu_seqlens_q, cu_seqlens_k, tokens_q, *, rows, block_n, caus
 
 
 def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens_q=None, cu_seqlens_k=None,
-                sched=None):  # fmt: skip
+                sched=None, window=(-1, -1), softcap=0.0):  # fmt: skip
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the
-    CPU compile check, so both build the same kernel. Packed (varlen) calls pass cu_seqlens and
+    CPU compile check, so both build the same kernel. ``window`` and ``softcap`` as in
+    :func:`mask_args`. Packed (varlen) calls pass cu_seqlens and
     their work items ``sched`` (:func:`varlen_schedule`; the compile check passes an unwritten
     tensor of :func:`schedule_slots` entries: only its dtype matters for compiling)."""
     var = VARIANTS[variant]
@@ -795,6 +910,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         raise ValueError(f"variant {variant} is built for head dims {var.head_dims}, not {head_dim}")
     if not softmax_scale > 0:
         raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
+    masks = mask_args(causal, window, softcap, softmax_scale)
     if varlen:
         if not varlen_builds(variant, causal):
             raise ValueError(
@@ -821,12 +937,14 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
         _descriptor(out, var.block_m), out, lse, sched, cu_seqlens_q, cu_seqlens_k,
         stride_om, stride_oh, stride_lb, stride_lh, stride_lm,
-        nheads, nheads // nheads_k, n_bh, n_m, seqlen_q, seqlen_k, float(softmax_scale) * LOG2E,
+        nheads, nheads // nheads_k, n_bh, n_m, seqlen_q, seqlen_k, masks["window_left"], masks["window_right"],
+        float(softmax_scale) * LOG2E, masks["softcap_in"], masks["softcap_out"],
     )  # fmt: skip
     kwargs = dict(
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=var.consumer_warps, CONSUMER_REGS=var.consumer_regs,
-        PRODUCER_REGS=PRODUCER_REGS, CAUSAL=bool(causal), OVERLAP=var.overlap, PINGPONG=var.pingpong,
+        PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
+        RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
         FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen,
         num_warps=var.consumer_warps,
     )  # fmt: skip
@@ -834,14 +952,14 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
 
 
 def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, variant=None, cu_seqlens_q=None,
-                             cu_seqlens_k=None, order="document") -> None:  # fmt: skip
+                             cu_seqlens_k=None, order="document", window=(-1, -1), softcap=0.0) -> None:  # fmt: skip
     """Forward attention on Hopper. Layouts as ``hf_flash.kernels.flash_fwd.flash_attn_forward``:
     dense q/out (B, Sq, H, D), k/v (B, Sk, Hk, D), lse (B, H, Sq); packed (cu_seqlens given)
     q/out (Tq, H, D), k/v (Tk, Hk, D), lse (H, Tq), cu_seqlens int32 (batch + 1,) on q's device.
-    lse is the float32 natural-log log-sum-exp. Only calls for which :func:`supports` is true
+    lse is the float32 natural-log log-sum-exp. ``window`` (left, right) and ``softcap`` as in
+    :func:`mask_args` (causal: right 0 or -1). Only calls for which :func:`supports` is true
     (checked by the caller); out must be TMA-compatible like q. ``variant`` names an entry of
-    ``VARIANTS`` (default: ``DEFAULT``, or ``VARLEN_DEFAULT`` for packed calls, for the head dim
-    and causality); ``order`` is the packed
+    ``VARIANTS`` (default: :func:`default_variant`); ``order`` is the packed
     calls' item order (:func:`varlen_schedule`). Packed rows outside every sequence are not
     written; no host sync reads cu_seqlens."""
     varlen = cu_seqlens_q is not None
@@ -875,7 +993,7 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
             lse.fill_(float("inf"))
             return
     head_dim = q.shape[-1]
-    variant = variant or (VARLEN_DEFAULT if varlen else DEFAULT)[(head_dim, bool(causal))]
+    variant = variant or default_variant(head_dim, causal, varlen, window)
     sched = None
     if varlen:
         var = VARIANTS[variant]
@@ -884,15 +1002,15 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
         )
     grid, args, kwargs = launch_args(
         q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal, variant=variant,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window, softcap=softcap,
     )  # fmt: skip
-    key = (variant, head_dim, bool(causal), varlen)
+    key = (variant, head_dim, varlen, *(kwargs[f] for f in ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW", "SOFTCAP")))
     meta = _LAUNCH_META.get(key)
     if meta is None:
         meta = _LAUNCH_META[key] = _FORWARD.meta(**kwargs)
-    # launch_args' order: 4 descriptors and 5 pointers, 11 integers, the scale
+    # launch_args' order: 4 descriptors and 5 pointers, 13 integers, 3 floats
     with torch.cuda.device(q.device):
-        _FORWARD(grid, args[:9], args[9:20], args[20:], meta)
+        _FORWARD(grid, args[:9], args[9:22], args[22:], meta)
 
 
 _FORWARD = CachedLauncher(_attn_fwd_kernel)
@@ -900,6 +1018,6 @@ _LAUNCH_META: dict = {}
 
 
 __all__ = [
-    "hopper_attention_forward", "supports", "tma_compatible", "varlen_schedule", "varlen_builds", "VARIANTS",
+    "hopper_attention_forward", "supports", "mask_args", "default_variant", "tma_compatible", "varlen_schedule", "varlen_builds", "VARIANTS",
     "DEFAULT", "VARLEN_DEFAULT", "VARLEN_DISPATCH_HEAD_DIMS", "launch_args",
 ]

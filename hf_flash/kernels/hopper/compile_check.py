@@ -77,10 +77,31 @@ VARLEN_PREFIX = "varlen:"
 BWD_VARLEN_PREFIX = "bwd-varlen:"
 
 
-def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat16) -> dict:
+# the masks a spec's optional fifth element names: a sliding window on both sides (one side when
+# causal), a softcap, or both (the forms the window and softcap builds of the kernels compile)
+FEATURES = {
+    "": {},
+    "window": {"window": (256, 256)},
+    "softcap": {"softcap": 30.0},
+    "window-softcap": {"window": (256, 256), "softcap": 30.0},
+}
+
+
+def _masks(features: str, causal: bool, backward: bool = False) -> dict:
+    opts = dict(FEATURES[features])
+    if backward and "softcap" in opts:
+        raise ValueError("the Hopper backward has no softcap form (the Triton backward runs those calls)")
+    if "window" in opts and causal:
+        opts["window"] = (opts["window"][0], 0)
+    return opts
+
+
+def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat16, features: str = "") -> dict:
     """Compile one variant and return its resource report. ``variant`` names an entry of
     ``attention_fwd.VARIANTS`` (its packed form behind ``"varlen:"``), or of
-    ``attention_bwd.VARIANTS`` behind ``"bwd:"`` (its packed form behind ``"bwd-varlen:"``)."""
+    ``attention_bwd.VARIANTS`` behind ``"bwd:"`` (its packed form behind ``"bwd-varlen:"``);
+    ``features`` a key of ``FEATURES`` (the masks compiled in)."""
+    masks = _masks(features, causal, variant.startswith((BWD_PREFIX, BWD_VARLEN_PREFIX)))
     batch, nheads, nheads_k = 2, 8, 2
     q = torch.empty(batch, SEQLEN, nheads, head_dim, dtype=dtype)
     k = torch.empty(batch, SEQLEN, nheads_k, head_dim, dtype=dtype)
@@ -98,7 +119,7 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
             torch.empty_like(kp), attention_bwd.dq_accum_for(qp, var.name) if var.dq_atomic else None,
             torch.zeros(attention_bwd.dq_sem_count(qp, var.name, cu), dtype=torch.int32),
             softmax_scale=head_dim**-0.5, causal=causal, variant=var.name, cu_seqlens_q=cu, cu_seqlens_k=cu,
-            sched=_unwritten_schedule(kp.shape[0], batch, var.keys),
+            sched=_unwritten_schedule(kp.shape[0], batch, var.keys), **masks,
         )  # fmt: skip
         compiled = compile_sm90(attention_bwd._attn_bwd_dkdv_kernel, args, kwargs)
         rows, block_n = var.keys, var.block_m
@@ -108,8 +129,7 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
             q, k, v, out, lse, torch.empty_like(lse), torch.empty_like(k), torch.empty_like(k),
             attention_bwd.dq_accum_for(q, var.name) if var.dq_atomic else None,
             torch.zeros(batch * nheads * -(-SEQLEN // var.block_m), dtype=torch.int32), softmax_scale=head_dim**-0.5,
-            causal=causal,
-            variant=var.name,
+            causal=causal, variant=var.name, **masks,
         )  # fmt: skip
         compiled = compile_sm90(attention_bwd._attn_bwd_dkdv_kernel, args, kwargs)
         rows, block_n = var.keys, var.block_m
@@ -121,14 +141,14 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
             q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), out.flatten(0, 1),
             lse.transpose(0, 1).reshape(nheads, batch * SEQLEN), softmax_scale=head_dim**-0.5, causal=causal,
             variant=var.name, cu_seqlens_q=cu, cu_seqlens_k=cu,
-            sched=_unwritten_schedule(batch * SEQLEN, batch, var.rows),
+            sched=_unwritten_schedule(batch * SEQLEN, batch, var.rows), **masks,
         )  # fmt: skip
         compiled = compile_sm90(attention_fwd._attn_fwd_kernel, args, kwargs)
         rows, block_n = var.rows, var.block_n
     else:
         var = attention_fwd.VARIANTS[variant]
         _, args, kwargs = attention_fwd.launch_args(
-            q, k, v, out, lse, softmax_scale=head_dim**-0.5, causal=causal, variant=variant
+            q, k, v, out, lse, softmax_scale=head_dim**-0.5, causal=causal, variant=variant, **masks
         )
         compiled = compile_sm90(attention_fwd._attn_fwd_kernel, args, kwargs)
         rows, block_n = var.rows, var.block_n
@@ -142,6 +162,7 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
     setmaxnreg = sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
     return {
         "variant": variant, "head_dim": head_dim, "causal": causal, "dtype": str(dtype).replace("torch.", ""),
+        "features": features,
         "rows_per_program": rows, "block_n": block_n, "stages": var.stages,
         "warps": int(compiled.metadata.num_warps), "registers": registers,
         "spill_store_bytes": spill_stores, "spill_load_bytes": spill_loads, "stack_bytes": stack,
@@ -153,12 +174,12 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
 
 
 def _check_spec(spec):
-    variant, head_dim, causal, dtype_name = spec
-    return check_variant(variant, head_dim, causal, getattr(torch, dtype_name))
+    variant, head_dim, causal, dtype_name, *features = spec
+    return check_variant(variant, head_dim, causal, getattr(torch, dtype_name), *features)
 
 
 def check_many(specs, processes: int = 2) -> list[dict]:
-    """Compile (variant, head_dim, causal, dtype name) specs in fresh processes.
+    """Compile (variant, head_dim, causal, dtype name[, features]) specs in fresh processes.
 
     Fresh (spawned) processes with TRITON_INTERPRET=0, because Gluon's own helper functions
     (``gl.sum``, ``gl.cdiv``...) are ``triton.jit`` functions: a process that imported Gluon with
