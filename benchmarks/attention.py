@@ -138,7 +138,8 @@ def grid(args) -> list[tuple[int, str, int]]:
 
 # --------------------------------------------------------------------------------------------
 # Providers. Each builder gets the shape and the shared (B, S, H, D) inputs and returns
-# (attn, leaves, dout, info): attn() runs the forward on leaves; info is recorded in the row.
+# (attn, leaves, dout, info[, context]): attn() runs the forward on leaves; info is recorded in
+# the row; context (a context-manager factory) wraps the timing of every pass, backward included.
 # --------------------------------------------------------------------------------------------
 
 
@@ -194,7 +195,9 @@ def _hf_flash_builder(hopper: bool):
 
         with switch():
             paths = attention_paths(*leaves, **kw)
-        return attn, leaves, dout, {"paths": paths}
+        # the switch also wraps the timing (run_shape): autograd runs the backward outside
+        # attn(), and the backward reads the configs then
+        return attn, leaves, dout, {"paths": paths}, switch
 
     return build
 
@@ -408,8 +411,9 @@ def run_shape(head_dim, mask, seqlen, args, build, timing) -> list[dict]:
     _free()
     for name in args.providers:
         if name in built:
-            attn, leaves, dout_p, _ = built[name]
-            times[name] = time_passes(attn, leaves, dout_p, args.passes, timing)
+            attn, leaves, dout_p, _, *context = built[name]
+            with (context[0] if context else contextlib.nullcontext)():
+                times[name] = time_passes(attn, leaves, dout_p, args.passes, timing)
         else:
             times[name] = {p: dict(info[name]) for p in args.passes}
         built.pop(name, None)

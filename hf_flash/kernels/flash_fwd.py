@@ -239,8 +239,9 @@ def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, sof
     """Which kernel :func:`flash_attn_forward` runs for these arguments: ``"hopper"`` (the
     Gluon sm_90a kernel, :mod:`hf_flash.kernels.hopper`) when it covers the call and the device
     allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this module's kernel). The
-    Hopper kernel takes fp16/bf16 calls, causal or not, GQA/MQA, sliding windows and softcap,
-    without ALiBi, dropout, sinks or per-row key bounds, on tensors TMA can address (``out`` None: the output is
+    Hopper kernel takes fp16/bf16 calls, causal or not, GQA/MQA, sliding windows and softcap
+    (``SOFTCAP_DISPATCH_HEAD_DIMS``: at head dim 64 the Triton forward measured faster with a
+    softcap), without ALiBi, dropout, sinks or per-row key bounds, on tensors TMA can address (``out`` None: the output is
     still to be allocated like q, which then is addressable too): dense calls at head dim 64 or
     128, packed calls (``varlen``: cu_seqlens, causal alignment per sequence) at head dim 128
     unless switched off (:func:`configs.hopper_varlen_enabled`, ``HF_FLASH_HOPPER_VARLEN=0``;
@@ -253,6 +254,8 @@ def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, sof
     from .hopper import attention_fwd as hopper  # Gluon: imported only where it can run
 
     if varlen and q.shape[-1] not in hopper.VARLEN_DISPATCH_HEAD_DIMS:
+        return "triton"
+    if softcap > 0.0 and q.shape[-1] not in hopper.SOFTCAP_DISPATCH_HEAD_DIMS:
         return "triton"
     covered = hopper.supports(
         q, k, v, causal=causal, window=(window_left, window_right), softcap=softcap,

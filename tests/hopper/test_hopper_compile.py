@@ -299,6 +299,14 @@ def test_forward_path_packed(on_hopper, monkeypatch):
     assert flash_fwd.forward_path(q64, k64, k64, None, **opts) == "triton"
     assert flash_fwd.forward_path(q, k, k, None, **{**opts, "window_left": 63}) == "hopper"
     assert flash_fwd.forward_path(q, k, k, None, **{**opts, "softcap": 30.0}) == "hopper"
+    # soft-capped calls at d64: covered, but the Triton forward measured faster there
+    assert hk.supports(q64, k64, k64, causal=True, varlen=True, softcap=30.0)
+    assert flash_fwd.forward_path(q64, k64, k64, None, **{**opts, "varlen": True, "softcap": 30.0}) == "triton"
+    q64d, k64d, _ = _qkv(64)
+    dense64 = {**opts, "varlen": False}
+    assert flash_fwd.forward_path(q64d, k64d, k64d, None, **dense64) == "hopper"
+    assert flash_fwd.forward_path(q64d, k64d, k64d, None, **{**dense64, "softcap": 30.0}) == "triton"
+    assert flash_fwd.forward_path(q64d, k64d, k64d, None, **{**dense64, "window_left": 63}) == "hopper"
     assert flash_fwd.forward_path(q, k, k, None, **{**opts, "alibi_slopes": torch.zeros(8)}) == "triton"
     assert flash_fwd.forward_path(q, k, k, None, **opts, sinks=torch.zeros(8)) == "triton"
     monkeypatch.setattr(configs, "hopper_enabled", lambda device: False)

@@ -146,6 +146,11 @@ LEFT_WINDOW_FALLBACK = "ws2x4-overlap-fma"
 # kernel measured slower than the Triton varlen forward (H100, 12 documents in 16K tokens: 0.53 ms
 # against 0.48 ms; .notes/hopper.md), so d64 packed calls stay on Triton.
 VARLEN_DISPATCH_HEAD_DIMS = (128,)
+# Soft-capped calls hf_flash dispatches here: head dim 128. At d64 the kernel's tanh (an exp2
+# and a reciprocal per score on top of the softmax's exp2) made it slower than the Triton forward
+# (H100, causal, cap 50, S = 8K-32K: 185-205 TFLOP/s against 220-237; d128 388-406 against
+# 323-356; .notes/hopper.md, session 21), so d64 soft-capped calls stay on Triton.
+SOFTCAP_DISPATCH_HEAD_DIMS = (128,)
 PRODUCER_REGS = 24
 
 
@@ -1019,5 +1024,5 @@ _LAUNCH_META: dict = {}
 
 __all__ = [
     "hopper_attention_forward", "supports", "mask_args", "default_variant", "tma_compatible", "varlen_schedule", "varlen_builds", "VARIANTS",
-    "DEFAULT", "VARLEN_DEFAULT", "VARLEN_DISPATCH_HEAD_DIMS", "launch_args",
+    "DEFAULT", "VARLEN_DEFAULT", "VARLEN_DISPATCH_HEAD_DIMS", "SOFTCAP_DISPATCH_HEAD_DIMS", "launch_args",
 ]
