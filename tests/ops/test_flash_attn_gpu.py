@@ -69,10 +69,10 @@ def test_forward_path_choice_on_hopper():
     with configs.use_hopper_backward(False):
         assert attention_paths(q, k, v, causal=True) == {"forward": "hopper", "backward": "triton"}
     assert attention_paths(q[..., :64], k[..., :64], v[..., :64])["forward"] == "hopper"
-    others = [
-        dict(window_size=(63, 0), causal=True), dict(softcap=30.0), dict(dropout_p=0.1),
-        dict(alibi_slopes=torch.rand(8, device=DEV)), dict(varlen=True),
-    ]  # fmt: skip
+    # sliding windows: Gluon both ways; softcap: the Gluon forward, the Triton backward
+    assert attention_paths(q, k, v, window_size=(63, 0), causal=True) == {"forward": "hopper", "backward": "hopper"}
+    assert attention_paths(q, k, v, softcap=30.0) == {"forward": "hopper", "backward": "triton"}
+    others = [dict(dropout_p=0.1), dict(alibi_slopes=torch.rand(8, device=DEV)), dict(varlen=True)]
     for opts in others:
         assert attention_paths(q, k, v, **opts) == {"forward": "triton", "backward": "triton"}, opts
     f32 = [t.float() for t in (q, k, v)]
