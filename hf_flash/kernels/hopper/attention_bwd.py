@@ -92,7 +92,7 @@ from triton.experimental.gluon.language._core import builtin as _builtin
 from .. import configs
 from ..launch import CachedLauncher
 from .attention_fwd import (
-    LOG2E, _descriptor, _mma_layout, mask_args, schedule_entry, schedule_slots, tma_compatible,
+    LOG2E, _descriptor, _mma_layout, _per_tile, mask_args, schedule_entry, schedule_slots, tma_compatible,
     varlen_schedule,
 )
 
@@ -162,6 +162,10 @@ class Variant:
     # dq_ordered: the writer reads the next step's counter right after issuing this step's
     # reduces, so the read's latency runs under the wait for the TMA and the release
     poll_ahead: bool = False
+    # calls without a window take the window builds' mask code (tile ranges from _steps, the
+    # right bound a runtime 0): another register allocation (dqwldf causal spills 68/100 bytes
+    # instead of 108/140, CPU compile), measured against the plain masks
+    edge_masks: bool = False
 
     @property
     def keys(self) -> int:
@@ -200,6 +204,9 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwld-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 tiles_down=True, poll_ahead=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldf-em", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                edge_masks=True, head_dims=(128,)),
     )
 }  # fmt: skip
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
@@ -542,10 +549,19 @@ def _consumer(
                 # the query tile that crosses the document's end holds the next document's rows:
                 # masked explicitly (P = 0, so dS = 0 and they add exactly 0 to dK, dV and dQ)
                 vis = gl.expand_dims(keys < q_len, 1)
+                # the row bounds through an opaque move in dense builds (as the forward's:
+                # otherwise a loop-invariant tile of differences may be hoisted and spilled;
+                # dqwldf causal: 20/28 spill bytes instead of 108/140); packed builds, whose
+                # document bounds are loaded values, compile better without it
+                right = rows + window_right
+                left = rows - window_left
+                if not VARLEN:
+                    right = _per_tile(right)
+                    left = _per_tile(left)
                 if MASK_RIGHT:
-                    vis = vis & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows + window_right, 0))
+                    vis = vis & (gl.expand_dims(keys, 1) <= gl.expand_dims(right, 0))
                 if MASK_LEFT:
-                    vis = vis & (gl.expand_dims(keys, 1) >= gl.expand_dims(rows - window_left, 0))
+                    vis = vis & (gl.expand_dims(keys, 1) >= gl.expand_dims(left, 0))
                 if VARLEN:
                     vis = vis & gl.expand_dims(rows < q_len, 0)
                 s2 = gl.where(vis, s2, float("-inf"))
@@ -983,8 +999,8 @@ def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softc
     """True when :func:`hopper_attention_backward` covers this call: the calls the Gluon
     forward covers (:func:`hopper.attention_fwd.supports`: dense or packed (``varlen``: q (Tq, H,
     D), k/v (Tk, Hk, D)) fp16/bf16, causal or not, any sliding window, no ALiBi or dropout, on
-    sm_90) but softcap (its tanh derivative kept over the dP product spills 230-580 bytes per
-    thread at d128: the Triton backward runs those) for which ``DEFAULT`` (packed:
+    sm_90) but softcap (its tanh derivative, kept over the dP product or recovered from P, spills
+    230-830 bytes per thread at d128 causal: the Triton backward runs those) for which ``DEFAULT`` (packed:
     ``VARLEN_DEFAULT``) names a variant (d128), with out, dout, dk and dv shaped like q / k and
     addressable by TMA too."""
     from .attention_fwd import supports as fwd_supports
@@ -1127,7 +1143,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
     Packed (varlen) calls pass cu_seqlens: q/dout (Tq, H, D), k/v/dk/dv (Tk, Hk, D), lse/delta
     (H, Tq); programs = entries of ``sched`` (:func:`varlen_key_schedule`; the compile check passes
     an unwritten tensor of ``attention_fwd.schedule_slots`` entries) x K/V heads. ``window`` as in
-    :func:`attention_fwd.mask_args`."""
+    :func:`attention_fwd.mask_args` (no softcap: :func:`supports`)."""
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k go together")
@@ -1193,7 +1209,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
-        RIGHT_WINDOW=masks["RIGHT_WINDOW"], DQ_ATOMIC=var.dq_atomic,
+        RIGHT_WINDOW=masks["RIGHT_WINDOW"] or var.edge_masks, DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
         DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead, num_warps=4,
     )  # fmt: skip
