@@ -162,10 +162,6 @@ class Variant:
     # dq_ordered: the writer reads the next step's counter right after issuing this step's
     # reduces, so the read's latency runs under the wait for the TMA and the release
     poll_ahead: bool = False
-    # calls without a window take the window builds' mask code (tile ranges from _steps, the
-    # right bound a runtime 0): another register allocation (dqwldf causal spills 68/100 bytes
-    # instead of 108/140, CPU compile), measured against the plain masks
-    edge_masks: bool = False
 
     @property
     def keys(self) -> int:
@@ -183,7 +179,9 @@ class Variant:
 # is the fastest ordered fused form on packed causal calls (292 TFLOP/s against dqwld's 210,
 # session 20) but below s2 (315) there; on dense calls the same walk measured 0.78-1.02x dqwldf
 # (the concurrent key blocks spread over the query tiles and lose L2 reuse), so it was not kept
-# for them.
+# for them. Calls without a window run through the window builds' mask form (per-row bounds
+# through an opaque move; spills 20/28 bytes causal against 108/140) measured 0.92-1.10x dqwldf,
+# geometric mean 1.014 (session 21, 2 rounds): not kept.
 VARIANTS = {
     v.name: v
     for v in (
@@ -204,9 +202,6 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwld-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 tiles_down=True, poll_ahead=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldf-em", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                edge_masks=True, head_dims=(128,)),
     )
 }  # fmt: skip
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
@@ -1209,7 +1204,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
         CONSUMERS=var.consumers, CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
-        RIGHT_WINDOW=masks["RIGHT_WINDOW"] or var.edge_masks, DQ_ATOMIC=var.dq_atomic,
+        RIGHT_WINDOW=masks["RIGHT_WINDOW"], DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
         DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead, num_warps=4,
     )  # fmt: skip
