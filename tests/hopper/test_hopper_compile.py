@@ -78,7 +78,8 @@ def test_default_variant_and_mask_args():
     )  # fmt: skip
     m = hk.mask_args(False, (-1, 7), 50.0, 0.125)
     assert (m["MASK_LEFT"], m["MASK_RIGHT"], m["window_right"], m["SOFTCAP"]) == (False, True, 7, True)
-    assert m["softcap_in"] == pytest.approx(0.125 / 50.0) and m["softcap_out"] == pytest.approx(50.0 * 1.4426950408889634)
+    assert m["softcap_in"] == pytest.approx(0.125 / 50.0)
+    assert m["softcap_out"] == pytest.approx(50.0 * 1.4426950408889634)
     # a side as wide as any sequence the kernel takes is no bound (and stays out of int32 overflow)
     m = hk.mask_args(False, (2**40, 2**31 - 1))
     assert not m["MASK_LEFT"] and not m["MASK_RIGHT"]
@@ -209,9 +210,9 @@ def test_supports_covered_calls(on_hopper):
     assert hk.supports(qs.transpose(1, 2), ks.transpose(1, 2), ks.transpose(1, 2), causal=False)
     # sliding windows (either side, causal or not) and softcap
     q, k, v = _qkv()
-    for kw in (dict(causal=True, window=(16, 0)), dict(causal=False, window=(16, 4)), dict(causal=False, window=(-1, 4)),
-               dict(causal=False, window=(7, -1)), dict(causal=True, softcap=30.0),
-               dict(causal=False, window=(16, 16), softcap=50.0)):  # fmt: skip
+    for kw in (dict(causal=True, window=(16, 0)), dict(causal=False, window=(16, 4)),
+               dict(causal=False, window=(-1, 4)), dict(causal=False, window=(7, -1)),
+               dict(causal=True, softcap=30.0), dict(causal=False, window=(16, 16), softcap=50.0)):  # fmt: skip
         assert hk.supports(q, k, v, **kw), kw
 
 

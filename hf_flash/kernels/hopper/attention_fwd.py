@@ -654,13 +654,15 @@ def _attn_fwd_kernel(
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
-                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS, CONSUMERS, PINGPONG,
+                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
+                             CONSUMERS, PINGPONG,
                              FMA_SCALE, PERSISTENT, VARLEN)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
-                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS, CONSUMERS, PINGPONG,
+                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
+                             CONSUMERS, PINGPONG,
                              FMA_SCALE, PERSISTENT, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
@@ -678,19 +680,22 @@ def _attn_fwd_kernel(
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
-                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS, CONSUMERS, PINGPONG,
+                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
+                             CONSUMERS, PINGPONG,
                              FMA_SCALE, PERSISTENT, VARLEN)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
-                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS, CONSUMERS, PINGPONG,
+                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
+                             CONSUMERS, PINGPONG,
                              FMA_SCALE, PERSISTENT, VARLEN)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
-                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS, CONSUMERS, PINGPONG,
+                             STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
+                             CONSUMERS, PINGPONG,
                              FMA_SCALE, PERSISTENT, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
@@ -732,7 +737,8 @@ def mask_args(causal, window=(-1, -1), softcap=0.0, softmax_scale=1.0) -> dict:
     launchers: ``window_left`` / ``window_right`` (ints; -1 or a side at least ``_UNBOUNDED``
     wide: no bound on that side; causal is ``window_right`` 0) as the runtime values (0 for an
     unbounded side) and the MASK_LEFT / MASK_RIGHT switches (RIGHT_WINDOW: a right bound past
-    the diagonal, window_right > 0; without it the forward compiles window_right as 0), and the softcap (``cap * tanh(s * scale / cap)``, 0: none)
+    the diagonal, window_right > 0; without it the kernels compile window_right as 0), and the
+    softcap (``cap * tanh(s * scale / cap)``, 0: none)
     as SOFTCAP with ``softcap_in`` = scale / cap and ``softcap_out`` = cap * log2(e)."""
     left, right = (int(w) for w in window)
     if causal:
@@ -1023,6 +1029,7 @@ _LAUNCH_META: dict = {}
 
 
 __all__ = [
-    "hopper_attention_forward", "supports", "mask_args", "default_variant", "tma_compatible", "varlen_schedule", "varlen_builds", "VARIANTS",
+    "hopper_attention_forward", "supports", "mask_args", "default_variant",
+    "tma_compatible", "varlen_schedule", "varlen_builds", "VARIANTS",
     "DEFAULT", "VARLEN_DEFAULT", "VARLEN_DISPATCH_HEAD_DIMS", "SOFTCAP_DISPATCH_HEAD_DIMS", "launch_args",
 ]
