@@ -42,12 +42,15 @@ reduces; a small Triton kernel then writes dq in its layout. Without dQ in the k
 order the reduces land (``NONDETERMINISTIC`` picks one once deterministic gradients are not
 required).
 
-Masking: causal attention is bottom-right aligned (query row i sees keys ``j <= i + seqlen_k -
-seqlen_q``). Query tiles that see none of the program's keys are skipped, tiles that see all of
-them run without a mask. Rows past the end of the queries need no mask: TMA zero-fills Q and dO
-there and their lse is read as +inf, so P = 0 and dS = 0. Keys past the end of the sequence
-(zero-filled K/V rows, whose dK/dV rows the TMA store clips) are masked in the one key tile that
-has them, so they add nothing to dQ. Rows that saw no key in the forward (lse +inf) get P = 0.
+Masking: causal attention and sliding windows are bottom-right aligned (query row i sits at key
+position ``i + seqlen_k - seqlen_q`` and sees keys ``pos - window_left <= j <= pos +
+window_right``, each side only when bounded; :func:`attention_fwd.mask_args`). Query tiles that
+see none of the program's keys are skipped, tiles that see all of them run without a mask. With
+a left bound the key blocks that add into a query tile of dQ start at :func:`_first_key_block`,
+and the ordered dQ counts turns from there. No softcap (:func:`supports`). Rows past the end of
+the queries need no mask: TMA zero-fills Q and dO there and their lse is read as +inf, so P = 0
+and dS = 0. Keys past the end of the sequence (zero-filled K/V rows, whose dK/dV rows the TMA
+store clips) are masked in the one key tile that has them, so they add nothing to dQ. Rows that saw no key in the forward (lse +inf) get P = 0.
 
 Packed (varlen) calls (``VARLEN``; cu_seqlens; ``VARLEN_DEFAULT``: d128, non-causal the ordered
 fused dqwld, causal kv2x64-m64-s2 with the Triton dQ kernel, which measured faster there): q/dout
@@ -546,9 +549,9 @@ def _consumer(
                 # masked explicitly (P = 0, so dS = 0 and they add exactly 0 to dK, dV and dQ)
                 vis = gl.expand_dims(keys < q_len, 1)
                 # the row bounds through an opaque move in dense builds (as the forward's:
-                # otherwise a loop-invariant tile of differences may be hoisted and spilled;
-                # dqwldf causal: 20/28 spill bytes instead of 108/140); packed builds, whose
-                # document bounds are loaded values, compile better without it
+                # otherwise a loop-invariant tile of differences may be hoisted and spilled);
+                # packed builds, whose document bounds are loaded values, spilled more with it
+                # (s2 causal 112/180 bytes against 88/148, CPU compile)
                 right = rows + window_right
                 left = rows - window_left
                 if not VARLEN:
@@ -772,16 +775,14 @@ def _dq_writer(
     Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right,
     BLOCK_M: gl.constexpr, KEYS: gl.constexpr, DQ_N: gl.constexpr, CONSUMERS: gl.constexpr,
     MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    VARLEN: gl.constexpr,
-    TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
     add them into the float32 accumulator by TMA reduce and hand the slots back once read.
     DQ_ORDERED: before adding into query tile (b, h, mt), wait until the semaphore of that tile
     counts the key blocks that add before this one (those below it, from
-    :func:`_first_key_block` on), and count this one once the
-    additions have completed, not only read their source (a step later: the wait for completion
-    runs under the next step).
+    :func:`_first_key_block` on), and count this one once the additions have completed, not only
+    read their source (a step later: the wait for completion runs under the next step).
 
     Varlen: the counters are per (head, document, query tile), query tile i of document d at
     ``h * n_slots_q + cu_seqlens_q[d] // BLOCK_M + d + i`` (n_slots_q = Tq // BLOCK_M + batch: the

@@ -28,9 +28,12 @@ Variants (compile-time):
   S_{j+1} while the P V product runs (FA3's intra-warpgroup pipelining). Without it each wgmma is
   waited for before the next step.
 
-Masking: key tiles that are entirely visible run without a mask; only tiles that cross the causal
-diagonal (bottom-right aligned: query row i sees keys ``j <= i + seqlen_k - seqlen_q``) or the
-end of the keys are masked, and tiles past the diagonal are never loaded.
+Masking: query row i sits at key position ``i + seqlen_k - seqlen_q`` (bottom-right aligned) and
+sees keys ``pos - window_left <= j <= pos + window_right`` (each side only when bounded; causal is
+``window_right`` 0; :func:`mask_args`). Key tiles that are entirely visible run without a mask;
+only tiles that cross a window edge (the causal diagonal) or the end of the keys are masked, and
+tiles outside every row's window are never loaded. ``SOFTCAP`` turns the scores into ``cap *
+tanh(s * scale / cap)`` before the softmax.
 
 Work items are (batch, head, query tile) triples numbered with (batch, head) fastest and the
 query tile counted from the end, so under causal masking the items that see the most keys come
@@ -157,7 +160,7 @@ PRODUCER_REGS = 24
 def default_variant(head_dim: int, causal: bool, varlen: bool = False, window=(-1, -1)) -> str:
     """The variant :func:`hopper_attention_forward` runs for a call when none is named."""
     name = (VARLEN_DEFAULT if varlen else DEFAULT)[(head_dim, bool(causal))]
-    if mask_args(causal, window)["MASK_LEFT"] and VARIANTS[name].consumers > 2:
+    if VARIANTS[name].consumers > 2 and mask_args(causal, window)["MASK_LEFT"]:
         return LEFT_WINDOW_FALLBACK
     return name
 
@@ -655,15 +658,13 @@ def _attn_fwd_kernel(
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG,
-                             FMA_SCALE, PERSISTENT, VARLEN)),
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG,
-                             FMA_SCALE, PERSISTENT, VARLEN)),
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
@@ -681,22 +682,19 @@ def _attn_fwd_kernel(
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG,
-                             FMA_SCALE, PERSISTENT, VARLEN)),
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG,
-                             FMA_SCALE, PERSISTENT, VARLEN)),
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG,
-                             FMA_SCALE, PERSISTENT, VARLEN)),
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
@@ -738,8 +736,8 @@ def mask_args(causal, window=(-1, -1), softcap=0.0, softmax_scale=1.0) -> dict:
     wide: no bound on that side; causal is ``window_right`` 0) as the runtime values (0 for an
     unbounded side) and the MASK_LEFT / MASK_RIGHT switches (RIGHT_WINDOW: a right bound past
     the diagonal, window_right > 0; without it the kernels compile window_right as 0), and the
-    softcap (``cap * tanh(s * scale / cap)``, 0: none)
-    as SOFTCAP with ``softcap_in`` = scale / cap and ``softcap_out`` = cap * log2(e)."""
+    softcap (``cap * tanh(s * scale / cap)``, 0: none) as SOFTCAP with ``softcap_in`` = scale /
+    cap and ``softcap_out`` = cap * log2(e)."""
     left, right = (int(w) for w in window)
     if causal:
         if right > 0:
