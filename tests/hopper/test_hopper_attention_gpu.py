@@ -81,7 +81,7 @@ CASES = [
 
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("batch,sq,sk,h,hk", CASES)
 def test_default_variant_matches_reference(batch, sq, sk, h, hk, head_dim, causal, dtype):
@@ -195,7 +195,7 @@ VARLEN_CASES = [
 
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("lens_q,lens_k,h,hk", VARLEN_CASES)
 def test_varlen_default_variant_matches_reference(lens_q, lens_k, h, hk, head_dim, causal, dtype):
@@ -309,7 +309,7 @@ MASK_SHAPES = [
 
 
 @needs_hopper
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal,window,softcap", MASKS)
 @pytest.mark.parametrize("batch,sq,sk,h,hk", MASK_SHAPES)
 def test_windows_and_softcap_match_reference(batch, sq, sk, h, hk, causal, window, softcap, head_dim):
@@ -326,7 +326,7 @@ def test_every_variant_with_a_window_and_softcap(variant, head_dim):
 
 
 @needs_hopper
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal,window,softcap", MASKS)
 def test_varlen_windows_and_softcap_match_reference(causal, window, softcap, head_dim):
     lens_q, lens_k = [50, 300, 1, 0, 1025, 5, 700], [200, 100, 64, 17, 1025, 0, 650]

@@ -196,7 +196,7 @@ def _qkv(d=128, dtype=torch.bfloat16, h=8, hk_=2, sq=64, sk=64):
 
 
 def test_supports_covered_calls(on_hopper):
-    for d in (64, 128):
+    for d in (64, 128, 256):
         for dtype in (torch.bfloat16, torch.float16):
             q, k, v = _qkv(d, dtype)
             assert hk.supports(q, k, v, causal=False)
@@ -237,7 +237,7 @@ def test_supports_window_zero_right_without_causal(on_hopper):
     assert hk.supports(q, k, v, causal=False, window=(-1, 0))
 
 
-@pytest.mark.parametrize("d", [32, 80, 96, 256])
+@pytest.mark.parametrize("d", [32, 80, 96, 192, 512])
 def test_supports_rejects_other_head_dims(on_hopper, d):
     assert not hk.supports(*_qkv(d), causal=True)
 

@@ -115,8 +115,29 @@ def test_offload_copies_run_on_the_side_stream_and_overlap_compute(tmp_path):
         return any(k["ts"] < end and start < k["ts"] + k["dur"] for k in kernels)
 
     # every copy back but the first (nothing runs before it) is a prefetch under compute
-    assert sum(map(overlaps, to_device)) >= LAYERS // 2
-    assert sum(map(overlaps, to_host)) >= LAYERS // 2
+    timeline = _copy_timeline(events, kernels, to_device + to_host)
+    assert sum(map(overlaps, to_device)) >= LAYERS // 2, timeline
+    assert sum(map(overlaps, to_host)) >= LAYERS // 2, timeline
+
+
+def _copy_timeline(events, kernels, copies):
+    """For a failure message: per copy, its start and length, the kernels running under it, and
+    the long CUDA runtime calls (the host blocked) and kernel-free gaps around it."""
+    runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("dur", 0) > 50]
+    t0 = min(e["ts"] for e in kernels + copies)
+    lines = []
+    for c in sorted(copies, key=lambda e: e["ts"]):
+        start, end = c["ts"], c["ts"] + c["dur"]
+        under = [k for k in kernels if k["ts"] < end and start < k["ts"] + k["dur"]]
+        before = max((k["ts"] + k["dur"] for k in kernels if k["ts"] + k["dur"] <= start), default=t0)
+        after = min((k["ts"] for k in kernels if k["ts"] >= end), default=end)
+        calls = [f"{e['name']} {e['dur']:.0f}us@{e['ts'] - t0:.0f}" for e in runtime
+                 if e["ts"] < end + 200 and start - 2000 < e["ts"] + e["dur"]]  # fmt: skip
+        lines.append(
+            f"{c['name'][:12]} at {start - t0:.0f}us for {c['dur']:.0f}us: {len(under)} kernels under it, "
+            f"idle {start - before:.0f}us before / {after - end:.0f}us after; long runtime calls: {calls[:6]}"
+        )
+    return "\n".join(lines)
 
 
 def test_tiled_mlp_lowers_the_peak():

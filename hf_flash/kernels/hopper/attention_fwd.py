@@ -95,6 +95,10 @@ class Variant:
     consumer_regs: int = 0  # register budget of each worker consumer partition (consumers > 1)
     head_dims: tuple = (64, 128)
     persistent: bool = False  # one program per SM looping over work items, not one per item
+    # the output staged in the Q tile's shared memory (free once the item's last S = Q K^T has
+    # completed) instead of a tile of its own: head dim 256, where Q, a separate output tile and
+    # a two-stage K/V ring of 64 keys would need 256 KB
+    o_in_q: bool = False
 
     @property
     def rows(self) -> int:
@@ -123,6 +127,10 @@ VARIANTS = {
         # a persistent 3-consumer form spills 64 bytes at 160 registers per consumer (causal)
         Variant("ws2x4-overlap-fma-persist", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True),
+        # head dim 256: the output accumulator alone is 128 registers per thread, so 64-key tiles
+        # (S: 32 registers) and the output in Q's tile (smem: Q 64 KB + K/V ring 128 KB)
+        Variant("ws2x4-overlap-fma-d256", block_m=64, block_n=64, stages=2, consumers=2, consumer_warps=4,
+                overlap=True, fma_scale=True, consumer_regs=232, head_dims=(256,), o_in_q=True),
     )
 }  # fmt: skip
 DEFAULT = {
@@ -130,6 +138,8 @@ DEFAULT = {
     (128, True): "ws2x4-overlap-fma",
     (64, False): "ws3x4-pp-s3",
     (64, True): "ws3x4-pp-s3",
+    (256, False): "ws2x4-overlap-fma-d256",
+    (256, True): "ws2x4-overlap-fma-d256",
 }
 # Packed (varlen) calls: the non-persistent variants; three consumers (160 registers each) spill
 # 120-176 bytes in the packed non-causal loop (the sequence's offsets and lengths stay live), so
@@ -139,8 +149,10 @@ VARLEN_DEFAULT = {
     (128, True): "ws2x4-overlap-fma",
     (64, False): "ws2x4-overlap-fma",
     (64, True): "ws3x4-pp-s3",
+    (256, False): "ws2x4-overlap-fma-d256",
+    (256, True): "ws2x4-overlap-fma-d256",
 }
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 # Calls with a left window bound run this variant where their default has three consumers: at
 # 160 registers each, the left-edge mask spills 128-296 bytes per thread (CPU compile, sm_90a);
 # two consumers spill nothing with any mask or the softcap.
@@ -614,7 +626,7 @@ def _attn_fwd_kernel(
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
-    PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
+    PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
     # program takes item program_id (PERSISTENT: program_id, program_id + num_programs, ...)
@@ -629,7 +641,13 @@ def _attn_fwd_kernel(
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], tile_layout)
-    o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], tile_layout)
+    if O_IN_Q:
+        # one item per program: a consumer's Q tile is not read again once its last S = Q K^T
+        # has completed, before the output is stored
+        gl.static_assert(not PERSISTENT, "the output reuses Q's tile in one-item programs only")
+        o_smem = q_smem
+    else:
+        o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], tile_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -759,7 +777,7 @@ def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
     """True when :func:`hopper_attention_forward` covers this call; everything else keeps the
     Triton kernels. Covered: dense q (B, Sq, H, D) and k/v (B, Sk, Hk, D), or packed (``varlen``)
     q (Tq, H, D) and k/v (Tk, Hk, D), on an sm_90 GPU, float16 or bfloat16 (all three the same),
-    D in (64, 128), H a multiple of Hk, causal or not, any sliding window ``(left, right)`` (-1:
+    D in (64, 128, 256), H a multiple of Hk, causal or not, any sliding window ``(left, right)`` (-1:
     no bound on that side; causal calls have right 0 or -1), softcap or not, no ALiBi or
     dropout, a positive softmax scale (None: the default 1/sqrt(D)), and strides a TMA
     descriptor accepts (innermost 1, the others and the base 16-byte aligned)."""
@@ -954,7 +972,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         CONSUMERS=var.consumers, CONSUMER_WARPS=var.consumer_warps, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
-        FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen,
+        FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call for head dim 256 on the Gluon Hopper forward: environment, the GPU tests that
+# exercise it (the forward's own file at d256, the public functions' path choice and head-dim
+# grid), then benchmarks/attention.py's d256 rows beside the Triton forward, SDPA and FlexAttention.
+#
+#   bash benchmarks/hopper_d256_device_run.sh OUT_DIR [STEPS]
+#
+# STEPS: comma-separated from tests,bench,packed (default tests,bench). D256_BENCH_ARGS replaces
+# the dense benchmark's arguments.
+set -u
+out=${1:?usage: hopper_d256_device_run.sh OUT_DIR [STEPS]}
+steps=",${2:-tests,bench},"
+mkdir -p "$out"
+export PYTHONPATH=${PYTHONPATH:-.}
+export PYTHONUNBUFFERED=1
+
+bash "$(dirname "$0")/hopper_env.sh" >"$out/env.txt" 2>&1
+head -n 12 "$out/env.txt"
+
+if [[ $steps == *,tests,* ]]; then
+  timeout 300 python3 -m pytest tests/hopper/test_hopper_attention_gpu.py tests/ops/test_flash_attn_gpu.py -q -m gpu \
+    -p no:cacheprovider -n 4 -k "256 or path_choice" >"$out/tests.log" 2>&1
+  echo "tests rc $?"; tail -n 15 "$out/tests.log"
+fi
+
+if [[ $steps == *,bench,* ]]; then
+  args=${D256_BENCH_ARGS:-"--head-dims 256 --masks causal full softcap --seqlens 4096 8192 16384 --providers hf_flash hf_flash_triton sdpa sdpa_flash flex"}
+  timeout 300 python3 benchmarks/attention.py --out "$out" $args 2>&1 | tee "$out/bench.log" | tail -n 40
+fi
+
+if [[ $steps == *,packed,* ]]; then
+  timeout 240 python3 benchmarks/attention.py --out "$out/packed" --packed --head-dims 256 \
+    --packed-providers hf_flash gluon_docorder hf_flash_triton flex 2>&1 | tee "$out/packed.log" | tail -n 25
+fi
