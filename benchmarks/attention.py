@@ -521,7 +521,20 @@ SWEEP_D512 = {
     "bwd_dkdv": [_cfg(16, 32, 8, 1), _cfg(16, 32, 4, 2), _cfg(32, 32, 8, 1), _cfg(16, 16, 4, 2)],
     "bwd_dq": [_cfg(32, 32, 8, 1), _cfg(64, 32, 8, 1), _cfg(32, 16, 4, 2)],
 }  # fmt: skip
-SWEEPS = {128: SWEEP, 64: SWEEP_D64, 512: SWEEP_D512}
+# head_dim 256 (Gemma 2/3): the forward runs the Gluon kernel on Hopper, so only the backward's
+# Triton kernels. Their first defaults (dK/dV (32, 64, 8 warps, 1 stage), dQ (64, 32, 8, 1)) spill
+# 564 / 532 bytes per thread (compile_kernel of benchmarks/diagnostics/kernel_registers.py,
+# sm_90a). Spill bytes of the candidates: dK/dV (32, 64, 8, 2) 76, (16, 64, 8, 2) 12, (32, 64, 8,
+# 3) 248, (32, 32, 8, 2) 0; dQ (64, 32, 8, 2) 0, (64, 64, 8, 2) 0, (64, 32, 8, 3) 0, (128, 32, 8,
+# 2) 0, (64, 16, 4, 2) 0. Not candidates: 4-warp dK/dV tiles of 64 keys and 128-key tiles spill
+# 3.8-4.2 KB, (64, 64, 8, 1-2) 700-940 bytes.
+SWEEP_D256 = {
+    "fwd": [],
+    "bwd_dkdv": [_cfg(32, 64, 8, 2), _cfg(16, 64, 8, 2), _cfg(32, 64, 8, 3), _cfg(32, 32, 8, 2)],
+    "bwd_dq": [_cfg(64, 32, 8, 2), _cfg(64, 64, 8, 2), _cfg(64, 32, 8, 3), _cfg(128, 32, 8, 2),
+               _cfg(64, 16, 4, 2)],
+}  # fmt: skip
+SWEEPS = {128: SWEEP, 64: SWEEP_D64, 256: SWEEP_D256, 512: SWEEP_D512}
 SWEEP_SEQLENS = (4096, 16384)
 
 

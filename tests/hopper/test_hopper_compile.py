@@ -310,6 +310,10 @@ def test_forward_path_packed(on_hopper, monkeypatch):
     assert flash_fwd.forward_path(q64d, k64d, k64d, None, **{**dense64, "window_left": 63}) == "hopper"
     assert flash_fwd.forward_path(q, k, k, None, **{**opts, "alibi_slopes": torch.zeros(8)}) == "triton"
     assert flash_fwd.forward_path(q, k, k, None, **opts, sinks=torch.zeros(8)) == "triton"
+    # d256 packed and soft-capped: the Gluon forward (2.3x the Triton varlen forward)
+    q256, k256 = _t(300, 8, 256), _t(200, 2, 256)
+    assert flash_fwd.forward_path(q256, k256, k256, None, **opts) == "hopper"
+    assert flash_fwd.forward_path(q256, k256, k256, None, **{**opts, "softcap": 30.0}) == "hopper"
     monkeypatch.setattr(configs, "hopper_enabled", lambda device: False)
     assert flash_fwd.forward_path(q, k, k, None, **opts) == "triton"
 

@@ -157,15 +157,17 @@ HEAD_DIMS = (64, 128, 256)
 # 160 registers each, the left-edge mask spills 128-296 bytes per thread (CPU compile, sm_90a);
 # two consumers spill nothing with any mask or the softcap.
 LEFT_WINDOW_FALLBACK = "ws2x4-overlap-fma"
-# Packed calls hf_flash dispatches here (flash_fwd.forward_path): head dim 128. At d64 the packed
-# kernel measured slower than the Triton varlen forward (H100, 12 documents in 16K tokens: 0.53 ms
-# against 0.48 ms; .notes/hopper.md), so d64 packed calls stay on Triton.
-VARLEN_DISPATCH_HEAD_DIMS = (128,)
+# Packed calls hf_flash dispatches here (flash_fwd.forward_path): head dims 128 and 256. At d64 the
+# packed kernel measured slower than the Triton varlen forward (H100, 12 documents in 16K tokens:
+# 0.53 ms against 0.48 ms; .notes/hopper.md), so d64 packed calls stay on Triton. d256, the same
+# documents, causal: 579 TFLOP/s against the Triton varlen forward's 247 (session 22).
+VARLEN_DISPATCH_HEAD_DIMS = (128, 256)
 # Soft-capped calls hf_flash dispatches here: head dim 128. At d64 the kernel's tanh (an exp2
 # and a reciprocal per score on top of the softmax's exp2) made it slower than the Triton forward
 # (H100, causal, cap 50, S = 8K-32K: 185-205 TFLOP/s against 220-237; d128 388-406 against
-# 323-356; .notes/hopper.md, session 21), so d64 soft-capped calls stay on Triton.
-SOFTCAP_DISPATCH_HEAD_DIMS = (128,)
+# 323-356; .notes/hopper.md, session 21), so d64 soft-capped calls stay on Triton. d256: being
+# measured (session 22).
+SOFTCAP_DISPATCH_HEAD_DIMS = (128, 256)
 PRODUCER_REGS = 24
 
 
