@@ -450,6 +450,14 @@ def bwd_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tupl
         # 4.52 / 15.80 for (128, 64, 8, 2) (whole backward, other kernel at its default).
         dkdv = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
         dq = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}
+    elif major >= 9:
+        # head dims 129..256, H100: benchmarks/attention.py --sweep-configs --head-dims 256 (bf16
+        # causal, whole backward, the other kernel at its previous default; session 22): dQ
+        # (128, 32, 8 warps, 2 stages) 15.2 / 55.7 ms at S = 4K / 16K against 22.0 / 83.8 for
+        # (64, 32, 8, 1), which spilled 532 bytes per thread (0 now); dK/dV (32, 64, 8, 3) 19.9 /
+        # 75.2 against 22.0 / 83.8 for (32, 64, 8, 1) (spills 248 bytes instead of 564)
+        dkdv = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+        dq = {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
     else:
         dkdv = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 1}
         dq = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1}

@@ -48,7 +48,7 @@ ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("seqlen", [1, 97, 1025])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_triton_forward_where_hopper_runs(dtype, d, seqlen, causal):
