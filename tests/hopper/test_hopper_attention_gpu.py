@@ -128,6 +128,18 @@ def test_results_repeat_bitwise():
 
 
 @needs_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_dynamic_schedule_matches_one_item_programs_bitwise(head_dim):
+    # the item counter decides only which program computes an item, never how: every row equals
+    # the one-item-per-program launch's bitwise, causal (items of many lengths) and not
+    q, k, v = _qkv(3, 1500, 1500, 16, 4, head_dim, torch.bfloat16, seed=5)
+    for causal in (False, True):
+        dyn = _run(q, k, v, causal, variant="ws2x4-overlap-fma-dyn")
+        one = _run(q, k, v, causal, variant="ws2x4-overlap-fma")
+        assert torch.equal(dyn[0], one[0]) and torch.equal(dyn[1], one[1]), causal
+
+
+@needs_hopper
 @pytest.mark.parametrize("variant,head_dim", _variant_head_dims())
 def test_many_items_per_program(variant, head_dim):
     # 4 x 16 heads x 12+ query tiles: persistent programs take several items each, of different

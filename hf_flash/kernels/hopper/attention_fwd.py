@@ -99,6 +99,12 @@ class Variant:
     # completed) instead of a tile of its own: head dim 256, where Q, a separate output tile and
     # a two-stage K/V ring of 64 keys would need 256 KB
     o_in_q: bool = False
+    # persistent programs take their items from an atomic counter in global memory (after the
+    # first, program_id): the producer fetches the next item and hands it to the consumers
+    # through a two-slot shared-memory ring, so a program that drew short items takes more of
+    # them (the static round-robin of ``persistent`` leaves programs of one launch with unequal
+    # work under causal masking)
+    dynamic: bool = False
 
     @property
     def rows(self) -> int:
@@ -127,6 +133,8 @@ VARIANTS = {
         # a persistent 3-consumer form spills 64 bytes at 160 registers per consumer (causal)
         Variant("ws2x4-overlap-fma-persist", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True),
+        Variant("ws2x4-overlap-fma-dyn", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
+                overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True),
         # head dim 256: the output accumulator alone is 128 registers per thread, so 64-key tiles
         # (S: 32 registers) and the output in Q's tile (smem: Q 64 KB + K/V ring 128 KB)
         Variant("ws2x4-overlap-fma-d256", block_m=64, block_n=64, stages=2, consumers=2, consumer_warps=4,
@@ -301,15 +309,67 @@ def _producer_item(
 
 
 @gluon.jit
+def _next_item(Counter, n_programs):
+    """A dynamic persistent program's next work item (producer warp): lane 0 adds 1 to the
+    launch's counter and the value it read, plus the grid size (the first items are the
+    program ids), goes to every lane."""
+    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    lane = gl.arange(0, 32, layout=lane_layout)
+    first = lane == 0
+    got = gl.atomic_add(Counter + lane * 0, gl.full([32], 1, gl.int32, lane_layout), mask=first, sem="relaxed")
+    return gl.max(gl.where(first, got, 0), axis=0) + n_programs
+
+
+@gluon.jit
+def _publish_item(t, n, item_smem, item_ready, item_empty):
+    """Hand item ``t`` (the ``n``-th of this program) to the consumers through slot n % 2."""
+    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    slot = n % 2
+    mbarrier.wait(item_empty.index(slot), ((n // 2) & 1) ^ 1)
+    item_smem.index(slot).store(gl.zeros([32], gl.int32, lane_layout) + t)
+    mbarrier.arrive(item_ready.index(slot))
+
+
+@gluon.jit
+def _read_item(n, item_smem, item_ready, item_empty, NUM_WARPS: gl.constexpr):
+    """The ``n``-th item of this program, as the producer handed it over (consumers)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+    slot = n % 2
+    mbarrier.wait(item_ready.index(slot), (n // 2) & 1)
+    t = gl.max(item_smem.index(slot).load(layout), axis=0)
+    mbarrier.arrive(item_empty.index(slot))
+    return t
+
+
+@gluon.jit
 def _producer(
     q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
     nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+    Counter, item_smem, item_ready, item_empty,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, PERSISTENT: gl.constexpr,
-    VARLEN: gl.constexpr,
+    VARLEN: gl.constexpr, DYNAMIC: gl.constexpr,
 ):  # fmt: skip
-    if PERSISTENT:
+    if DYNAMIC:
+        # items program_id, then whatever the counter hands out, until one past the last;
+        # that one is handed over too, so the consumers stop
+        n_items = n_bh * n_m
+        it = 0
+        n_done = 0
+        t = gl.program_id(0)
+        while t < n_items:
+            _publish_item(t, n_done, item_smem, item_ready, item_empty)
+            it = _producer_item(
+                t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
+                Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
+                MASK_LEFT, MASK_RIGHT, VARLEN,
+            )  # fmt: skip
+            n_done += 1
+            t = _next_item(Counter, gl.num_programs(0))
+        _publish_item(t, n_done, item_smem, item_ready, item_empty)
+    elif PERSISTENT:
         it = 0
         n_done = 0
         for t in range(gl.program_id(0), n_bh * n_m, gl.num_programs(0)):
@@ -590,10 +650,27 @@ def _consumer(
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
+    item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr,
 ):  # fmt: skip
     q_tile = q_smem.index(INDEX)
     o_tile = o_smem.index(INDEX)
-    if PERSISTENT:
+    if DYNAMIC:
+        n_items = n_bh * n_m
+        it = 0
+        tk = 0
+        n_done = 0
+        t = _read_item(0, item_smem, item_ready, item_empty, NUM_WARPS)
+        while t < n_items:
+            it, tk = _consumer_item(
+                t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                v_empty, turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+                nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+                qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
+                MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
+            )  # fmt: skip
+            n_done += 1
+            t = _read_item(n_done, item_smem, item_ready, item_empty, NUM_WARPS)
+    elif PERSISTENT:
         it = 0  # K/V tiles consumed so far (ring slot and phase), as in the producer
         tk = 0  # ping-pong turns taken so far
         n_done = 0
@@ -621,14 +698,14 @@ def _consumer(
 
 @gluon.jit
 def _attn_fwd_kernel(
-    q_desc, k_desc, v_desc, o_desc, Out, Lse, Sched, CuSeqQ, CuSeqK,
+    q_desc, k_desc, v_desc, o_desc, Out, Lse, Sched, CuSeqQ, CuSeqK, Counter,
     stride_om, stride_oh, stride_lb, stride_lh, stride_lm,
     nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_in, softcap_out,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
-    PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr,
+    PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr, DYNAMIC: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
     # program takes item program_id (PERSISTENT: program_id, program_id + num_programs, ...)
@@ -659,6 +736,10 @@ def _attn_fwd_kernel(
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    # DYNAMIC: the items the producer hands to the consumers (two slots of 32 copies each)
+    item_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    item_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    item_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     # each consumer partition arrives once per item (q_empty) and once per slot use
     mbarrier.init(q_empty, count=CONSUMERS)
@@ -669,6 +750,10 @@ def _attn_fwd_kernel(
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
     for i in gl.static_range(CONSUMERS):
         mbarrier.init(turn.index(i), count=1)
+    if DYNAMIC:
+        for i in gl.static_range(2):
+            mbarrier.init(item_ready.index(i), count=1)
+            mbarrier.init(item_empty.index(i), count=CONSUMERS)
 
     if CONSUMERS == 2:
         gl.warp_specialize(
@@ -678,17 +763,20 @@ def _attn_fwd_kernel(
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
+                             item_empty, DYNAMIC)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
+                             item_empty, DYNAMIC)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
-                             Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                             CONSUMERS, MASK_LEFT, MASK_RIGHT, PERSISTENT, VARLEN)),
+                             Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
+                             item_empty, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
+                             PERSISTENT, VARLEN, DYNAMIC)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -702,23 +790,27 @@ def _attn_fwd_kernel(
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
+                             item_empty, DYNAMIC)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
+                             item_empty, DYNAMIC)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
-                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN)),
+                             CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
+                             item_empty, DYNAMIC)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
-                             Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                             CONSUMERS, MASK_LEFT, MASK_RIGHT, PERSISTENT, VARLEN)),
+                             Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
+                             item_empty, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
+                             PERSISTENT, VARLEN, DYNAMIC)),
             ],
             [CONSUMER_WARPS, CONSUMER_WARPS, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
@@ -965,6 +1057,9 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
     args = (
         _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
         _descriptor(out, var.block_m), out, lse, sched, cu_seqlens_q, cu_seqlens_k,
+        # dynamic persistent launches: the item counter, zeroed per launch (stream-ordered, so
+        # concurrent launches and CUDA graph replays each start from 0)
+        torch.zeros(1, dtype=torch.int32, device=q.device) if var.dynamic else None,
         stride_om, stride_oh, stride_lb, stride_lh, stride_lm,
         nheads, nheads // nheads_k, n_bh, n_m, seqlen_q, seqlen_k, masks["window_left"], masks["window_right"],
         float(softmax_scale) * LOG2E, masks["softcap_in"], masks["softcap_out"],
@@ -975,6 +1070,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
         FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
+        DYNAMIC=var.dynamic,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs
@@ -1037,9 +1133,9 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
     meta = _LAUNCH_META.get(key)
     if meta is None:
         meta = _LAUNCH_META[key] = _FORWARD.meta(**kwargs)
-    # launch_args' order: 4 descriptors and 5 pointers, 13 integers, 3 floats
+    # launch_args' order: 4 descriptors and 6 pointers, 13 integers, 3 floats
     with torch.cuda.device(q.device):
-        _FORWARD(grid, args[:9], args[9:22], args[22:], meta)
+        _FORWARD(grid, args[:10], args[10:23], args[23:], meta)
 
 
 _FORWARD = CachedLauncher(_attn_fwd_kernel)
