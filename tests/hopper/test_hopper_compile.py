@@ -71,6 +71,18 @@ def test_default_variant_and_mask_args():
     assert hk.default_variant(64, True, window=(128, 0)) == hk.LEFT_WINDOW_FALLBACK
     assert hk.default_variant(64, False, window=(-1, 5)) == hk.DEFAULT[(64, False)]
     assert hk.default_variant(128, True, window=(128, 0)) == hk.DEFAULT[(128, True)]
+    # short dense d128 calls without a window or softcap: the dynamic persistent variant
+    for causal in (False, True):
+        assert hk.default_variant(128, causal, seqlen_q=4096) == hk.SHORT_DEFAULT
+        assert hk.default_variant(128, causal, seqlen_q=hk.SHORT_SEQLEN) == hk.SHORT_DEFAULT
+        assert hk.default_variant(128, causal, seqlen_q=hk.SHORT_SEQLEN + 1) == hk.DEFAULT[(128, causal)]
+        assert hk.default_variant(128, causal, seqlen_q=0) == hk.DEFAULT[(128, causal)]  # length not given
+        assert hk.default_variant(64, causal, seqlen_q=4096) == hk.DEFAULT[(64, causal)]
+        assert hk.default_variant(128, causal, True, seqlen_q=4096) == hk.VARLEN_DEFAULT[(128, causal)]
+    assert hk.default_variant(128, True, window=(128, 0), seqlen_q=4096) == hk.DEFAULT[(128, True)]
+    assert hk.default_variant(128, False, seqlen_q=4096, softcap=30.0) == hk.DEFAULT[(128, False)]
+    assert hk.default_variant(128, True, window=(-1, 0), seqlen_q=4096) == hk.SHORT_DEFAULT
+    assert hk.VARIANTS[hk.SHORT_DEFAULT].dynamic and 128 in hk.VARIANTS[hk.SHORT_DEFAULT].head_dims
     assert hk.VARIANTS[hk.LEFT_WINDOW_FALLBACK].consumers == 2
     m = hk.mask_args(True, (100, -1), 0.0, 0.125)
     assert (m["MASK_LEFT"], m["MASK_RIGHT"], m["window_left"], m["window_right"], m["SOFTCAP"]) == (

@@ -161,6 +161,17 @@ VARLEN_DEFAULT = {
     (256, True): "ws2x4-overlap-fma-d256",
 }
 HEAD_DIMS = (64, 128, 256)
+# Dense d128 calls of at most SHORT_SEQLEN queries, without a window or softcap (the calls it was
+# measured on), run SHORT_DEFAULT: persistent programs fed by an atomic item counter overlap one
+# item's epilogue with the next one's loads, which pays where items are short. H100, bf16,
+# Hq=32, Hkv=8, 3 rounds (.notes/hopper.md, session 22 call 6): 542 / 589 TFLOP/s causal at
+# 4K / 8K against 521 / 583, non-causal 574 / 611 against 568 / 586 (1.01-1.04x, geometric mean
+# 1.026; the rule, written before the run: every point >= 1.00x, mean >= 1.02x). At 16K / 32K it
+# measured 1.05 / 0.98x causal and 1.00 / 0.97x non-causal (call 5, an H200), so longer calls
+# keep DEFAULT.
+SHORT_DEFAULT = "ws2x4-overlap-fma-dyn"
+SHORT_SEQLEN = 8192
+SHORT_DEFAULT_HEAD_DIMS = (128,)
 # Calls with a left window bound run this variant where their default has three consumers: at
 # 160 registers each, the left-edge mask spills 128-296 bytes per thread (CPU compile, sm_90a);
 # two consumers spill nothing with any mask or the softcap.
@@ -179,11 +190,17 @@ SOFTCAP_DISPATCH_HEAD_DIMS = (128, 256)
 PRODUCER_REGS = 24
 
 
-def default_variant(head_dim: int, causal: bool, varlen: bool = False, window=(-1, -1)) -> str:
+def default_variant(head_dim: int, causal: bool, varlen: bool = False, window=(-1, -1), seqlen_q: int = 0,
+                    softcap: float = 0.0) -> str:  # fmt: skip
     """The variant :func:`hopper_attention_forward` runs for a call when none is named."""
     name = (VARLEN_DEFAULT if varlen else DEFAULT)[(head_dim, bool(causal))]
     if VARIANTS[name].consumers > 2 and mask_args(causal, window)["MASK_LEFT"]:
         return LEFT_WINDOW_FALLBACK
+    if (
+        not varlen and head_dim in SHORT_DEFAULT_HEAD_DIMS and 0 < seqlen_q <= SHORT_SEQLEN
+        and window[0] < 0 and window[1] in (-1, 0) and not softcap > 0.0
+    ):  # fmt: skip
+        return SHORT_DEFAULT
     return name
 
 
@@ -1118,7 +1135,8 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
             lse.fill_(float("inf"))
             return
     head_dim = q.shape[-1]
-    variant = variant or default_variant(head_dim, causal, varlen, window)
+    if variant is None:
+        variant = default_variant(head_dim, causal, varlen, window, 0 if varlen else q.shape[1], softcap)
     sched = None
     if varlen:
         var = VARIANTS[variant]
