@@ -368,35 +368,29 @@ def _producer(
     CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, PERSISTENT: gl.constexpr,
     VARLEN: gl.constexpr, DYNAMIC: gl.constexpr,
 ):  # fmt: skip
-    if DYNAMIC:
-        # items program_id, then whatever the counter hands out, until one past the last;
-        # that one is handed over too, so the consumers stop
-        n_items = n_bh * n_m
+    if PERSISTENT:
+        # items program_id, then (DYNAMIC) whatever the counter hands out or (static) every
+        # num_programs-th, until one past the last; DYNAMIC hands each to the consumers, that
+        # last one too, so they stop
         it = 0
         n_done = 0
         t = gl.program_id(0)
-        while t < n_items:
+        while t < n_bh * n_m:
+            if DYNAMIC:
+                _publish_item(t, n_done, item_smem, item_ready, item_empty)
+            it = _producer_item(
+                t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
+                Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
+                MASK_LEFT, MASK_RIGHT, VARLEN,
+            )  # fmt: skip
+            n_done += 1
+            if DYNAMIC:
+                t = _next_item(Counter, gl.num_programs(0))
+            else:
+                t += gl.num_programs(0)
+        if DYNAMIC:
             _publish_item(t, n_done, item_smem, item_ready, item_empty)
-            it = _producer_item(
-                t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
-                Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
-                MASK_LEFT, MASK_RIGHT, VARLEN,
-            )  # fmt: skip
-            n_done += 1
-            t = _next_item(Counter, gl.num_programs(0))
-        _publish_item(t, n_done, item_smem, item_ready, item_empty)
-    elif PERSISTENT:
-        it = 0
-        n_done = 0
-        for t in range(gl.program_id(0), n_bh * n_m, gl.num_programs(0)):
-            it = _producer_item(
-                t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
-                Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
-                MASK_LEFT, MASK_RIGHT, VARLEN,
-            )  # fmt: skip
-            n_done += 1
     else:
         zero = gl.to_tensor(0)
         _producer_item(
@@ -671,27 +665,17 @@ def _consumer(
 ):  # fmt: skip
     q_tile = q_smem.index(INDEX)
     o_tile = o_smem.index(INDEX)
-    if DYNAMIC:
-        n_items = n_bh * n_m
-        it = 0
-        tk = 0
-        n_done = 0
-        t = _read_item(0, item_smem, item_ready, item_empty, NUM_WARPS)
-        while t < n_items:
-            it, tk = _consumer_item(
-                t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                v_empty, turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-                nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-                qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
-                MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
-            )  # fmt: skip
-            n_done += 1
-            t = _read_item(n_done, item_smem, item_ready, item_empty, NUM_WARPS)
-    elif PERSISTENT:
+    if PERSISTENT:
         it = 0  # K/V tiles consumed so far (ring slot and phase), as in the producer
         tk = 0  # ping-pong turns taken so far
         n_done = 0
-        for t in range(gl.program_id(0), n_bh * n_m, gl.num_programs(0)):
+        # items program_id, then (DYNAMIC) those the producer hands over or (static) every
+        # num_programs-th
+        if DYNAMIC:
+            t = _read_item(0, item_smem, item_ready, item_empty, NUM_WARPS)
+        else:
+            t = gl.program_id(0)
+        while t < n_bh * n_m:
             it, tk = _consumer_item(
                 t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
                 v_empty, turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
@@ -700,6 +684,10 @@ def _consumer(
                 MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
             )  # fmt: skip
             n_done += 1
+            if DYNAMIC:
+                t = _read_item(n_done, item_smem, item_ready, item_empty, NUM_WARPS)
+            else:
+                t += gl.num_programs(0)
     else:
         # one item per program: the phases start at 0 and nothing is carried
         zero = gl.to_tensor(0)  # a runtime value: the counters are loop-carried inside the item
