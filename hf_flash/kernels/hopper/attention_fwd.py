@@ -192,8 +192,8 @@ VARLEN_DISPATCH_HEAD_DIMS = (128, 256)
 # Soft-capped calls hf_flash dispatches here: head dim 128. At d64 the kernel's tanh (an exp2
 # and a reciprocal per score on top of the softmax's exp2) made it slower than the Triton forward
 # (H100, causal, cap 50, S = 8K-32K: 185-205 TFLOP/s against 220-237; d128 388-406 against
-# 323-356; .notes/hopper.md, session 21), so d64 soft-capped calls stay on Triton. d256: being
-# measured (session 22).
+# 323-356; .notes/hopper.md, session 21), so d64 soft-capped calls stay on Triton. d256, causal,
+# cap 50, S = 4K-16K: 496-532 against 251-266 (session 22).
 SOFTCAP_DISPATCH_HEAD_DIMS = (128, 256)
 PRODUCER_REGS = 24
 
