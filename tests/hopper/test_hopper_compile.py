@@ -71,11 +71,13 @@ def test_default_variant_and_mask_args():
     assert hk.default_variant(64, True, window=(128, 0)) == hk.LEFT_WINDOW_FALLBACK
     assert hk.default_variant(64, False, window=(-1, 5)) == hk.DEFAULT[(64, False)]
     assert hk.default_variant(128, True, window=(128, 0)) == hk.DEFAULT[(128, True)]
-    # short dense d128 calls without a window or softcap: the dynamic persistent variant
+    # dense d128 calls of 4K-8K queries without a window or softcap: the dynamic persistent variant
+    lo, hi = hk.SHORT_SEQLENS
     for causal in (False, True):
-        assert hk.default_variant(128, causal, seqlen_q=4096) == hk.SHORT_DEFAULT
-        assert hk.default_variant(128, causal, seqlen_q=hk.SHORT_SEQLEN) == hk.SHORT_DEFAULT
-        assert hk.default_variant(128, causal, seqlen_q=hk.SHORT_SEQLEN + 1) == hk.DEFAULT[(128, causal)]
+        assert hk.default_variant(128, causal, seqlen_q=lo) == hk.SHORT_DEFAULT
+        assert hk.default_variant(128, causal, seqlen_q=hi) == hk.SHORT_DEFAULT
+        assert hk.default_variant(128, causal, seqlen_q=hi + 1) == hk.DEFAULT[(128, causal)]
+        assert hk.default_variant(128, causal, seqlen_q=lo - 1) == hk.DEFAULT[(128, causal)]  # not measured
         assert hk.default_variant(128, causal, seqlen_q=0) == hk.DEFAULT[(128, causal)]  # length not given
         assert hk.default_variant(64, causal, seqlen_q=4096) == hk.DEFAULT[(64, causal)]
         assert hk.default_variant(128, causal, True, seqlen_q=4096) == hk.VARLEN_DEFAULT[(128, causal)]

@@ -45,7 +45,7 @@ tile, so its store overlaps the next item's loop). Persistent programs take thei
 either statically (program_id + num_programs, ...) or, ``dynamic``, from an atomic counter
 zeroed per launch: the producer fetches each and hands it to the consumers through a two-slot
 shared-memory ring (``item_ready`` / ``item_empty``), so programs that drew short items take
-more of them. Dense d128 calls of at most ``SHORT_SEQLEN`` queries run the dynamic form.
+more of them. Dense d128 calls of ``SHORT_SEQLENS`` (4K-8K) queries run the dynamic form.
 
 Head dim 256 uses 64-key K/V tiles and stages the output in the Q tile's shared memory (free
 once the item's last S = Q K^T has completed; one-item programs only), since a separate output
@@ -169,16 +169,17 @@ VARLEN_DEFAULT = {
     (256, True): "ws2x4-overlap-fma-d256",
 }
 HEAD_DIMS = (64, 128, 256)
-# Dense d128 calls of at most SHORT_SEQLEN queries, without a window or softcap (the calls it was
-# measured on), run SHORT_DEFAULT: persistent programs fed by an atomic item counter overlap one
-# item's epilogue with the next one's loads, which pays where items are short. H100, bf16,
+# Dense d128 calls of SHORT_SEQLENS[0]..SHORT_SEQLENS[1] queries, without a window or softcap (the
+# calls it was measured on), run SHORT_DEFAULT: persistent programs fed by an atomic item counter
+# overlap one item's epilogue with the next one's loads, which pays where items are short. H100, bf16,
 # Hq=32, Hkv=8, 3 rounds (.notes/hopper.md, session 22 call 6): 542 / 589 TFLOP/s causal at
 # 4K / 8K against 521 / 583, non-causal 574 / 611 against 568 / 586 (1.01-1.04x, geometric mean
 # 1.026; the rule, written before the run: every point >= 1.00x, mean >= 1.02x). At 16K / 32K it
 # measured 1.05 / 0.98x causal and 1.00 / 0.97x non-causal (call 5, an H200), so longer calls
-# keep DEFAULT.
+# keep DEFAULT; shorter ones were not measured (with fewer items than SMs the counter and its
+# per-launch zeroing only cost), so they keep it too.
 SHORT_DEFAULT = "ws2x4-overlap-fma-dyn"
-SHORT_SEQLEN = 8192
+SHORT_SEQLENS = (4096, 8192)
 SHORT_DEFAULT_HEAD_DIMS = (128,)
 # Calls with a left window bound run this variant where their default has three consumers: at
 # 160 registers each, the left-edge mask spills 128-296 bytes per thread (CPU compile, sm_90a);
@@ -204,11 +205,10 @@ def default_variant(head_dim: int, causal: bool, varlen: bool = False, window=(-
     name = (VARLEN_DEFAULT if varlen else DEFAULT)[(head_dim, bool(causal))]
     if VARIANTS[name].consumers > 2 and mask_args(causal, window)["MASK_LEFT"]:
         return LEFT_WINDOW_FALLBACK
-    if (
-        not varlen and head_dim in SHORT_DEFAULT_HEAD_DIMS and 0 < seqlen_q <= SHORT_SEQLEN
-        and window[0] < 0 and window[1] in (-1, 0) and not softcap > 0.0
-    ):  # fmt: skip
-        return SHORT_DEFAULT
+    if not varlen and head_dim in SHORT_DEFAULT_HEAD_DIMS and SHORT_SEQLENS[0] <= seqlen_q <= SHORT_SEQLENS[1]:
+        masks = mask_args(causal, window, softcap)
+        if not (masks["MASK_LEFT"] or masks["RIGHT_WINDOW"] or masks["SOFTCAP"]):
+            return SHORT_DEFAULT
     return name
 
 
@@ -700,8 +700,8 @@ def _consumer(
         # one item per program: the phases start at 0 and nothing is carried
         zero = gl.to_tensor(0)  # a runtime value: the counters are loop-carried inside the item
         _consumer_item(
-            gl.program_id(0), zero, zero, zero, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-            v_empty, turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+            gl.program_id(0), zero, zero, zero, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+            k_empty, v_empty, turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
             qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
             MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
@@ -721,7 +721,8 @@ def _attn_fwd_kernel(
     PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr, DYNAMIC: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
-    # program takes item program_id (PERSISTENT: program_id, program_id + num_programs, ...)
+    # program takes item program_id (PERSISTENT: then program_id + num_programs, ..., or DYNAMIC:
+    # the items an atomic counter hands out)
     if not RIGHT_WINDOW:
         # no right window, or causal (0): a literal, so those builds carry no window register
         # (the three-consumer packed causal builds spill otherwise)
