@@ -5,8 +5,10 @@
 #
 #   bash benchmarks/hopper_d256_device_run.sh OUT_DIR [STEPS]
 #
-# STEPS: comma-separated from tests,bench,packed (default tests,bench). D256_BENCH_ARGS replaces
-# the dense benchmark's arguments.
+# STEPS: comma-separated from tests,bench,packed,bwd (default tests,bench). D256_BENCH_ARGS replaces
+# the dense benchmark's arguments. bwd: the split-D Gluon backward (kv64-m64-s2-splitd, not
+# dispatched yet): its smoke check in its own process under a time limit (a barrier-phase bug
+# hangs), its GPU tests, then benchmarks/hopper_attention_bwd.py beside the Triton backward and SDPA.
 set -u
 out=${1:?usage: hopper_d256_device_run.sh OUT_DIR [STEPS]}
 steps=",${2:-tests,bench},"
@@ -31,4 +33,15 @@ fi
 if [[ $steps == *,packed,* ]]; then
   timeout 240 python3 benchmarks/attention.py --out "$out/packed" --packed --head-dims 256 \
     --packed-providers hf_flash gluon_docorder hf_flash_triton flex 2>&1 | tee "$out/packed.log" | tail -n 25
+fi
+
+if [[ $steps == *,bwd,* ]]; then
+  if timeout 150 python3 benchmarks/diagnostics/hopper_bwd_smoke.py kv64-m64-s2-splitd >"$out/bwd-smoke.log" 2>&1
+  then echo "smoke ok: kv64-m64-s2-splitd"
+  else echo "smoke FAILED: kv64-m64-s2-splitd (rc $?)"; tail -n 12 "$out/bwd-smoke.log"; exit 1; fi
+  timeout 200 python3 -m pytest tests/hopper/test_hopper_attention_bwd_gpu.py -q -m gpu -p no:cacheprovider -n 4 \
+    -k "splitd or split_d" >"$out/bwd-tests.log" 2>&1
+  echo "bwd tests rc $?"; tail -n 8 "$out/bwd-tests.log"
+  timeout 240 python3 benchmarks/hopper_attention_bwd.py "$out/bwd.json" --variants kv64-m64-s2-splitd --head-dims 256 \
+    --seqlens 4096 8192 16384 --rounds 2 2>&1 | tee "$out/bwd.log" | tail -n 12
 fi

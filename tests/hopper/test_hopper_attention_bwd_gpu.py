@@ -79,6 +79,25 @@ def _check(q, k, v, causal, scale=None, variant=None, monkeypatch=None, seed=0, 
     return grads
 
 
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    "batch,sq,sk,h,hk",
+    [
+        pytest.param(2, 1025, 1025, 8, 2, id="gqa-1025"),
+        pytest.param(1, 97, 97, 4, 1, id="mqa-97"),
+        pytest.param(1, 777, 200, 4, 2, id="sq>sk-empty-rows"),
+        pytest.param(1, 200, 777, 4, 2, id="sq<sk"),
+        pytest.param(1, 2048, 2048, 32, 8, id="hq32-hkv8"),
+    ],
+)
+def test_split_d_variant_at_head_dim_256(batch, sq, sk, h, hk, causal, monkeypatch):
+    # the split-D form (queries along M, the program's 64 keys shared by the consumers, each
+    # storing half of dK's and dV's columns) beside the Triton dQ kernel
+    _check(*_qkv(batch, sq, sk, h, hk, 256, torch.bfloat16, seed=31), causal, variant="kv64-m64-s2-splitd",
+           monkeypatch=monkeypatch)  # fmt: skip
+
+
 # d64 has no default variant (the Triton backward is as fast there); its kernel is tested through
 # this one, which dispatch takes once DEFAULT names it
 D64_VARIANT = "kv2x64-m64-s2"
@@ -121,10 +140,12 @@ def test_8191(head_dim, causal, monkeypatch):
            monkeypatch=monkeypatch)  # fmt: skip
 
 
-def _variant_head_dims():
+def _variant_head_dims(windows=False):
+    """(variant, head dim) pairs to test; ``windows``: those of variants that take sliding windows
+    (all but the split-D one)."""
     from hf_flash.kernels.hopper.attention_bwd import VARIANTS
 
-    return [(name, d) for name, var in VARIANTS.items() for d in var.head_dims]
+    return [(name, d) for name, var in VARIANTS.items() for d in var.head_dims if not (windows and var.split_d)]
 
 
 @needs_hopper
@@ -527,7 +548,7 @@ def test_windows_match_reference(batch, sq, sk, h, hk, causal, window, head_dim,
 
 
 @needs_hopper
-@pytest.mark.parametrize("variant,head_dim", _variant_head_dims())
+@pytest.mark.parametrize("variant,head_dim", _variant_head_dims(windows=True))
 def test_every_variant_with_a_window(variant, head_dim, monkeypatch):
     _check(*_qkv(2, 1025, 1100, 8, 2, head_dim, torch.bfloat16, seed=22), True, variant=variant,
            monkeypatch=monkeypatch, window=(130, -1))  # fmt: skip

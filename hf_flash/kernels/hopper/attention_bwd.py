@@ -165,10 +165,16 @@ class Variant:
     # dq_ordered: the writer reads the next step's counter right after issuing this step's
     # reduces, so the read's latency runs under the wait for the TMA and the release
     poll_ahead: bool = False
+    # head dims the transposed frame cannot hold (256: dK and dV of 64 keys would be 256 registers
+    # per thread): the program's block_n keys are shared by the consumers, queries along the wgmma
+    # M axis; consumer c computes S and dP for keys [c, c + 1) * block_n / 2 and, after both
+    # have put P^T and dS^T in shared memory, dK and dV for columns [c, c + 1) * D / 2 of all
+    # the keys (:func:`_split_d_consumer`); dQ by the Triton kernel beside it
+    split_d: bool = False
 
     @property
     def keys(self) -> int:
-        return self.block_n * self.consumers
+        return self.block_n if self.split_d else self.block_n * self.consumers
 
 
 # Every variant the package compiles and tests (CPU compile report, H100 timings in
@@ -205,6 +211,10 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwld-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 tiles_down=True, poll_ahead=True, head_dims=(128,)),
+        # head dim 256: 64 keys per program split between the consumers (not dispatched yet:
+        # needs its GPU tests and a measurement against the Triton backward)
+        Variant("kv64-m64-s2-splitd", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                split_d=True, head_dims=(256,)),
     )
 }  # fmt: skip
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
@@ -240,8 +250,9 @@ VARLEN_NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
 
 def varlen_builds(variant: str) -> bool:
     """True when ``variant`` has a packed (varlen) form: every variant but the fragment-order dQ
-    ones (their flat accumulator is laid out per (batch, head, query tile))."""
-    return not VARIANTS[variant].dq_frag
+    ones (their flat accumulator is laid out per (batch, head, query tile)) and the split-D one
+    (dense only so far)."""
+    return not (VARIANTS[variant].dq_frag or VARIANTS[variant].split_d)
 
 
 def covered_head_dims(varlen: bool = False) -> set:
@@ -992,6 +1003,170 @@ def _attn_bwd_dkdv_kernel(
 # --------------------------------------------------------------------------------------------
 
 
+@gluon.jit
+def _split_d_consumer(
+    q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
+    ds_ready, ds_free, dk_desc, dv_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
+    n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale, Sched, CuSeqQ, CuSeqK,
+    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, MASK_RIGHT: gl.constexpr,
+):  # fmt: skip
+    """One consumer of the split-D backward (``Variant.split_d``): per step (a 64-row query tile
+    of one head), S = Q K_c^T and dP = dO V_c^T for its half of the program's keys (queries along
+    M, so lse and delta are per row), P and dS, their transposes into rows [c, c + 1) * KEYS / 2
+    of the step's shared P^T / dS^T tiles; once both consumers' halves are there, dV[:, cols_c]
+    += P^T dO[:, cols_c] and dK[:, cols_c] += dS^T Q[:, cols_c] over all KEYS keys."""
+    dtype: gl.constexpr = dk_desc.dtype
+    HALF_N: gl.constexpr = KEYS // 2
+    HALF_D: gl.constexpr = HEAD_DIM // 2
+    s_layout: gl.constexpr = _mma_layout(HALF_N, NUM_WARPS)  # [BLOCK_M queries, HALF_N keys]
+    acc_layout: gl.constexpr = _mma_layout(HALF_D, NUM_WARPS)  # [KEYS keys, HALF_D columns]
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)  # along the queries
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # along the keys
+    b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, 0, 0, KEYS, BLOCK_M,
+        False, MASK_RIGHT, False,
+    )  # fmt: skip
+    k_half = k_smem.index(0).slice(INDEX * HALF_N, HALF_N, dim=0)  # [HALF_N keys, HEAD_DIM]
+    v_half = v_smem.index(0).slice(INDEX * HALF_N, HALF_N, dim=0)
+    key_pos = n0 + INDEX * HALF_N + gl.arange(0, HALF_N, layout=col_layout)
+    keys = key_pos - (k_len - q_len)  # in the query frame: key j is visible to row i iff j - shift <= i
+    key_tail = n0 + KEYS > k_len
+    s_zero = gl.zeros([BLOCK_M, HALF_N], gl.float32, layout=s_layout)
+    dk = gl.zeros([KEYS, HALF_D], gl.float32, layout=acc_layout)
+    dv = gl.zeros([KEYS, HALF_D], gl.float32, layout=acc_layout)
+    b64 = b.to(gl.int64)
+
+    mbarrier.wait(kv_bar, 0)
+    per_head = m_hi - m_lo
+    for it in range(group * per_head):
+        h, mt = _step_tile(it, kv_h, group, m_hi, m_lo, False)
+        rows = mt * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
+        slot = it % STAGES
+        phase = (it // STAGES) & 1
+        l_base = b64 * stride_lb + h.to(gl.int64) * stride_lh
+        # rows past the end read lse = +inf, so their P (and dS) is 0
+        lse2 = gl.load(Lse + l_base + rows, mask=rows < q_len, other=float("inf")) * LOG2E_C
+        q_tile = q_smem.index(slot)
+        do_tile = do_smem.index(slot)
+        mbarrier.wait(q_ready.index(slot), phase)
+        s = warpgroup_mma(q_tile, k_half.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(slot), phase)
+        dp = warpgroup_mma(do_tile, v_half.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s,))
+        s2 = s * qk_scale
+        if MASK_RIGHT:  # causal
+            if (mt < m_full) | key_tail:
+                vis = (gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1)) & gl.expand_dims(key_pos < k_len, 0)
+                s2 = gl.where(vis, s2, float("-inf"))
+        else:
+            if key_tail:
+                s2 = gl.where(gl.expand_dims(key_pos < k_len, 0), s2, float("-inf"))
+        p = gl.exp2(s2 - gl.expand_dims(lse2, 1))
+        delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
+        dp = warpgroup_mma_wait(0, deps=(dp,))
+        ds = p * (dp - gl.expand_dims(delta, 1))
+        # the step's P^T / dS^T tiles (double-buffered by step parity): both consumers' products
+        # of step it - 2 have read this buffer
+        par = it % 2
+        dph = (it // 2) & 1
+        mbarrier.wait(ds_free.index(par), dph ^ 1)
+        pt_smem.index(par).slice(INDEX * HALF_N, HALF_N, dim=0).store(gl.permute(p.to(dtype), (1, 0)))
+        dst_smem.index(par).slice(INDEX * HALF_N, HALF_N, dim=0).store(gl.permute(ds.to(dtype), (1, 0)))
+        fence_async_shared()
+        mbarrier.arrive(ds_ready.index(par))
+        mbarrier.wait(ds_ready.index(par), dph)  # the other consumer's half is in too
+        dv_tok = warpgroup_mma(pt_smem.index(par), do_tile.slice(INDEX * HALF_D, HALF_D, dim=1), dv, is_async=True)
+        dk_tok = warpgroup_mma(dst_smem.index(par), q_tile.slice(INDEX * HALF_D, HALF_D, dim=1), dk, is_async=True)
+        dv = warpgroup_mma_wait(1, deps=(dv_tok,))
+        mbarrier.arrive(do_empty.index(slot))
+        dk = warpgroup_mma_wait(0, deps=(dk_tok,))
+        mbarrier.arrive(q_empty.index(slot))
+        mbarrier.arrive(ds_free.index(par))
+
+    # the Q ring stages this consumer's dK and dV columns (Q tile INDEX: 2 x KEYS x HALF_D); every
+    # Q tile is free once both consumers' last products are done (the producer has no more loads)
+    n_steps = group * per_head
+    if n_steps > 0:
+        mbarrier.wait(ds_free.index((n_steps - 1) % 2), ((n_steps - 1) // 2) & 1)
+    out_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HALF_D], dtype)
+    stage = q_smem.index(INDEX)._reinterpret(dtype, [2, KEYS, HALF_D], out_layout)
+    stage.index(0).store((dk * sm_scale).to(dtype))  # dS is taken w.r.t. the scaled scores
+    stage.index(1).store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [b, kv_h, n0, INDEX * HALF_D], stage.index(0).reshape([1, 1, KEYS, HALF_D]))
+    tma.async_copy_shared_to_global(dv_desc, [b, kv_h, n0, INDEX * HALF_D], stage.index(1).reshape([1, 1, KEYS, HALF_D]))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_bwd_split_d_kernel(
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Sem, Sched, CuSeqQ, CuSeqK, DK, DV,
+    stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
+    stride_dkm, stride_dkh, stride_dvm, stride_dvh, n_slots_q, window_left, window_right,
+    qk_scale, sm_scale,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
+    DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr,
+):  # fmt: skip
+    """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
+    (one launch_args serves both); dense, causal or not, no window, no dQ. A program owns BLOCK_N
+    keys; dk_desc / dv_desc have HEAD_DIM / 2-column boxes (each consumer stores its columns)."""
+    gl.static_assert(CONSUMERS == 2, "two consumer partitions")
+    gl.static_assert(not (VARLEN or MASK_LEFT or RIGHT_WINDOW or DQ_ATOMIC), "dense, causal or not, dK/dV only")
+    dtype: gl.constexpr = q_desc.dtype
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    pt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_layout)
+    pt_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], pt_layout)
+    dst_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], pt_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=CONSUMERS)
+        mbarrier.init(do_empty.index(i), count=CONSUMERS)
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=CONSUMERS)
+        mbarrier.init(ds_free.index(i), count=CONSUMERS)
+    gl.warp_specialize(
+        [
+            (_split_d_consumer, (q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, kv_bar, q_ready, do_ready,
+                                 q_empty, do_empty, ds_ready, ds_free, dk_desc, dv_desc, Lse, Delta, stride_lb,
+                                 stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale,
+                                 sm_scale, Sched, CuSeqQ, CuSeqK, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                 CONSUMER_WARPS, MASK_RIGHT)),
+            (_split_d_consumer, (q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, kv_bar, q_ready, do_ready,
+                                 q_empty, do_empty, ds_ready, ds_free, dk_desc, dv_desc, Lse, Delta, stride_lb,
+                                 stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale,
+                                 sm_scale, Sched, CuSeqQ, CuSeqK, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                 CONSUMER_WARPS, MASK_RIGHT)),
+            # the producer loads the program's one K/V tile of BLOCK_N keys (CONSUMERS=1 there)
+            (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
+                         kv_bar, q_ready, do_ready, q_empty, do_empty,
+                         n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+                         window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, 1, MASK_LEFT, MASK_RIGHT,
+                         VARLEN, TILES_DOWN)),
+        ],
+        [CONSUMER_WARPS, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
+
+
 def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
              dropout=0.0, varlen=False, softmax_scale=None) -> bool:  # fmt: skip
     """True when :func:`hopper_attention_backward` covers this call: the calls the Gluon
@@ -1010,6 +1185,10 @@ def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softc
         return False
     if (q.shape[-1], bool(causal)) not in (VARLEN_DEFAULT if varlen else DEFAULT):
         return False
+    if VARIANTS[variant_for(q.shape[-1], causal, varlen)].split_d:
+        masks = mask_args(causal, window)
+        if masks["MASK_LEFT"] or masks["RIGHT_WINDOW"]:
+            return False  # the split-D form has no window masks
     for t, like in ((out, q), (dout, q), (dk, k), (dv, k)):
         if not isinstance(t, torch.Tensor) or t.shape != like.shape or t.dtype != like.dtype:
             return False
@@ -1157,6 +1336,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
     masks = mask_args(causal, window)
     if varlen and not varlen_builds(variant):
         raise ValueError(f"variant {variant} has no packed (varlen) form")
+    if var.split_d and (masks["MASK_LEFT"] or masks["RIGHT_WINDOW"]):
+        raise ValueError(f"variant {variant} takes causal or full attention, not a sliding window {window}")
     if var.dq_frag:
         batch, seqlen_q = q.shape[:2]
         want = batch * nheads * configs.cdiv(seqlen_q, var.block_m) * var.block_m * head_dim
@@ -1194,9 +1375,12 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         dk_strides = (0, 0, 0, 0)  # dense dK/dV go out through TMA only
     # the cached launcher's order (hf_flash.kernels.launch): descriptors and pointers, integers,
     # floats, then the constexprs
+    # split_d: each consumer stores its half of dK's and dV's columns
+    out_cols = head_dim // 2 if var.split_d else head_dim
     args = (
         _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
-        _descriptor(dout, var.block_m), _descriptor(dk, var.block_n), _descriptor(dv, var.block_n), dq_desc,
+        _descriptor(dout, var.block_m), _descriptor(dk, var.block_n, out_cols), _descriptor(dv, var.block_n, out_cols),
+        dq_desc,
         lse, delta, dq_sem if var.dq_ordered else lse, sched, cu_seqlens_q, cu_seqlens_k,
         dk if varlen else None, dv if varlen else None,
         stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k,
@@ -1256,10 +1440,10 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     key = (variant, q.shape[-1], varlen, *(kwargs[f] for f in ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW")))
     meta = _LAUNCH_META.get(key)
     if meta is None:
-        meta = _LAUNCH_META[key] = _BACKWARD.meta(**kwargs)
+        meta = _LAUNCH_META[key] = (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD).meta(**kwargs)
     # launch_args' order: 7 descriptors and 8 pointers, 15 integers, 2 floats
     with torch.cuda.device(q.device):
-        _BACKWARD(grid, args[:15], args[15:30], args[30:], meta)
+        (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD)(grid, args[:15], args[15:30], args[30:], meta)
     if var.dq_frag:
         with torch.cuda.device(q.device):
             dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers)
@@ -1269,11 +1453,17 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
 
 
 _BACKWARD = CachedLauncher(_attn_bwd_dkdv_kernel)
+_BACKWARD_SPLIT_D = CachedLauncher(_attn_bwd_split_d_kernel)
 _LAUNCH_META: dict = {}
 
 
+def kernel_for(variant: str):
+    """The Gluon kernel a variant launches (the split-D form has its own)."""
+    return _attn_bwd_split_d_kernel if VARIANTS[variant].split_d else _attn_bwd_dkdv_kernel
+
+
 __all__ = [
-    "hopper_attention_backward", "supports", "launch_args", "dq_accum_for", "dq_sem_count", "dq_frag_to_bshd",
+    "hopper_attention_backward", "supports", "launch_args", "kernel_for", "dq_accum_for", "dq_sem_count", "dq_frag_to_bshd",
     "variant_for", "covered_head_dims", "varlen_builds", "VARIANTS", "DEFAULT", "NONDETERMINISTIC", "VARLEN_DEFAULT",
     "VARLEN_NONDETERMINISTIC", "VARLEN_ORDERS",
 ]

@@ -121,7 +121,7 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
             softmax_scale=head_dim**-0.5, causal=causal, variant=var.name, cu_seqlens_q=cu, cu_seqlens_k=cu,
             sched=_unwritten_schedule(kp.shape[0], batch, var.keys), **masks,
         )  # fmt: skip
-        compiled = compile_sm90(attention_bwd._attn_bwd_dkdv_kernel, args, kwargs)
+        compiled = compile_sm90(attention_bwd.kernel_for(var.name), args, kwargs)
         rows, block_n = var.keys, var.block_m
     elif variant.startswith(BWD_PREFIX):
         var = attention_bwd.VARIANTS[variant[len(BWD_PREFIX):]]
@@ -131,7 +131,7 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
             torch.zeros(batch * nheads * -(-SEQLEN // var.block_m), dtype=torch.int32), softmax_scale=head_dim**-0.5,
             causal=causal, variant=var.name, **masks,
         )  # fmt: skip
-        compiled = compile_sm90(attention_bwd._attn_bwd_dkdv_kernel, args, kwargs)
+        compiled = compile_sm90(attention_bwd.kernel_for(var.name), args, kwargs)
         rows, block_n = var.keys, var.block_m
     elif variant.startswith(VARLEN_PREFIX):
         var = attention_fwd.VARIANTS[variant[len(VARLEN_PREFIX):]]
