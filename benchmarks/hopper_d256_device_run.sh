@@ -5,10 +5,10 @@
 #
 #   bash benchmarks/hopper_d256_device_run.sh OUT_DIR [STEPS]
 #
-# STEPS: comma-separated from tests,bench,packed,bwd (default tests,bench). D256_BENCH_ARGS replaces
-# the dense benchmark's arguments. bwd: the split-D Gluon backward (kv64-m64-s2-splitd, not
-# dispatched yet): its smoke check in its own process under a time limit (a barrier-phase bug
-# hangs), its GPU tests, then benchmarks/hopper_attention_bwd.py beside the Triton backward and SDPA.
+# STEPS: comma-separated from tests,bench,packed,bwd,bwdbench (default tests,bench). D256_BENCH_ARGS
+# replaces the dense benchmark's arguments. bwd: the split-D Gluon backward's smoke checks and GPU
+# tests; bwdbench: benchmarks/hopper_attention_bwd.py beside the Triton backward and SDPA, then the
+# windowed and packed d256 rows of benchmarks/attention.py.
 set -u
 out=${1:?usage: hopper_d256_device_run.sh OUT_DIR [STEPS]}
 steps=",${2:-tests,bench},"
@@ -36,12 +36,24 @@ if [[ $steps == *,packed,* ]]; then
 fi
 
 if [[ $steps == *,bwd,* ]]; then
-  if timeout 150 python3 benchmarks/diagnostics/hopper_bwd_smoke.py kv64-m64-s2-splitd >"$out/bwd-smoke.log" 2>&1
-  then echo "smoke ok: kv64-m64-s2-splitd"
-  else echo "smoke FAILED: kv64-m64-s2-splitd (rc $?)"; tail -n 12 "$out/bwd-smoke.log"; exit 1; fi
-  timeout 200 python3 -m pytest tests/hopper/test_hopper_attention_bwd_gpu.py -q -m gpu -p no:cacheprovider -n 4 \
-    -k "splitd or split_d" >"$out/bwd-tests.log" 2>&1
+  # the split-D Gluon backward (kv64-m64-s2-splitd, the d256 default): smoke checks in their own
+  # process under a time limit (a barrier-phase bug hangs), without and with a window
+  for w in -1 300; do
+    if timeout 150 python3 benchmarks/diagnostics/hopper_bwd_smoke.py kv64-m64-s2-splitd --window $w >"$out/bwd-smoke$w.log" 2>&1
+    then echo "smoke ok: kv64-m64-s2-splitd window $w"
+    else echo "smoke FAILED: kv64-m64-s2-splitd window $w (rc $?)"; tail -n 12 "$out/bwd-smoke$w.log"; exit 1; fi
+  done
+  timeout 330 python3 -m pytest tests/hopper/test_hopper_attention_bwd_gpu.py tests/ops/test_flash_attn_gpu.py -q -m gpu \
+    -p no:cacheprovider -n 4 -k "256 or splitd or path_choice" >"$out/bwd-tests.log" 2>&1
   echo "bwd tests rc $?"; tail -n 8 "$out/bwd-tests.log"
-  timeout 240 python3 benchmarks/hopper_attention_bwd.py "$out/bwd.json" --variants kv64-m64-s2-splitd --head-dims 256 \
-    --seqlens 4096 8192 16384 --rounds 2 2>&1 | tee "$out/bwd.log" | tail -n 12
+fi
+
+if [[ $steps == *,bwdbench,* ]]; then
+  # the d256 backward beside the Triton backward and SDPA (dense), then windowed and packed rows
+  timeout 200 python3 benchmarks/hopper_attention_bwd.py "$out/bwd.json" --variants kv64-m64-s2-splitd --head-dims 256 \
+    --seqlens 4096 8192 16384 --rounds 2 2>&1 | tee "$out/bwd.log" | tail -n 8
+  timeout 150 python3 benchmarks/attention.py --out "$out/window" --head-dims 256 --masks window --seqlens 8192 16384 \
+    --providers hf_flash hf_flash_triton sdpa flex 2>&1 | tee "$out/window.log" | tail -n 14
+  timeout 150 python3 benchmarks/attention.py --out "$out/packed" --packed --head-dims 256 \
+    --packed-providers hf_flash hf_flash_triton_bwd hf_flash_triton flex 2>&1 | tee "$out/packed.log" | tail -n 14
 fi

@@ -79,25 +79,6 @@ def _check(q, k, v, causal, scale=None, variant=None, monkeypatch=None, seed=0, 
     return grads
 
 
-@needs_hopper
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize(
-    "batch,sq,sk,h,hk",
-    [
-        pytest.param(2, 1025, 1025, 8, 2, id="gqa-1025"),
-        pytest.param(1, 97, 97, 4, 1, id="mqa-97"),
-        pytest.param(1, 777, 200, 4, 2, id="sq>sk-empty-rows"),
-        pytest.param(1, 200, 777, 4, 2, id="sq<sk"),
-        pytest.param(1, 2048, 2048, 32, 8, id="hq32-hkv8"),
-    ],
-)
-def test_split_d_variant_at_head_dim_256(batch, sq, sk, h, hk, causal, monkeypatch):
-    # the split-D form (queries along M, the program's 64 keys shared by the consumers, each
-    # storing half of dK's and dV's columns) beside the Triton dQ kernel
-    _check(*_qkv(batch, sq, sk, h, hk, 256, torch.bfloat16, seed=31), causal, variant="kv64-m64-s2-splitd",
-           monkeypatch=monkeypatch)  # fmt: skip
-
-
 # d64 has no default variant (the Triton backward is as fast there); its kernel is tested through
 # this one, which dispatch takes once DEFAULT names it
 D64_VARIANT = "kv2x64-m64-s2"
@@ -124,7 +105,7 @@ CASES = [
 
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("batch,sq,sk,h,hk", CASES)
 def test_default_variant_matches_reference(batch, sq, sk, h, hk, head_dim, causal, dtype, monkeypatch):
@@ -133,19 +114,17 @@ def test_default_variant_matches_reference(batch, sq, sk, h, hk, head_dim, causa
 
 
 @needs_hopper
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_8191(head_dim, causal, monkeypatch):
     _check(*_qkv(1, 8191, 8191, 2, 1, head_dim, torch.bfloat16, seed=4), causal, variant=_variant_for(head_dim),
            monkeypatch=monkeypatch)  # fmt: skip
 
 
-def _variant_head_dims(windows=False):
-    """(variant, head dim) pairs to test; ``windows``: those of variants that take sliding windows
-    (all but the split-D one)."""
+def _variant_head_dims():
     from hf_flash.kernels.hopper.attention_bwd import VARIANTS
 
-    return [(name, d) for name, var in VARIANTS.items() for d in var.head_dims if not (windows and var.split_d)]
+    return [(name, d) for name, var in VARIANTS.items() for d in var.head_dims]
 
 
 @needs_hopper
@@ -375,8 +354,9 @@ PACKED_LENS = [1, 97, 0, 1025, 300, 64, 128, 129, 2]
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("h,hk", [(32, 8), (8, 1)], ids=["gqa-32-8", "mqa-8-1"])
-def test_packed_matches_reference(h, hk, causal, dtype):
-    _check_packed(PACKED_LENS, PACKED_LENS, h, hk, causal, dtype)
+@pytest.mark.parametrize("d", [128, 256])
+def test_packed_matches_reference(h, hk, causal, dtype, d):
+    _check_packed(PACKED_LENS, PACKED_LENS, h, hk, causal, dtype, d=d)
 
 
 def _packed_variants():
@@ -538,7 +518,7 @@ WINDOW_SHAPES = [
 
 
 @needs_hopper
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal,window", WINDOWS)
 @pytest.mark.parametrize("batch,sq,sk,h,hk", WINDOW_SHAPES)
 def test_windows_match_reference(batch, sq, sk, h, hk, causal, window, head_dim, monkeypatch):
@@ -548,7 +528,7 @@ def test_windows_match_reference(batch, sq, sk, h, hk, causal, window, head_dim,
 
 
 @needs_hopper
-@pytest.mark.parametrize("variant,head_dim", _variant_head_dims(windows=True))
+@pytest.mark.parametrize("variant,head_dim", _variant_head_dims())
 def test_every_variant_with_a_window(variant, head_dim, monkeypatch):
     _check(*_qkv(2, 1025, 1100, 8, 2, head_dim, torch.bfloat16, seed=22), True, variant=variant,
            monkeypatch=monkeypatch, window=(130, -1))  # fmt: skip
@@ -575,9 +555,11 @@ def test_ordered_dq_with_a_window_repeats_bitwise(variant, causal, window, monke
 
 @needs_hopper
 @pytest.mark.parametrize("causal,window", WINDOWS)
-def test_packed_windows_match_reference(causal, window):
-    _check_packed(PACKED_LENS, PACKED_LENS, 8, 2, causal, torch.bfloat16, seed=25, window=window)
-    _check_packed([50, 200, 1, 0, 300], [120, 200, 77, 64, 97], 4, 1, causal, torch.float16, seed=26, window=window)
+@pytest.mark.parametrize("d", [128, 256])
+def test_packed_windows_match_reference(causal, window, d):
+    _check_packed(PACKED_LENS, PACKED_LENS, 8, 2, causal, torch.bfloat16, d=d, seed=25, window=window)
+    _check_packed([50, 200, 1, 0, 300], [120, 200, 77, 64, 97], 4, 1, causal, torch.float16, d=d, seed=26,
+                  window=window)  # fmt: skip
 
 
 @needs_hopper

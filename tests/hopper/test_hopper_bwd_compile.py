@@ -24,24 +24,26 @@ SPILL_BYTES_DQ = {64: 0, 128: 384}
 # without dQ (s2) it stays within SPILL_BYTES
 SPILL_BYTES_VARLEN_DQ = {128: 512}
 
-# every variant causal in bfloat16 (the branch with the most code); the defaults non-causal in
-# float16
-SPECS = [("bwd:" + name, d, True, "bfloat16") for name, var in hb.VARIANTS.items() for d in var.head_dims]
-SPECS += [("bwd:" + name, d, False, "float16") for (d, causal), name in hb.DEFAULT.items() if not causal]
-# the packed (varlen) forms (compile_check.bwd_varlen_variants): causal bf16, non-causal fp16
-SPECS += [(name, 128, causal, "bfloat16" if causal else "float16")
-          for name in compile_check.bwd_varlen_variants() for causal in (True, False)]  # fmt: skip
-# sliding windows (two-sided non-causal, left-bounded causal): the variants windowed calls run,
-# dense and packed, bfloat16
-SPECS += [(prefix + hb.variant_for(128, causal, bool(prefix)), 128, causal, "bfloat16", "window")
-          for prefix in ("bwd:", compile_check.BWD_VARLEN_PREFIX) for causal in (True, False)]  # fmt: skip
-
-
 def _variant(spec_name):
     for prefix in (compile_check.BWD_VARLEN_PREFIX, "bwd:"):
         if spec_name.startswith(prefix):
             return hb.VARIANTS[spec_name[len(prefix):]], prefix == compile_check.BWD_VARLEN_PREFIX
     raise ValueError(spec_name)
+
+
+# every variant causal in bfloat16 (the branch with the most code); the defaults non-causal in
+# float16
+SPECS = [("bwd:" + name, d, True, "bfloat16") for name, var in hb.VARIANTS.items() for d in var.head_dims]
+SPECS += [("bwd:" + name, d, False, "float16") for (d, causal), name in hb.DEFAULT.items() if not causal]
+# the packed (varlen) forms (compile_check.bwd_varlen_variants): causal bf16, non-causal fp16
+SPECS += [(name, d, causal, "bfloat16" if causal else "float16")
+          for name in compile_check.bwd_varlen_variants() for d in _variant(name)[0].head_dims
+          for causal in (True, False)]  # fmt: skip
+# sliding windows (two-sided non-causal, left-bounded causal): the variants windowed calls run,
+# dense and packed, bfloat16
+SPECS += [(prefix + hb.variant_for(d, causal, bool(prefix)), d, causal, "bfloat16", "window")
+          for d in hb.covered_head_dims() for prefix in ("bwd:", compile_check.BWD_VARLEN_PREFIX)
+          for causal in (True, False)]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +86,7 @@ def test_bwd_defaults_are_variants_for_their_head_dim():
         assert d in hb.VARIANTS[name].head_dims and (d, not causal) in hb.DEFAULT
         var = hb.VARIANTS[name]
         assert not var.dq_atomic or var.dq_ordered, "the default backward must be deterministic"
-    assert hb.covered_head_dims(varlen=True) == {128}
+    assert hb.covered_head_dims(varlen=True) == {128, 256}
     for (d, causal), name in hb.VARLEN_DEFAULT.items():
         var = hb.VARIANTS[name]
         assert d in var.head_dims and (d, not causal) in hb.VARLEN_DEFAULT and hb.varlen_builds(name)
@@ -153,9 +155,21 @@ def test_backward_path_rejects_features(on_hopper, change):
     assert _path(_call(), **change) == "triton"
 
 
-@pytest.mark.parametrize("d", [32, 64, 80, 96, 256])
+@pytest.mark.parametrize("d", [32, 64, 80, 96, 192, 512])
 def test_backward_path_rejects_other_head_dims(on_hopper, d):
     assert _path(_call(d)) == "triton"
+
+
+def test_backward_path_head_dim_256(on_hopper):
+    """d256 (Gemma 2/3) runs the split-D form: dense and packed, causal or not, with windows; the
+    softcap (Gemma 2) stays on the Triton backward."""
+    assert hb.variant_for(256, True) == hb.variant_for(256, False, varlen=True) == "kv64-m64-s2-splitd"
+    assert _path(_call(256)) == "hopper"
+    assert _path(_call(256), causal=True, window_right=0) == "hopper"
+    assert _path(_call(256), window_left=16, causal=True, window_right=0) == "hopper"
+    assert _path(_call(256), window_left=16, window_right=4) == "hopper"
+    assert _path(_packed(d=256), varlen=True, causal=True, window_right=0) == "hopper"
+    assert _path(_call(256), softcap=30.0) == "triton"
 
 
 def test_backward_head_dims_follow_default(on_hopper, monkeypatch):
@@ -187,8 +201,8 @@ def _packed(d=128, dtype=torch.bfloat16, h=8, hk=2, tq=300, tk=300):
 
 
 def test_backward_path_packed_calls(on_hopper):
-    """Packed (varlen) calls at head dim 128 take the Gluon backward, causal or not, GQA/MQA,
-    fp16/bf16, whether or not the packed Gluon forward is switched on; d64 stays Triton."""
+    """Packed (varlen) calls at head dims 128 and 256 take the Gluon backward, causal or not,
+    GQA/MQA, fp16/bf16, whether or not the packed Gluon forward is switched on; d64 stays Triton."""
     for dtype in (torch.bfloat16, torch.float16):
         assert _path(_packed(dtype=dtype), varlen=True) == "hopper"
         assert _path(_packed(dtype=dtype), varlen=True, causal=True, window_right=0) == "hopper"
@@ -201,7 +215,8 @@ def test_backward_path_packed_calls(on_hopper):
             assert _path(_packed(), varlen=True) == "hopper"
     q, k, *_ = _packed()
     assert _path((q, k, k, None, None, None, None), varlen=True) == "hopper"
-    for d in (64, 80, 256):
+    assert _path(_packed(256), varlen=True) == "hopper"
+    for d in (64, 80, 192):
         assert _path(_packed(d), varlen=True) == "triton"
     assert _path(_packed(dtype=torch.float32), varlen=True) == "triton"
     # dense tensors called as packed, and packed as dense, are not covered

@@ -159,9 +159,9 @@ _PATH_OPTS = dict(causal=True, window_left=-1, window_right=0, softcap=0.0, alib
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 def test_hopper_kernels_never_take_head_dim_512(varlen, monkeypatch):
-    """The Gluon Hopper kernels cover head dims up to 256 (the forward; the backward 128): with the
-    device test stubbed to an H100, d128 calls choose them and d512 / d320 calls the Triton
-    kernels, forward and backward."""
+    """The Gluon Hopper kernels cover head dims up to 256: with the device test stubbed to an
+    H100, d128 and d256 calls choose them and d512 / d320 calls the Triton kernels, forward and
+    backward."""
     pytest.importorskip("triton.experimental.gluon")
     from hf_flash.kernels import flash_bwd, flash_fwd
     from hf_flash.kernels.hopper import attention_fwd as hf
@@ -177,7 +177,7 @@ def test_hopper_kernels_never_take_head_dim_512(varlen, monkeypatch):
             q, k = torch.empty(2, 64, 8, d, dtype=torch.bfloat16), torch.empty(2, 64, 2, d, dtype=torch.bfloat16)
         return q, k, torch.empty_like(k)
 
-    for d, want in ((128, "hopper"), (512, "triton"), (320, "triton")):
+    for d, want in ((128, "hopper"), (256, "hopper"), (512, "triton"), (320, "triton")):
         q, k, v = tensors(d)
         assert flash_fwd.forward_path(q, k, v, None, varlen=varlen, **_PATH_OPTS) == want, d
         got = flash_bwd.backward_path(q, k, v, None, None, None, None, varlen=varlen, **_PATH_OPTS)

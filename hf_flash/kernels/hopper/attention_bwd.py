@@ -101,7 +101,7 @@ from .attention_fwd import (
 
 PRODUCER_REGS = 24
 LOG2E_C = gl.constexpr(LOG2E)
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 
 
 @_builtin
@@ -211,8 +211,7 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwld-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 tiles_down=True, poll_ahead=True, head_dims=(128,)),
-        # head dim 256: 64 keys per program split between the consumers (not dispatched yet:
-        # needs its GPU tests and a measurement against the Triton backward)
+        # head dim 256: 64 keys per program split between the consumers (DEFAULT, VARLEN_DEFAULT)
         Variant("kv64-m64-s2-splitd", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 split_d=True, head_dims=(256,)),
     )
@@ -227,7 +226,13 @@ VARIANTS = {
 # Session 19 call 2 (3 rounds): dqwldf (fragment-order dQ, 1-D bulk reduce) against dqwld,
 # backward 1.016/1.081/1.066/1.062 causal and 1.048/1.029/0.994/0.998 non-causal at 4K-32K
 # (geometric mean 1.036, worst 0.994; the rule fixed before the run: >= 1.02, none below 0.98).
-DEFAULT = {(128, False): "kv2x64-m64-s2-dqwldf", (128, True): "kv2x64-m64-s2-dqwldf"}
+# Session 23 call 1 (2 rounds): d256 split-D (dK/dV) + the Triton dQ against the Triton backward,
+# backward 338/348/370 TFLOP/s causal and 324/317/315 non-causal at 4K/8K/16K against
+# 210/228/230 and 217/219/220 (1.44-1.61x; the rule fixed before the run: faster at every point).
+DEFAULT = {
+    (128, False): "kv2x64-m64-s2-dqwldf", (128, True): "kv2x64-m64-s2-dqwldf",
+    (256, False): "kv64-m64-s2-splitd", (256, True): "kv64-m64-s2-splitd",
+}  # fmt: skip
 # (head dim, causal) -> the variant run when deterministic gradients are not required
 # (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
 # DEFAULT (H100, session 16 calls 3-4): d128 non-causal dqwl (unordered) 437-441 TFLOP/s at 4K
@@ -242,7 +247,10 @@ NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
 # dqwl 287), while s2 (Gluon dK/dV + the Triton dQ kernel, deterministic) ran 307 (1.17x);
 # non-causal dqwld 372 against 308 (1.21x), s2 348. Call 3 with these defaults: causal 313 against
 # 263 (1.19x), non-causal 373 against 312 (1.19x); fwd+bwd behind the Triton forward 334 against 290.
-VARLEN_DEFAULT = {(128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2"}
+VARLEN_DEFAULT = {
+    (128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2",
+    (256, False): "kv64-m64-s2-splitd", (256, True): "kv64-m64-s2-splitd",
+}  # fmt: skip
 # packed calls when deterministic gradients are not required: non-causal dqwl 406 TFLOP/s (1.09x
 # dqwld); causal keeps s2 (dqwl 287 < 307)
 VARLEN_NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
@@ -250,9 +258,8 @@ VARLEN_NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
 
 def varlen_builds(variant: str) -> bool:
     """True when ``variant`` has a packed (varlen) form: every variant but the fragment-order dQ
-    ones (their flat accumulator is laid out per (batch, head, query tile)) and the split-D one
-    (dense only so far)."""
-    return not (VARIANTS[variant].dq_frag or VARIANTS[variant].split_d)
+    ones (their flat accumulator is laid out per (batch, head, query tile))."""
+    return not VARIANTS[variant].dq_frag
 
 
 def covered_head_dims(varlen: bool = False) -> set:
@@ -1007,15 +1014,18 @@ def _attn_bwd_dkdv_kernel(
 def _split_d_consumer(
     q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
     ds_ready, ds_free, dk_desc, dv_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
-    n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale, sm_scale, Sched, CuSeqQ, CuSeqK,
+    n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale, sm_scale, Sched, CuSeqQ,
+    CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, HEAD_DIM: gl.constexpr,
-    STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, MASK_RIGHT: gl.constexpr,
+    STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr,
+    RIGHT_WINDOW: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
     """One consumer of the split-D backward (``Variant.split_d``): per step (a 64-row query tile
     of one head), S = Q K_c^T and dP = dO V_c^T for its half of the program's keys (queries along
     M, so lse and delta are per row), P and dS, their transposes into rows [c, c + 1) * KEYS / 2
     of the step's shared P^T / dS^T tiles; once both consumers' halves are there, dV[:, cols_c]
-    += P^T dO[:, cols_c] and dK[:, cols_c] += dS^T Q[:, cols_c] over all KEYS keys."""
+    += P^T dO[:, cols_c] and dK[:, cols_c] += dS^T Q[:, cols_c] over all KEYS keys. Masks as
+    :func:`_consumer`'s, in the [queries, keys] frame."""
     dtype: gl.constexpr = dk_desc.dtype
     HALF_N: gl.constexpr = KEYS // 2
     HALF_D: gl.constexpr = HEAD_DIM // 2
@@ -1024,18 +1034,35 @@ def _split_d_consumer(
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)  # along the queries
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # along the keys
     b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, 0, 0, KEYS, BLOCK_M,
-        False, MASK_RIGHT, False,
+        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+        window_right, KEYS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN,
     )  # fmt: skip
     k_half = k_smem.index(0).slice(INDEX * HALF_N, HALF_N, dim=0)  # [HALF_N keys, HEAD_DIM]
     v_half = v_smem.index(0).slice(INDEX * HALF_N, HALF_N, dim=0)
     key_pos = n0 + INDEX * HALF_N + gl.arange(0, HALF_N, layout=col_layout)
     keys = key_pos - (k_len - q_len)  # in the query frame: key j is visible to row i iff j - shift <= i
-    key_tail = n0 + KEYS > k_len
+    # this consumer's keys cross the sequence's (varlen: the document's) end
+    key_tail = n0 + (INDEX + 1) * HALF_N > k_len
+    if MASK_LEFT or RIGHT_WINDOW:
+        # the query tiles that need a mask (as :func:`_consumer`): all when the keys cross the
+        # end, else those below m_full or from m_full_hi on and, varlen, the one that crosses the
+        # query rows' end
+        m_unmasked_lo = m_full
+        m_unmasked_hi = m_full_hi
+        if VARLEN:
+            m_unmasked_hi = gl.minimum(m_unmasked_hi, q_len // BLOCK_M)
+        m_unmasked_hi = gl.where(key_tail, 0, m_unmasked_hi)
+    elif VARLEN:
+        m_tail = q_len // BLOCK_M
+        if MASK_RIGHT:
+            m_mask = gl.where(key_tail, n_m, m_full)
+        else:
+            m_mask = gl.where(key_tail, n_m, 0)
     s_zero = gl.zeros([BLOCK_M, HALF_N], gl.float32, layout=s_layout)
     dk = gl.zeros([KEYS, HALF_D], gl.float32, layout=acc_layout)
     dv = gl.zeros([KEYS, HALF_D], gl.float32, layout=acc_layout)
-    b64 = b.to(gl.int64)
+    if not VARLEN:
+        b64 = b.to(gl.int64)
 
     mbarrier.wait(kv_bar, 0)
     per_head = m_hi - m_lo
@@ -1044,7 +1071,10 @@ def _split_d_consumer(
         rows = mt * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
         slot = it % STAGES
         phase = (it // STAGES) & 1
-        l_base = b64 * stride_lb + h.to(gl.int64) * stride_lh
+        if VARLEN:
+            l_base = h.to(gl.int64) * stride_lh + q_off  # lse/delta (H, Tq)
+        else:
+            l_base = b64 * stride_lb + h.to(gl.int64) * stride_lh
         # rows past the end read lse = +inf, so their P (and dS) is 0
         lse2 = gl.load(Lse + l_base + rows, mask=rows < q_len, other=float("inf")) * LOG2E_C
         q_tile = q_smem.index(slot)
@@ -1055,7 +1085,26 @@ def _split_d_consumer(
         dp = warpgroup_mma(do_tile, v_half.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s,))
         s2 = s * qk_scale
-        if MASK_RIGHT:  # causal
+        if MASK_LEFT or RIGHT_WINDOW:
+            if (mt < m_unmasked_lo) | (mt >= m_unmasked_hi):
+                # keys past the end (keys >= q_len) and, varlen, the next document's rows (P = 0,
+                # so they add exactly 0 to dK and dV)
+                vis = gl.expand_dims(keys < q_len, 0)
+                if MASK_RIGHT:
+                    vis = vis & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows + window_right, 1))
+                if MASK_LEFT:
+                    vis = vis & (gl.expand_dims(keys, 0) >= gl.expand_dims(rows - window_left, 1))
+                if VARLEN:
+                    vis = vis & gl.expand_dims(rows < q_len, 1)
+                s2 = gl.where(vis, s2, float("-inf"))
+        elif VARLEN:
+            if (mt < m_mask) | (mt >= m_tail):
+                if MASK_RIGHT:  # keys <= rows < q_len covers the keys past the document's end
+                    vis = (gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1)) & gl.expand_dims(rows < q_len, 1)
+                else:
+                    vis = gl.expand_dims(keys < q_len, 0) & gl.expand_dims(rows < q_len, 1)
+                s2 = gl.where(vis, s2, float("-inf"))
+        elif MASK_RIGHT:  # causal
             if (mt < m_full) | key_tail:
                 vis = (gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1)) & gl.expand_dims(key_pos < k_len, 0)
                 s2 = gl.where(vis, s2, float("-inf"))
@@ -1093,9 +1142,36 @@ def _split_d_consumer(
     stage = q_smem.index(INDEX)._reinterpret(dtype, [2, KEYS, HALF_D], out_layout)
     stage.index(0).store((dk * sm_scale).to(dtype))  # dS is taken w.r.t. the scaled scores
     stage.index(1).store(dv.to(dtype))
+    if VARLEN:
+        if n0 + KEYS > k_len:
+            # the key tile crosses the document's end (or is an empty item): a TMA store would
+            # overwrite the next document's dK/dV, so the rows inside are stored element-wise,
+            # read back from the staging tiles with 8 consecutive elements per thread (16-byte
+            # stores)
+            st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // HALF_D, HALF_D // 8], [NUM_WARPS, 1],
+                                                       [1, 0])  # fmt: skip
+            offs_n = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, st_layout))
+            offs_d = INDEX * HALF_D + gl.expand_dims(gl.arange(0, HALF_D, layout=gl.SliceLayout(0, st_layout)), 0)
+            key_rows = gl.expand_dims((k_off + offs_n).to(gl.int64), 1)
+            inside = gl.expand_dims(offs_n < k_len, 1)
+            kv_h64 = kv_h.to(gl.int64)
+            gl.store(DK + kv_h64 * stride_dkh + key_rows * stride_dkm + offs_d, stage.index(0).load(st_layout),
+                     mask=inside)  # fmt: skip
+            gl.store(DV + kv_h64 * stride_dvh + key_rows * stride_dvm + offs_d, stage.index(1).load(st_layout),
+                     mask=inside)  # fmt: skip
+        else:
+            _split_d_store(stage, dk_desc, dv_desc, b, kv_h, k_off + n0, INDEX * HALF_D, KEYS, HALF_D)
+    else:
+        _split_d_store(stage, dk_desc, dv_desc, b, kv_h, n0, INDEX * HALF_D, KEYS, HALF_D)
+
+
+@gluon.jit
+def _split_d_store(stage, dk_desc, dv_desc, b, kv_h, row, col, KEYS: gl.constexpr, HALF_D: gl.constexpr):
+    """TMA stores of a split-D consumer's staged dK and dV columns [col, col + HALF_D) of keys
+    [row, row + KEYS) (clipped at the tensor's end)."""
     fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [b, kv_h, n0, INDEX * HALF_D], stage.index(0).reshape([1, 1, KEYS, HALF_D]))
-    tma.async_copy_shared_to_global(dv_desc, [b, kv_h, n0, INDEX * HALF_D], stage.index(1).reshape([1, 1, KEYS, HALF_D]))
+    tma.async_copy_shared_to_global(dk_desc, [b, kv_h, row, col], stage.index(0).reshape([1, 1, KEYS, HALF_D]))
+    tma.async_copy_shared_to_global(dv_desc, [b, kv_h, row, col], stage.index(1).reshape([1, 1, KEYS, HALF_D]))
     tma.store_wait(0)
 
 
@@ -1113,10 +1189,15 @@ def _attn_bwd_split_d_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
-    (one launch_args serves both); dense, causal or not, no window, no dQ. A program owns BLOCK_N
-    keys; dk_desc / dv_desc have HEAD_DIM / 2-column boxes (each consumer stores its columns)."""
+    (one launch_args serves both); dense or packed, causal or not, windows; no dQ. A program owns
+    BLOCK_N keys; dk_desc / dv_desc have HEAD_DIM / 2-column boxes (each consumer stores its
+    columns)."""
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
-    gl.static_assert(not (VARLEN or MASK_LEFT or RIGHT_WINDOW or DQ_ATOMIC), "dense, causal or not, dK/dV only")
+    gl.static_assert(not DQ_ATOMIC, "dK/dV only (dQ by the Triton kernel)")
+    if not RIGHT_WINDOW:
+        window_right = 0  # no right window or causal: a literal, as in the builds without windows
+    if not MASK_LEFT:
+        window_left = 0
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
@@ -1147,14 +1228,16 @@ def _attn_bwd_split_d_kernel(
         [
             (_split_d_consumer, (q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, kv_bar, q_ready, do_ready,
                                  q_empty, do_empty, ds_ready, ds_free, dk_desc, dv_desc, Lse, Delta, stride_lb,
-                                 stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale,
-                                 sm_scale, Sched, CuSeqQ, CuSeqK, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                                 CONSUMER_WARPS, MASK_RIGHT)),
+                                 stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left,
+                                 window_right, qk_scale, sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm,
+                                 stride_dkh, stride_dvm, stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                 CONSUMER_WARPS, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, VARLEN)),
             (_split_d_consumer, (q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, kv_bar, q_ready, do_ready,
                                  q_empty, do_empty, ds_ready, ds_free, dk_desc, dv_desc, Lse, Delta, stride_lb,
-                                 stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k, qk_scale,
-                                 sm_scale, Sched, CuSeqQ, CuSeqK, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                                 CONSUMER_WARPS, MASK_RIGHT)),
+                                 stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left,
+                                 window_right, qk_scale, sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm,
+                                 stride_dkh, stride_dvm, stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                 CONSUMER_WARPS, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, VARLEN)),
             # the producer loads the program's one K/V tile of BLOCK_N keys (CONSUMERS=1 there)
             (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                          kv_bar, q_ready, do_ready, q_empty, do_empty,
@@ -1185,10 +1268,6 @@ def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softc
         return False
     if (q.shape[-1], bool(causal)) not in (VARLEN_DEFAULT if varlen else DEFAULT):
         return False
-    if VARIANTS[variant_for(q.shape[-1], causal, varlen)].split_d:
-        masks = mask_args(causal, window)
-        if masks["MASK_LEFT"] or masks["RIGHT_WINDOW"]:
-            return False  # the split-D form has no window masks
     for t, like in ((out, q), (dout, q), (dk, k), (dv, k)):
         if not isinstance(t, torch.Tensor) or t.shape != like.shape or t.dtype != like.dtype:
             return False
@@ -1336,8 +1415,6 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
     masks = mask_args(causal, window)
     if varlen and not varlen_builds(variant):
         raise ValueError(f"variant {variant} has no packed (varlen) form")
-    if var.split_d and (masks["MASK_LEFT"] or masks["RIGHT_WINDOW"]):
-        raise ValueError(f"variant {variant} takes causal or full attention, not a sliding window {window}")
     if var.dq_frag:
         batch, seqlen_q = q.shape[:2]
         want = batch * nheads * configs.cdiv(seqlen_q, var.block_m) * var.block_m * head_dim
