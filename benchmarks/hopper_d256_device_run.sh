@@ -39,12 +39,13 @@ if [[ $steps == *,bwd,* ]]; then
   # the split-D Gluon backward (kv64-m64-s2-splitd, the d256 default): smoke checks in their own
   # process under a time limit (a barrier-phase bug hangs), without and with a window
   for w in -1 300; do
-    if timeout 150 python3 benchmarks/diagnostics/hopper_bwd_smoke.py kv64-m64-s2-splitd --window $w >"$out/bwd-smoke$w.log" 2>&1
+    if timeout 150 python3 benchmarks/diagnostics/hopper_bwd_smoke.py kv64-m64-s2-splitd --window $w \
+      >"$out/bwd-smoke$w.log" 2>&1
     then echo "smoke ok: kv64-m64-s2-splitd window $w"
     else echo "smoke FAILED: kv64-m64-s2-splitd window $w (rc $?)"; tail -n 12 "$out/bwd-smoke$w.log"; exit 1; fi
   done
-  timeout 330 python3 -m pytest tests/hopper/test_hopper_attention_bwd_gpu.py tests/ops/test_flash_attn_gpu.py -q -m gpu \
-    -p no:cacheprovider -n 4 -k "256 or splitd or path_choice" >"$out/bwd-tests.log" 2>&1
+  timeout 330 python3 -m pytest tests/hopper/test_hopper_attention_bwd_gpu.py tests/ops/test_flash_attn_gpu.py \
+    -q -m gpu -p no:cacheprovider -n 4 -k "256 or splitd or path_choice" >"$out/bwd-tests.log" 2>&1
   echo "bwd tests rc $?"; tail -n 8 "$out/bwd-tests.log"
 fi
 

@@ -1540,7 +1540,8 @@ def kernel_for(variant: str):
 
 
 __all__ = [
-    "hopper_attention_backward", "supports", "launch_args", "kernel_for", "dq_accum_for", "dq_sem_count", "dq_frag_to_bshd",
+    "hopper_attention_backward", "supports", "launch_args", "kernel_for", "dq_accum_for", "dq_sem_count",
+    "dq_frag_to_bshd",
     "variant_for", "covered_head_dims", "varlen_builds", "VARIANTS", "DEFAULT", "NONDETERMINISTIC", "VARLEN_DEFAULT",
     "VARLEN_NONDETERMINISTIC", "VARLEN_ORDERS",
 ]
