@@ -5,10 +5,11 @@
 #
 #   bash benchmarks/hopper_d256_device_run.sh OUT_DIR [STEPS]
 #
-# STEPS: comma-separated from tests,bench,packed,bwd,bwdbench (default tests,bench). D256_BENCH_ARGS
-# replaces the dense benchmark's arguments. bwd: the split-D Gluon backward's smoke checks and GPU
-# tests; bwdbench: benchmarks/hopper_attention_bwd.py beside the Triton backward and SDPA, then the
-# windowed and packed d256 rows of benchmarks/attention.py.
+# STEPS: comma-separated from tests,bench,packed,bwd,bwdbench,softcap (default tests,bench).
+# D256_BENCH_ARGS replaces the dense benchmark's arguments. bwd: the split-D Gluon backward's smoke
+# checks and GPU tests; bwdbench: benchmarks/hopper_attention_bwd.py beside the Triton backward and
+# SDPA, then the windowed and packed d256 rows of benchmarks/attention.py; softcap: the split-D
+# backward's soft-capped GPU tests and the d256 softcap rows beside the Triton kernels and flex.
 set -u
 out=${1:?usage: hopper_d256_device_run.sh OUT_DIR [STEPS]}
 steps=",${2:-tests,bench},"
@@ -57,4 +58,12 @@ if [[ $steps == *,bwdbench,* ]]; then
     --providers hf_flash hf_flash_triton sdpa flex 2>&1 | tee "$out/window.log" | tail -n 14
   timeout 150 python3 benchmarks/attention.py --out "$out/packed" --packed --head-dims 256 \
     --packed-providers hf_flash hf_flash_triton_bwd hf_flash_triton flex 2>&1 | tee "$out/packed.log" | tail -n 14
+fi
+
+if [[ $steps == *,softcap,* ]]; then
+  timeout 240 python3 -m pytest tests/hopper/test_hopper_attention_bwd_gpu.py tests/ops/test_flash_attn_gpu.py \
+    -q -m gpu -p no:cacheprovider -n 4 -k "softcap_at_head_dim_256 or path_choice" >"$out/softcap-tests.log" 2>&1
+  echo "softcap tests rc $?"; tail -n 6 "$out/softcap-tests.log"
+  timeout 200 python3 benchmarks/attention.py --out "$out/softcap" --head-dims 256 --masks softcap \
+    --seqlens 4096 8192 16384 --providers hf_flash hf_flash_triton flex 2>&1 | tee "$out/softcap.log" | tail -n 14
 fi

@@ -462,9 +462,10 @@ def backward_path(q, k, v, out, dout, dk, dv, *, varlen, causal, window_left, wi
     (the Gluon sm_90a kernel, :mod:`hf_flash.kernels.hopper.attention_bwd`) when it covers the
     call and the device allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this
     module's kernels). The Hopper kernel covers what the Hopper forward covers (fp16/bf16,
-    causal or not, sliding windows; no softcap, ALiBi, dropout, sinks or key bounds), dense and packed (``varlen``:
-    cu_seqlens, each sequence bottom-right aligned on its own), at head dim 128 (64: no measured
-    gain, Triton) with out, dout, dk and dv addressable by TMA too (``None``: still to be
+    causal or not, sliding windows; no ALiBi, dropout, sinks or key bounds), dense and packed
+    (``varlen``: cu_seqlens, each sequence bottom-right aligned on its own), at head dims 128 and
+    256 (64: no measured gain, Triton; the softcap at 256 only) with out, dout, dk and dv
+    addressable by TMA too (``None``: still to be
     allocated like q / k, which then are). Packed calls take it whatever
     :func:`configs.hopper_varlen_enabled` says (that switch is the packed forward's). The
     preprocess is this module's on both paths; the dQ kernel too unless the Hopper variant
@@ -551,6 +552,7 @@ def flash_attn_backward(
         if hopper_attention_backward(
             q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=softmax_scale, causal=causal,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, window=(window_left, window_right),
+            softcap=softcap,
         ):
             return  # the variant computed dQ too
     else:

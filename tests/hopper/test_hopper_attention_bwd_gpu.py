@@ -41,7 +41,7 @@ def _window_opts(causal, window):
     return dict(causal=causal, window_left=left, window_right=right)
 
 
-def _backward(q, k, v, dout, causal, scale=None, variant=None, monkeypatch=None, window=(-1, -1)):
+def _backward(q, k, v, dout, causal, scale=None, variant=None, monkeypatch=None, window=(-1, -1), softcap=0.0):
     """Forward (the Gluon forward) and the backward through flash_attn_backward with the Gluon
     dK/dV kernel (``variant``: an entry of VARIANTS, else the default), into NaN-poisoned
     buffers. Returns (dq, dk, dv)."""
@@ -49,7 +49,8 @@ def _backward(q, k, v, dout, causal, scale=None, variant=None, monkeypatch=None,
     from hf_flash.kernels.hopper import attention_bwd as hb
 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    opts = dict(softmax_scale=scale, softcap=0.0, alibi_slopes=None, dropout_p=0.0, **_window_opts(causal, window))
+    opts = dict(softmax_scale=scale, softcap=softcap, alibi_slopes=None, dropout_p=0.0,
+                **_window_opts(causal, window))  # fmt: skip
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)
     lens = dict(cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1])
@@ -65,14 +66,15 @@ def _backward(q, k, v, dout, causal, scale=None, variant=None, monkeypatch=None,
     return dq, dk, dv
 
 
-def _check(q, k, v, causal, scale=None, variant=None, monkeypatch=None, seed=0, window=(-1, -1)):
+def _check(q, k, v, causal, scale=None, variant=None, monkeypatch=None, seed=0, window=(-1, -1), softcap=0.0):
     g = torch.Generator(device="cuda").manual_seed(seed + 100)
     dout = torch.randn(q.shape, device="cuda", dtype=q.dtype, generator=g)
-    grads = _backward(q, k, v, dout, causal, scale, variant, monkeypatch, window)
+    grads = _backward(q, k, v, dout, causal, scale, variant, monkeypatch, window, softcap)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    ref = attention_ref(*leaves, causal=causal, softmax_scale=scale, upcast=True, window_size=window)
+    opts = dict(causal=causal, softmax_scale=scale, window_size=window, softcap=softcap)
+    ref = attention_ref(*leaves, upcast=True, **opts)
     ref_grads = torch.autograd.grad(ref, leaves, dout.float())
-    ref_lp = attention_ref(*leaves, causal=causal, softmax_scale=scale, upcast=False, window_size=window)
+    ref_lp = attention_ref(*leaves, upcast=False, **opts)
     lp_grads = torch.autograd.grad(ref_lp, leaves, dout)
     for name, a, r, lp in zip(("dq", "dk", "dv"), grads, ref_grads, lp_grads):
         assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, q.dtype)
@@ -307,13 +309,14 @@ def _packed_qkv(lens_q, lens_k, h, hk, d, dtype, seed=0):
     return mk(sum(lens_q), h, d), mk(sum(lens_k), hk, d), mk(sum(lens_k), hk, d), _cu(lens_q), _cu(lens_k)
 
 
-def _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale=None, window=(-1, -1)):
+def _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale=None, window=(-1, -1), softcap=0.0):
     """Packed forward (the library's choice) and flash_attn_backward on the Gluon backward (checked
     through backward_path), into NaN-poisoned buffers. Returns (dq, dk, dv)."""
     from hf_flash.kernels import flash_bwd, flash_fwd
 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    opts = dict(softmax_scale=scale, softcap=0.0, alibi_slopes=None, dropout_p=0.0, **_window_opts(causal, window))
+    opts = dict(softmax_scale=scale, softcap=softcap, alibi_slopes=None, dropout_p=0.0,
+                **_window_opts(causal, window))  # fmt: skip
     lens_q, lens_k = (cu[1:] - cu[:-1] for cu in (cu_q, cu_k))
     lens = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(lens_q.max()), max_seqlen_k=int(lens_k.max()))
     out = torch.empty_like(q)
@@ -327,15 +330,15 @@ def _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale=None, window=(-1, 
     return dq, dk, dv
 
 
-def _check_packed(lens_q, lens_k, h, hk, causal, dtype, d=128, seed=0, scale=None, window=(-1, -1)):
+def _check_packed(lens_q, lens_k, h, hk, causal, dtype, d=128, seed=0, scale=None, window=(-1, -1), softcap=0.0):
     from hf_flash.reference import attention_varlen_ref
 
     q, k, v, cu_q, cu_k = _packed_qkv(lens_q, lens_k, h, hk, d, dtype, seed)
     g = torch.Generator(device="cuda").manual_seed(seed + 100)
     dout = torch.randn(q.shape, device="cuda", dtype=dtype, generator=g)
-    grads = _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale, window)
+    grads = _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale, window, softcap)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    opts = dict(causal=causal, softmax_scale=scale, window_size=window)
+    opts = dict(causal=causal, softmax_scale=scale, window_size=window, softcap=softcap)
     ref = attention_varlen_ref(*leaves, cu_q, cu_k, upcast=True, **opts)
     ref_grads = torch.autograd.grad(ref, leaves, dout.float())
     ref_lp = attention_varlen_ref(*leaves, cu_q, cu_k, upcast=False, **opts)
@@ -570,6 +573,31 @@ def test_packed_every_variant_with_a_window(variant, monkeypatch):
     for causal, window in ((True, (70, -1)), (False, (90, 33))):
         monkeypatch.setitem(hb.VARLEN_DEFAULT, (128, causal), variant)
         _check_packed(PACKED_LENS, PACKED_LENS, 8, 2, causal, torch.bfloat16, seed=27, window=window)
+
+
+# ---- softcap (head dim 256: the split-D form) ----
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal,window", [pytest.param(False, (-1, -1), id="full"),
+                                           pytest.param(True, (-1, -1), id="causal"),
+                                           pytest.param(True, (100, -1), id="causal-left100"),
+                                           pytest.param(False, (37, 50), id="two-sided")])  # fmt: skip
+@pytest.mark.parametrize("batch,sq,sk,h,hk", [pytest.param(2, 1025, 1100, 8, 2, id="sq<sk-gqa"),
+                                              pytest.param(1, 777, 200, 4, 2, id="sq>sk-empty-rows"),
+                                              pytest.param(1, 1, 1, 2, 1, id="s1")])  # fmt: skip
+def test_softcap_at_head_dim_256(batch, sq, sk, h, hk, causal, window):
+    # Gemma 2's cap; scores scaled up so the cap bites (tanh far from linear)
+    q, k, v = _qkv(batch, sq, sk, h, hk, 256, torch.bfloat16, seed=29)
+    _check(q * 4, k, v, causal, seed=29, window=window, softcap=50.0)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal,window", [pytest.param(True, (-1, -1), id="causal"),
+                                           pytest.param(False, (90, 33), id="two-sided")])  # fmt: skip
+def test_packed_softcap_at_head_dim_256(causal, window):
+    _check_packed(PACKED_LENS, PACKED_LENS, 8, 2, causal, torch.bfloat16, d=256, seed=30, window=window,
+                  softcap=30.0)  # fmt: skip
 
 
 @needs_hopper

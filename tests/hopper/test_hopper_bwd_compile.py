@@ -44,6 +44,10 @@ SPECS += [(name, d, causal, "bfloat16" if causal else "float16")
 SPECS += [(prefix + hb.variant_for(d, causal, bool(prefix)), d, causal, "bfloat16", "window")
           for d in hb.covered_head_dims() for prefix in ("bwd:", compile_check.BWD_VARLEN_PREFIX)
           for causal in (True, False)]  # fmt: skip
+# the softcap (the split-D d256 form only), with and without a window, dense and packed
+SPECS += [(prefix + hb.variant_for(256, causal, bool(prefix)), 256, causal, "bfloat16", features)
+          for prefix in ("bwd:", compile_check.BWD_VARLEN_PREFIX) for causal in (True, False)
+          for features in ("softcap", "window-softcap")]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -161,15 +165,18 @@ def test_backward_path_rejects_other_head_dims(on_hopper, d):
 
 
 def test_backward_path_head_dim_256(on_hopper):
-    """d256 (Gemma 2/3) runs the split-D form: dense and packed, causal or not, with windows; the
-    softcap (Gemma 2) stays on the Triton backward."""
+    """d256 (Gemma 2/3) runs the split-D form: dense and packed, causal or not, with windows and
+    the softcap (Gemma 2); a soft-capped d128 call keeps the Triton backward."""
     assert hb.variant_for(256, True) == hb.variant_for(256, False, varlen=True) == "kv64-m64-s2-splitd"
     assert _path(_call(256)) == "hopper"
     assert _path(_call(256), causal=True, window_right=0) == "hopper"
     assert _path(_call(256), window_left=16, causal=True, window_right=0) == "hopper"
     assert _path(_call(256), window_left=16, window_right=4) == "hopper"
     assert _path(_packed(d=256), varlen=True, causal=True, window_right=0) == "hopper"
-    assert _path(_call(256), softcap=30.0) == "triton"
+    assert _path(_call(256), softcap=30.0) == "hopper"
+    assert _path(_call(256), softcap=30.0, window_left=16, causal=True, window_right=0) == "hopper"
+    assert _path(_packed(d=256), varlen=True, softcap=30.0) == "hopper"
+    assert _path(_call(128), softcap=30.0) == "triton"
 
 
 def test_backward_head_dims_follow_default(on_hopper, monkeypatch):

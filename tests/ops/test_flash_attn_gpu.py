@@ -79,11 +79,10 @@ def test_forward_path_choice_on_hopper():
     assert attention_paths(*f32)["forward"] == "triton"
     q80, k80, v80 = (t.detach() for t in _qkv(1, 64, 64, 8, 2, 80, torch.bfloat16))
     assert attention_paths(q80, k80, v80)["forward"] == "triton"
-    # head dim 256: the Gluon forward (dense, soft-capped too) and backward (the split-D form;
-    # soft-capped calls keep the Triton backward)
+    # head dim 256: the Gluon forward and backward (the split-D form), soft-capped too
     q256, k256, v256 = (t.detach() for t in _qkv(1, 64, 64, 8, 2, 256, torch.bfloat16))
     assert attention_paths(q256, k256, v256, causal=True) == {"forward": "hopper", "backward": "hopper"}
-    assert attention_paths(q256, k256, v256, softcap=30.0) == {"forward": "hopper", "backward": "triton"}
+    assert attention_paths(q256, k256, v256, softcap=30.0) == {"forward": "hopper", "backward": "hopper"}
     with configs.use_hopper(False):
         assert attention_paths(q, k, v, causal=True) == {"forward": "triton", "backward": "triton"}
 

@@ -47,7 +47,8 @@ position ``i + seqlen_k - seqlen_q`` and sees keys ``pos - window_left <= j <= p
 window_right``, each side only when bounded; :func:`attention_fwd.mask_args`). Query tiles that
 see none of the program's keys are skipped, tiles that see all of them run without a mask. With
 a left bound the key blocks that add into a query tile of dQ start at :func:`_first_key_block`,
-and the ordered dQ counts turns from there. No softcap (:func:`supports`). Rows past the end of
+and the ordered dQ counts turns from there. The softcap only in the split-D form (d256;
+:func:`supports`). Rows past the end of
 the queries need no mask: TMA zero-fills Q and dO there and their lse is read as +inf, so P = 0
 and dS = 0. Keys past the end of the sequence (zero-filled K/V rows, whose dK/dV rows the TMA
 store clips) are masked in the one key tile that has them, so they add nothing to dQ. Rows that saw no key in the forward (lse +inf) get P = 0.
@@ -95,8 +96,8 @@ from triton.experimental.gluon.language._core import builtin as _builtin
 from .. import configs
 from ..launch import CachedLauncher
 from .attention_fwd import (
-    LOG2E, _descriptor, _mma_layout, _per_tile, mask_args, schedule_entry, schedule_slots, tma_compatible,
-    varlen_schedule,
+    LOG2E, _descriptor, _mma_layout, _per_tile, _tanh, mask_args, schedule_entry, schedule_slots,
+    tma_compatible, varlen_schedule,
 )
 
 PRODUCER_REGS = 24
@@ -878,14 +879,15 @@ def _attn_bwd_dkdv_kernel(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Sem, Sched, CuSeqQ, CuSeqK, DK, DV,
     stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
     stride_dkm, stride_dkh, stride_dvm, stride_dvh, n_slots_q, window_left, window_right,
-    qk_scale, sm_scale,
+    qk_scale, sm_scale, softcap_in, softcap_out,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, SOFTCAP: gl.constexpr,
 ):  # fmt: skip
+    gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
     dtype: gl.constexpr = q_desc.dtype
     if not RIGHT_WINDOW:
         window_right = 0  # no right window or causal: a literal, as in the builds without windows
@@ -1014,18 +1016,20 @@ def _attn_bwd_dkdv_kernel(
 def _split_d_consumer(
     q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
     ds_ready, ds_free, dk_desc, dv_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
-    n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale, sm_scale, Sched, CuSeqQ,
-    CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
+    n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale, sm_scale, softcap_in,
+    softcap_out, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr,
-    RIGHT_WINDOW: gl.constexpr, VARLEN: gl.constexpr,
+    RIGHT_WINDOW: gl.constexpr, VARLEN: gl.constexpr, SOFTCAP: gl.constexpr,
 ):  # fmt: skip
     """One consumer of the split-D backward (``Variant.split_d``): per step (a 64-row query tile
     of one head), S = Q K_c^T and dP = dO V_c^T for its half of the program's keys (queries along
     M, so lse and delta are per row), P and dS, their transposes into rows [c, c + 1) * KEYS / 2
     of the step's shared P^T / dS^T tiles; once both consumers' halves are there, dV[:, cols_c]
     += P^T dO[:, cols_c] and dK[:, cols_c] += dS^T Q[:, cols_c] over all KEYS keys. Masks as
-    :func:`_consumer`'s, in the [queries, keys] frame."""
+    :func:`_consumer`'s, in the [queries, keys] frame. SOFTCAP: the scores are ``softcap_out *
+    tanh(s * softcap_in)`` (as the forward's) and dS takes the factor ``1 - tanh^2``; the tanh
+    tile (16 registers per thread) stays live over the dP product."""
     dtype: gl.constexpr = dk_desc.dtype
     HALF_N: gl.constexpr = KEYS // 2
     HALF_D: gl.constexpr = HEAD_DIM // 2
@@ -1084,7 +1088,11 @@ def _split_d_consumer(
         mbarrier.wait(do_ready.index(slot), phase)
         dp = warpgroup_mma(do_tile, v_half.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s,))
-        s2 = s * qk_scale
+        if SOFTCAP:
+            t = _tanh(s * softcap_in)
+            s2 = t * softcap_out
+        else:
+            s2 = s * qk_scale
         if MASK_LEFT or RIGHT_WINDOW:
             if (mt < m_unmasked_lo) | (mt >= m_unmasked_hi):
                 # keys past the end (keys >= q_len) and, varlen, the next document's rows (P = 0,
@@ -1115,6 +1123,8 @@ def _split_d_consumer(
         delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
         dp = warpgroup_mma_wait(0, deps=(dp,))
         ds = p * (dp - gl.expand_dims(delta, 1))
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)  # d(cap * tanh(x / cap)) / dx
         # the step's P^T / dS^T tiles (double-buffered by step parity): both consumers' products
         # of step it - 2 have read this buffer
         par = it % 2
@@ -1180,16 +1190,16 @@ def _attn_bwd_split_d_kernel(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Sem, Sched, CuSeqQ, CuSeqK, DK, DV,
     stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
     stride_dkm, stride_dkh, stride_dvm, stride_dvh, n_slots_q, window_left, window_right,
-    qk_scale, sm_scale,
+    qk_scale, sm_scale, softcap_in, softcap_out,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, SOFTCAP: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
-    (one launch_args serves both); dense or packed, causal or not, windows; no dQ. A program owns
+    (one launch_args serves both); dense or packed, causal or not, windows, softcap; no dQ. A program owns
     BLOCK_N keys; dk_desc / dv_desc have HEAD_DIM / 2-column boxes (each consumer stores its
     columns)."""
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
@@ -1229,15 +1239,17 @@ def _attn_bwd_split_d_kernel(
             (_split_d_consumer, (q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, kv_bar, q_ready, do_ready,
                                  q_empty, do_empty, ds_ready, ds_free, dk_desc, dv_desc, Lse, Delta, stride_lb,
                                  stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left,
-                                 window_right, qk_scale, sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm,
-                                 stride_dkh, stride_dvm, stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                                 CONSUMER_WARPS, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, VARLEN)),
+                                 window_right, qk_scale, sm_scale, softcap_in, softcap_out, Sched, CuSeqQ, CuSeqK,
+                                 DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh, 0, BLOCK_M, BLOCK_N,
+                                 HEAD_DIM, STAGES, CONSUMER_WARPS, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, VARLEN,
+                                 SOFTCAP)),
             (_split_d_consumer, (q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, kv_bar, q_ready, do_ready,
                                  q_empty, do_empty, ds_ready, ds_free, dk_desc, dv_desc, Lse, Delta, stride_lb,
                                  stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left,
-                                 window_right, qk_scale, sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm,
-                                 stride_dkh, stride_dvm, stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                                 CONSUMER_WARPS, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, VARLEN)),
+                                 window_right, qk_scale, sm_scale, softcap_in, softcap_out, Sched, CuSeqQ, CuSeqK,
+                                 DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh, 1, BLOCK_M, BLOCK_N,
+                                 HEAD_DIM, STAGES, CONSUMER_WARPS, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, VARLEN,
+                                 SOFTCAP)),
             # the producer loads the program's one K/V tile of BLOCK_N keys (CONSUMERS=1 there)
             (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                          kv_bar, q_ready, do_ready, q_empty, do_empty,
@@ -1255,18 +1267,19 @@ def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softc
     """True when :func:`hopper_attention_backward` covers this call: the calls the Gluon
     forward covers (:func:`hopper.attention_fwd.supports`: dense or packed (``varlen``: q (Tq, H,
     D), k/v (Tk, Hk, D)) fp16/bf16, causal or not, any sliding window, no ALiBi or dropout, on
-    sm_90) but softcap (its tanh derivative, kept over the dP product or recovered from P, spills
-    230-830 bytes per thread at d128 causal: the Triton backward runs those) for which ``DEFAULT`` (packed:
-    ``VARLEN_DEFAULT``) names a variant (d128), with out, dout, dk and dv shaped like q / k and
-    addressable by TMA too."""
+    sm_90) for which ``DEFAULT`` (packed: ``VARLEN_DEFAULT``) names a variant (d128, d256), with
+    out, dout, dk and dv shaped like q / k and addressable by TMA too. Soft-capped calls only where
+    that variant is the split-D one (d256): at d128 the tanh derivative, kept over the dP product
+    or recovered from P, spills 230-830 bytes per thread (causal), so the Triton backward runs
+    them."""
     from .attention_fwd import supports as fwd_supports
 
-    if softcap > 0.0:
-        return False
     if not fwd_supports(q, k, v, causal=causal, window=window, softcap=softcap, alibi=alibi,
                         dropout=dropout, varlen=varlen, softmax_scale=softmax_scale):  # fmt: skip
         return False
     if (q.shape[-1], bool(causal)) not in (VARLEN_DEFAULT if varlen else DEFAULT):
+        return False
+    if softcap > 0.0 and not VARIANTS[variant_for(q.shape[-1], causal, varlen)].split_d:
         return False
     for t, like in ((out, q), (dout, q), (dk, k), (dv, k)):
         if not isinstance(t, torch.Tensor) or t.shape != like.shape or t.dtype != like.dtype:
@@ -1391,7 +1404,7 @@ def varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, tokens_k, variant, causal, o
 
 
 def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *, softmax_scale, causal, variant,
-                cu_seqlens_q=None, cu_seqlens_k=None, sched=None, window=(-1, -1)):  # fmt: skip
+                cu_seqlens_q=None, cu_seqlens_k=None, sched=None, window=(-1, -1), softcap=0.0):  # fmt: skip
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the CPU
     compile check, so both build the same kernel. ``dq_accum``: the float32 (B, Sq, H, D)
     accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller; :func:`dq_accum_for`);
@@ -1399,7 +1412,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
     Packed (varlen) calls pass cu_seqlens: q/dout (Tq, H, D), k/v/dk/dv (Tk, Hk, D), lse/delta
     (H, Tq); programs = entries of ``sched`` (:func:`varlen_key_schedule`; the compile check passes
     an unwritten tensor of ``attention_fwd.schedule_slots`` entries) x K/V heads. ``window`` as in
-    :func:`attention_fwd.mask_args` (no softcap: :func:`supports`)."""
+    :func:`attention_fwd.mask_args`; ``softcap`` > 0 only for the split-D variant
+    (:func:`supports`)."""
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k go together")
@@ -1412,7 +1426,9 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
     if lse.stride() != delta.stride() or lse.stride(-1) != 1:
         raise ValueError("lse and delta must share strides, unit along the rows")
-    masks = mask_args(causal, window)
+    masks = mask_args(causal, window, softcap, softmax_scale)
+    if masks["SOFTCAP"] and not var.split_d:
+        raise ValueError(f"variant {variant} has no softcap form (the split-D d256 variant has; d128 runs Triton)")
     if varlen and not varlen_builds(variant):
         raise ValueError(f"variant {variant} has no packed (varlen) form")
     if var.dq_frag:
@@ -1462,7 +1478,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         dk if varlen else None, dv if varlen else None,
         stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k,
         *dk_strides, slots, masks["window_left"], masks["window_right"],
-        float(softmax_scale) * LOG2E, float(softmax_scale),
+        float(softmax_scale) * LOG2E, float(softmax_scale), masks["softcap_in"], masks["softcap_out"],
     )  # fmt: skip
     kwargs = dict(
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages,
@@ -1470,14 +1486,15 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
-        DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead, num_warps=4,
+        DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead,
+        SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
 
 def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale, causal,
                               variant=None, cu_seqlens_q=None, cu_seqlens_k=None, order=None,
-                              window=(-1, -1)) -> bool:  # fmt: skip
+                              window=(-1, -1), softcap=0.0) -> bool:  # fmt: skip
     """dK and dV (and, for the ``dq_atomic`` variants, dQ) on Hopper. Layouts as
     ``hf_flash.kernels.flash_bwd.flash_attn_backward``: dense q/dout/dq (B, Sq, H, D),
     k/v/dk/dv (B, Sk, Hk, D), lse (the forward's natural-log log-sum-exp) and delta
@@ -1486,7 +1503,7 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     Hk, D), lse/delta (H, Tq). Only calls for which :func:`supports` is true (checked by the
     caller). ``variant`` names an entry of ``VARIANTS`` (default: :func:`variant_for`); ``order``
     the packed calls' program order (``VARLEN_ORDERS``; default ``VARLEN_ORDER``); ``window``
-    (left, right) as in :func:`attention_fwd.mask_args` (the forward's). Packed
+    (left, right) and ``softcap`` as in :func:`attention_fwd.mask_args` (the forward's). Packed
     rows outside every sequence: dK/dV not written, dQ (when written) 0; no host sync reads
     cu_seqlens. Returns whether dq was written (else the caller runs a dQ kernel)."""
     varlen = cu_seqlens_q is not None
@@ -1513,12 +1530,14 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, softmax_scale=softmax_scale, causal=causal,
         variant=variant, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window,
+        softcap=softcap,
     )  # fmt: skip
-    key = (variant, q.shape[-1], varlen, *(kwargs[f] for f in ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW")))
+    switches = ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW", "SOFTCAP")
+    key = (variant, q.shape[-1], varlen, *(kwargs[f] for f in switches))
     meta = _LAUNCH_META.get(key)
     if meta is None:
         meta = _LAUNCH_META[key] = (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD).meta(**kwargs)
-    # launch_args' order: 7 descriptors and 8 pointers, 15 integers, 2 floats
+    # launch_args' order: 7 descriptors and 8 pointers, 15 integers, 4 floats
     with torch.cuda.device(q.device):
         (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD)(grid, args[:15], args[15:30], args[30:], meta)
     if var.dq_frag:

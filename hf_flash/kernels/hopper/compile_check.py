@@ -87,10 +87,8 @@ FEATURES = {
 }
 
 
-def _masks(features: str, causal: bool, backward: bool = False) -> dict:
+def _masks(features: str, causal: bool) -> dict:
     opts = dict(FEATURES[features])
-    if backward and "softcap" in opts:
-        raise ValueError("the Hopper backward has no softcap form (the Triton backward runs those calls)")
     if "window" in opts and causal:
         opts["window"] = (opts["window"][0], 0)
     return opts
@@ -101,7 +99,7 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
     ``attention_fwd.VARIANTS`` (its packed form behind ``"varlen:"``), or of
     ``attention_bwd.VARIANTS`` behind ``"bwd:"`` (its packed form behind ``"bwd-varlen:"``);
     ``features`` a key of ``FEATURES`` (the masks compiled in)."""
-    masks = _masks(features, causal, variant.startswith((BWD_PREFIX, BWD_VARLEN_PREFIX)))
+    masks = _masks(features, causal)
     batch, nheads, nheads_k = 2, 8, 2
     q = torch.empty(batch, SEQLEN, nheads, head_dim, dtype=dtype)
     k = torch.empty(batch, SEQLEN, nheads_k, head_dim, dtype=dtype)
