@@ -2,6 +2,9 @@
 
 Model: a randomly initialised Llama with the 1.2B shape (hidden 2048, 16 layers, 32/8 heads,
 head_dim 64, MLP 8192, vocab 128256) and the same shape as Mistral with sliding window 4096;
+``--families gemma2 gemma3`` add head dim 256 (hidden 2048, 16 layers, 8/4 heads, MLP 8192, vocab
+128256) as Gemma 2 (window 4096 on every other layer, attention softcap 50, final logit softcap
+30) and Gemma 3 (window 1024 on five layers of six, no softcap; query-key norms);
 bfloat16; peft LoRA r=16 on every projection; gradient checkpointing (non-reentrant); AdamW on
 the LoRA weights. One step = forward + backward + optimizer step.
 
@@ -10,7 +13,8 @@ random lengths up to 4K, right-padded, 2-D attention mask); the same 8 sequences
 row by ``DataCollatorWithFlattening`` (position_ids restarts plus cu_seq_lens kwargs).
 Providers are transformers' attention implementations: hf_flash, sdpa, flex_attention
 (transformers' own FlexAttention path: its compiled kernel with the block mask transformers builds
-from the padding mask or the packed position_ids) and eager.
+from the padding mask or the packed position_ids) and eager. transformers' sdpa path refuses the
+softcap, so gemma2 has no sdpa rows.
 Tokens/s counts real (unpadded) tokens. With use_cache off (as here) hf_flash runs the padded
 batch padding-free (hf_flash.integration.unpad_patch; ``--unpad-off-row`` adds a row without
 it); sdpa and eager compute the pad tokens. Peak memory is torch.cuda.max_memory_allocated over
@@ -59,6 +63,13 @@ SHAPE = dict(
     rope_theta=500000.0, bos_token_id=1, eos_token_id=2, pad_token_id=0,
 )  # fmt: skip
 WINDOW = 4096
+# Gemma 2/3 at the same size with head dim 256 (half the heads): (config class, extra keys)
+GEMMA_SHAPE = dict(SHAPE, num_attention_heads=8, num_key_value_heads=4, head_dim=256)
+del GEMMA_SHAPE["rope_theta"]  # Gemma configs keep their own per-layer-type rope parameters
+GEMMA = {
+    "gemma2": ("Gemma2Config", dict(sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
+    "gemma3": ("Gemma3TextConfig", dict(sliding_window=1024)),
+}
 # --smoke: the same code path on a tiny model (CPU through Triton's interpreter, or any GPU)
 SMOKE_SHAPE = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -99,9 +110,17 @@ def build(family: str, smoke: bool):
     shape, window = (SMOKE_SHAPE, SMOKE_WINDOW) if smoke else (SHAPE, WINDOW)
     if family == "llama":
         config = transformers.LlamaConfig(**shape)
-    else:
+    elif family == "mistral":
         config = transformers.MistralConfig(**shape, sliding_window=window)
-    config._attn_implementation = "sdpa"
+    elif family in GEMMA:
+        cls, extra = GEMMA[family]
+        gemma_shape = {k: v for k, v in shape.items() if k != "rope_theta"} if smoke else GEMMA_SHAPE
+        if smoke:
+            extra = dict(extra, sliding_window=window)
+        config = getattr(transformers, cls)(**gemma_shape, **extra)
+    else:
+        raise ValueError(f"unknown family {family!r}: llama, mistral, {', '.join(GEMMA)}")
+    config._attn_implementation = "eager" if family == "gemma2" else "sdpa"  # gemma2 refuses sdpa
     torch.manual_seed(0)
     # the CPU interpreter is wrong for bf16 dot products (docs/design.md): smoke runs there in fp32
     dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
@@ -122,7 +141,7 @@ def workloads(quick: bool, smoke: bool, family: str) -> list[tuple[str, str, int
         return [("S=64", "single", 64), ("padded 8x<=48", "padded", 48), ("packed 8x<=48", "packed", 48)]
     batches = [("padded 8x<=4K", "padded", 4096), ("packed 8x<=4K", "packed", 4096)]
     if quick:
-        if family == "mistral":
+        if family != "llama":
             return [("S=32K", "single", 32768)]
         return [("S=4K", "single", 4096)] + batches
     singles = [(f"S={n // 1024}K", "single", n) for n in (4096, 16384, 32768, 65536)]
@@ -261,6 +280,8 @@ def main(argv=None) -> int:
                     skip = "skipped (S x S scores)"
                 if provider == "flex_attention" and DEVICE == "cpu":
                     skip = "skipped (FlexAttention has no CPU backward)"
+                if provider == "sdpa" and family == "gemma2":
+                    skip = "skipped (transformers' sdpa path has no softcap)"
                 if skip:
                     row["status"] = skip
                     rows.append(row)
