@@ -255,6 +255,8 @@ def main(argv=None) -> int:
         return write_results(
             name, rows, args.out, quick=args.quick, smoke=args.smoke, shape=SHAPE, window=WINDOW,
             lora_r=16, steps=steps, warmup=warmup, keep_attention=args.keep_attention,
+            **({"gemma_shape": GEMMA_SHAPE, "gemma": {f: GEMMA[f] for f in args.families if f in GEMMA}}
+               if any(f in GEMMA for f in args.families) else {}),
         )  # fmt: skip
 
     for family in args.families:
