@@ -11,7 +11,7 @@ preprocess, dK/dV and dQ) and forward + backward:
                     own dQ, or + the Triton dQ kernel for a dK/dV-only variant)
   hf_flash_tbwd     flash_attn_func, Gluon forward, Triton backward (use_hopper_backward(False))
   sdpa              F.scaled_dot_product_attention(..., enable_gqa=True), no backend forced
-                    (cuDNN on an H100)
+                    (cuDNN on an H100); not with ``--softcap`` (SDPA has none)
 
 and, per Gluon variant, its kernel alone (``dkdv:<variant>``; TFLOP/s over the products it runs:
 4 for dK/dV, 2x the forward's, 5 with dQ). TFLOP/s: forward = 4 B Hq S^2 D (halved when causal),
@@ -39,7 +39,7 @@ if __package__ in (None, ""):
 from benchmarks.hopper_attention import NHEADS_KV, NHEADS_Q, TOKENS, bench, env_info, flops  # noqa: E402
 
 
-def providers(q, k, v, dout, causal, variants):
+def providers(q, k, v, dout, causal, variants, softcap=0.0):
     """name -> (forward, backward-context): forward() returns the output in (B, S, H, D) with a
     graph to (q, k, v); the backward runs inside backward-context()."""
     from hf_flash import flash_attn_func
@@ -61,10 +61,12 @@ def providers(q, k, v, dout, causal, variants):
                 hb.DEFAULT.clear()
                 hb.DEFAULT.update(saved)
 
-        fns[f"hopper:{name}"] = (lambda: flash_attn_func(q, k, v, causal=causal), pick)
+        fns[f"hopper:{name}"] = (lambda: flash_attn_func(q, k, v, causal=causal, softcap=softcap), pick)
     fns["hf_flash_tbwd"] = (
-        lambda: flash_attn_func(q, k, v, causal=causal), lambda: configs.use_hopper_backward(False)
+        lambda: flash_attn_func(q, k, v, causal=causal, softcap=softcap), lambda: configs.use_hopper_backward(False)
     )
+    if softcap:
+        return fns
     qh, kh, vh = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
 
     def sdpa():
@@ -75,7 +77,7 @@ def providers(q, k, v, dout, causal, variants):
     return fns
 
 
-def dkdv_only(q, k, v, dout, causal, variant):
+def dkdv_only(q, k, v, dout, causal, variant, softcap=0.0):
     """A closure timing the Gluon kernel alone (delta and lse computed once before; for a
     ``dq_atomic`` variant with its accumulator's zeroing and the final dQ copy)."""
     from hf_flash.kernels import configs, flash_bwd, flash_fwd
@@ -88,7 +90,7 @@ def dkdv_only(q, k, v, dout, causal, variant):
     flash_fwd.flash_attn_forward(
         q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=q.shape[1],
         max_seqlen_k=k.shape[1], softmax_scale=scale, causal=causal, window_left=-1,
-        window_right=0 if causal else -1, softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None,
+        window_right=0 if causal else -1, softcap=softcap, alibi_slopes=None, dropout_p=0.0, rng_state=None,
     )  # fmt: skip
     delta = torch.empty_like(lse)
     flash_bwd._bwd_preprocess[(configs.cdiv(q.shape[1], 64), q.shape[0] * q.shape[2])](
@@ -100,12 +102,12 @@ def dkdv_only(q, k, v, dout, causal, variant):
 
     def run():
         hb.hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=scale, causal=causal,
-                                     variant=variant)  # fmt: skip
+                                     variant=variant, softcap=softcap)  # fmt: skip
 
     return run
 
 
-def run_point(head_dim, causal, seqlen, variants, rounds) -> list[dict]:
+def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0) -> list[dict]:
     from hf_flash.kernels.hopper import attention_bwd as hb
 
     batch = max(1, TOKENS // seqlen)
@@ -116,21 +118,21 @@ def run_point(head_dim, causal, seqlen, variants, rounds) -> list[dict]:
 
     q, k, v = (mk(h).requires_grad_() for h in (NHEADS_Q, NHEADS_KV, NHEADS_KV))
     dout = mk(NHEADS_Q)
-    fns = providers(q, k, v, dout, causal, variants)
+    fns = providers(q, k, v, dout, causal, variants, softcap)
     f_fwd = flops(batch, seqlen, head_dim, causal)
     rows, timers = {}, {}
     ref = None
     for name, (fwd, ctx) in fns.items():
         leaves = getattr(fwd, "leaves", (q, k, v))
         row = {"provider": name, "head_dim": head_dim, "causal": causal, "seqlen": seqlen, "batch": batch,
-               "nheads_q": NHEADS_Q, "nheads_kv": NHEADS_KV, "dtype": "bfloat16", "round_ms": [],
-               "round_fb_ms": []}  # fmt: skip
+               "nheads_q": NHEADS_Q, "nheads_kv": NHEADS_KV, "dtype": "bfloat16", "softcap": softcap,
+               "round_ms": [], "round_fb_ms": []}  # fmt: skip
         try:
             if name != "sdpa":
                 from hf_flash.interface import attention_paths
 
                 with ctx():
-                    row["paths"] = attention_paths(q, k, v, causal=causal)
+                    row["paths"] = attention_paths(q, k, v, causal=causal, softcap=softcap)
             out = fwd()
 
             def bwd(out=out, ctx=ctx, leaves=leaves):
@@ -159,7 +161,7 @@ def run_point(head_dim, causal, seqlen, variants, rounds) -> list[dict]:
         if f"hopper:{name}" in timers:
             rows[f"dkdv:{name}"] = {"provider": f"dkdv:{name}", "head_dim": head_dim, "causal": causal,
                                     "seqlen": seqlen, "batch": batch, "round_ms": []}  # fmt: skip
-            timers[f"dkdv:{name}"] = (dkdv_only(q, k, v, dout, causal, name), None, None)
+            timers[f"dkdv:{name}"] = (dkdv_only(q, k, v, dout, causal, name, softcap), None, None)
     names = list(timers)
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
@@ -199,6 +201,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seqlens", nargs="+", type=int, default=[4096, 8192, 16384, 32768])
     ap.add_argument("--head-dims", nargs="+", type=int, default=[128, 64])
     ap.add_argument("--rounds", type=int, default=1, help="timings per provider and point (median)")
+    ap.add_argument("--softcap", type=float, default=0.0, help="soft-capped calls (no SDPA row)")
     args = ap.parse_args(argv)
     meta = env_info()
     print(json.dumps(meta), flush=True)
@@ -206,7 +209,7 @@ def main(argv=None) -> None:
     for d in args.head_dims:
         for causal in (True, False):
             for s in args.seqlens:
-                point = run_point(d, causal, s, args.variants, args.rounds)
+                point = run_point(d, causal, s, args.variants, args.rounds, args.softcap)
                 rows += point
                 cells = "  ".join(
                     f"{r['provider']}={r.get('bwd_tflops', r.get('dkdv_tflops', 0)):.0f}"

@@ -9,7 +9,9 @@
 # D256_BENCH_ARGS replaces the dense benchmark's arguments. bwd: the split-D Gluon backward's smoke
 # checks and GPU tests; bwdbench: benchmarks/hopper_attention_bwd.py beside the Triton backward and
 # SDPA, then the windowed and packed d256 rows of benchmarks/attention.py; softcap: the split-D
-# backward's soft-capped GPU tests and the d256 softcap rows beside the Triton kernels and flex.
+# backward's soft-capped GPU tests and the d256 softcap rows beside the Triton kernels and flex;
+# splitd128: the split-D forms at head dim 128 (smoke, their GPU tests, then beside the d128
+# default and the Triton backward, plain and soft-capped).
 set -u
 out=${1:?usage: hopper_d256_device_run.sh OUT_DIR [STEPS]}
 steps=",${2:-tests,bench},"
@@ -66,4 +68,19 @@ if [[ $steps == *,softcap,* ]]; then
   echo "softcap tests rc $?"; tail -n 6 "$out/softcap-tests.log"
   timeout 200 python3 benchmarks/attention.py --out "$out/softcap" --head-dims 256 --masks softcap \
     --seqlens 4096 8192 16384 --providers hf_flash hf_flash_triton flex 2>&1 | tee "$out/softcap.log" | tail -n 14
+fi
+
+if [[ $steps == *,splitd128,* ]]; then
+  for v in kv64-m64-s2-splitd kv128-m64-s2-splitd; do
+    if timeout 120 python3 benchmarks/diagnostics/hopper_bwd_smoke.py $v >"$out/smoke-$v.log" 2>&1
+    then echo "smoke ok: $v"
+    else echo "smoke FAILED: $v (rc $?)"; tail -n 12 "$out/smoke-$v.log"; exit 1; fi
+  done
+  timeout 200 python3 -m pytest tests/hopper/test_hopper_attention_bwd_gpu.py -q -m gpu -p no:cacheprovider -n 4 \
+    -k "splitd or (packed and 256) or softcap_at_head_dim_256" >"$out/splitd-tests.log" 2>&1
+  echo "split-D tests rc $?"; tail -n 4 "$out/splitd-tests.log"
+  timeout 150 python3 benchmarks/hopper_attention_bwd.py "$out/splitd128.json" --head-dims 128 --seqlens 4096 16384 \
+    --variants kv2x64-m64-s2-dqwldf kv64-m64-s2-splitd kv128-m64-s2-splitd --rounds 2 2>&1 | tail -n 6
+  timeout 120 python3 benchmarks/hopper_attention_bwd.py "$out/splitd128-softcap.json" --head-dims 128 \
+    --seqlens 4096 16384 --variants kv64-m64-s2-splitd kv128-m64-s2-splitd --rounds 2 --softcap 30 2>&1 | tail -n 6
 fi

@@ -212,9 +212,12 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwld-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 tiles_down=True, poll_ahead=True, head_dims=(128,)),
-        # head dim 256: 64 keys per program split between the consumers (DEFAULT, VARLEN_DEFAULT)
+        # head dim 256: 64 keys per program split between the consumers (DEFAULT, VARLEN_DEFAULT);
+        # at 128 (and with 128 keys) measured against the transposed frame, not dispatched
         Variant("kv64-m64-s2-splitd", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                split_d=True, head_dims=(256,)),
+                split_d=True, head_dims=(128, 256)),
+        Variant("kv128-m64-s2-splitd", block_m=64, block_n=128, stages=2, consumers=2, consumer_regs=240,
+                split_d=True, head_dims=(128,)),
     )
 }  # fmt: skip
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
@@ -1143,15 +1146,17 @@ def _split_d_consumer(
         mbarrier.arrive(q_empty.index(slot))
         mbarrier.arrive(ds_free.index(par))
 
-    # the Q ring stages this consumer's dK and dV columns (Q tile INDEX: 2 x KEYS x HALF_D); every
-    # Q tile is free once both consumers' last products are done (the producer has no more loads)
+    # Q and dO tiles INDEX stage this consumer's dK and dV columns (KEYS x HALF_D each); every tile
+    # of the rings is free once both consumers' last products are done (no more loads come)
+    gl.static_assert(STAGES >= 2 and KEYS * HALF_D <= BLOCK_M * HEAD_DIM, "dK/dV staged in Q/dO tiles")
     n_steps = group * per_head
     if n_steps > 0:
         mbarrier.wait(ds_free.index((n_steps - 1) % 2), ((n_steps - 1) // 2) & 1)
     out_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HALF_D], dtype)
-    stage = q_smem.index(INDEX)._reinterpret(dtype, [2, KEYS, HALF_D], out_layout)
-    stage.index(0).store((dk * sm_scale).to(dtype))  # dS is taken w.r.t. the scaled scores
-    stage.index(1).store(dv.to(dtype))
+    dk_stage = q_smem.index(INDEX)._reinterpret(dtype, [KEYS, HALF_D], out_layout)
+    dv_stage = do_smem.index(INDEX)._reinterpret(dtype, [KEYS, HALF_D], out_layout)
+    dk_stage.store((dk * sm_scale).to(dtype))  # dS is taken w.r.t. the scaled scores
+    dv_stage.store(dv.to(dtype))
     if VARLEN:
         if n0 + KEYS > k_len:
             # the key tile crosses the document's end (or is an empty item): a TMA store would
@@ -1165,23 +1170,24 @@ def _split_d_consumer(
             key_rows = gl.expand_dims((k_off + offs_n).to(gl.int64), 1)
             inside = gl.expand_dims(offs_n < k_len, 1)
             kv_h64 = kv_h.to(gl.int64)
-            gl.store(DK + kv_h64 * stride_dkh + key_rows * stride_dkm + offs_d, stage.index(0).load(st_layout),
+            gl.store(DK + kv_h64 * stride_dkh + key_rows * stride_dkm + offs_d, dk_stage.load(st_layout),
                      mask=inside)  # fmt: skip
-            gl.store(DV + kv_h64 * stride_dvh + key_rows * stride_dvm + offs_d, stage.index(1).load(st_layout),
+            gl.store(DV + kv_h64 * stride_dvh + key_rows * stride_dvm + offs_d, dv_stage.load(st_layout),
                      mask=inside)  # fmt: skip
         else:
-            _split_d_store(stage, dk_desc, dv_desc, b, kv_h, k_off + n0, INDEX * HALF_D, KEYS, HALF_D)
+            _split_d_store(dk_stage, dv_stage, dk_desc, dv_desc, b, kv_h, k_off + n0, INDEX * HALF_D, KEYS, HALF_D)
     else:
-        _split_d_store(stage, dk_desc, dv_desc, b, kv_h, n0, INDEX * HALF_D, KEYS, HALF_D)
+        _split_d_store(dk_stage, dv_stage, dk_desc, dv_desc, b, kv_h, n0, INDEX * HALF_D, KEYS, HALF_D)
 
 
 @gluon.jit
-def _split_d_store(stage, dk_desc, dv_desc, b, kv_h, row, col, KEYS: gl.constexpr, HALF_D: gl.constexpr):
+def _split_d_store(dk_stage, dv_stage, dk_desc, dv_desc, b, kv_h, row, col, KEYS: gl.constexpr,
+                   HALF_D: gl.constexpr):  # fmt: skip
     """TMA stores of a split-D consumer's staged dK and dV columns [col, col + HALF_D) of keys
     [row, row + KEYS) (clipped at the tensor's end)."""
     fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [b, kv_h, row, col], stage.index(0).reshape([1, 1, KEYS, HALF_D]))
-    tma.async_copy_shared_to_global(dv_desc, [b, kv_h, row, col], stage.index(1).reshape([1, 1, KEYS, HALF_D]))
+    tma.async_copy_shared_to_global(dk_desc, [b, kv_h, row, col], dk_stage.reshape([1, 1, KEYS, HALF_D]))
+    tma.async_copy_shared_to_global(dv_desc, [b, kv_h, row, col], dv_stage.reshape([1, 1, KEYS, HALF_D]))
     tma.store_wait(0)
 
 
