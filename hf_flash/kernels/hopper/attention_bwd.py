@@ -212,10 +212,13 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwld-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 tiles_down=True, poll_ahead=True, head_dims=(128,)),
-        # head dim 256: 64 keys per program split between the consumers (DEFAULT, VARLEN_DEFAULT);
-        # at 128 (and with 128 keys) measured against the transposed frame, not dispatched
+        # head dim 256: 64 keys per program split between the consumers (DEFAULT, VARLEN_DEFAULT)
         Variant("kv64-m64-s2-splitd", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                split_d=True, head_dims=(128, 256)),
+                split_d=True, head_dims=(256,)),
+        # d128 with 128 keys (S/dP at N=64; spills 72 bytes causal, 444 soft-capped causal): its
+        # dK/dV alone 473-543 TFLOP/s on 4 products (H100, session 23 call 10), above dqwldf's
+        # kernel, but with the Triton dQ beside it 347-390 against dqwldf's 375-487: not
+        # dispatched; a dQ inside it is the lead (.notes/hopper-bwd.md)
         Variant("kv128-m64-s2-splitd", block_m=64, block_n=128, stages=2, consumers=2, consumer_regs=240,
                 split_d=True, head_dims=(128,)),
     )
