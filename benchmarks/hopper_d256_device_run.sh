@@ -11,7 +11,8 @@
 # SDPA, then the windowed and packed d256 rows of benchmarks/attention.py; softcap: the split-D
 # backward's soft-capped GPU tests and the d256 softcap rows beside the Triton kernels and flex;
 # splitd128: the split-D forms at head dim 128 (smoke, their GPU tests, then beside the d128
-# default and the Triton backward, plain and soft-capped).
+# default and the Triton backward, plain and soft-capped); splitdq: the split-D form with dQ inside
+# (kv128-m64-s2-splitd-dqa) beside dqwldf and the unordered dqwl at d128.
 set -u
 out=${1:?usage: hopper_d256_device_run.sh OUT_DIR [STEPS]}
 steps=",${2:-tests,bench},"
@@ -83,4 +84,16 @@ if [[ $steps == *,splitd128,* ]]; then
     --variants kv2x64-m64-s2-dqwldf kv64-m64-s2-splitd kv128-m64-s2-splitd --rounds 2 2>&1 | tail -n 6
   timeout 120 python3 benchmarks/hopper_attention_bwd.py "$out/splitd128-softcap.json" --head-dims 128 \
     --seqlens 4096 16384 --variants kv64-m64-s2-splitd kv128-m64-s2-splitd --rounds 2 --softcap 30 2>&1 | tail -n 6
+fi
+
+if [[ $steps == *,splitdq,* ]]; then
+  v=kv128-m64-s2-splitd-dqa
+  if timeout 120 python3 benchmarks/diagnostics/hopper_bwd_smoke.py $v >"$out/smoke-$v.log" 2>&1
+  then echo "smoke ok: $v"
+  else echo "smoke FAILED: $v (rc $?)"; tail -n 12 "$out/smoke-$v.log"; exit 1; fi
+  timeout 100 python3 -m pytest tests/hopper/test_hopper_attention_bwd_gpu.py -q -m gpu -p no:cacheprovider -n 4 \
+    -k "splitd-dqa or many_steps" >"$out/splitdq-tests.log" 2>&1
+  echo "split-D dQ tests rc $?"; tail -n 4 "$out/splitdq-tests.log"
+  timeout 150 python3 benchmarks/hopper_attention_bwd.py "$out/splitdq.json" --head-dims 128 --seqlens 4096 16384 \
+    --variants kv2x64-m64-s2-dqwldf kv2x64-m64-s2-dqwl $v --rounds 1 2>&1 | tail -n 6
 fi

@@ -71,7 +71,7 @@ def test_bwd_variant_builds_for_sm90a(reports, spec):
     # dK += dS^T Q have BLOCK_M/16 each, dQ = dS K has BLOCK_N/16 (dq_shared: one product per
     # consumer's dS, each on half the columns; dq_lag: the products appear twice, in the loop and
     # after it for the last step)
-    dq_steps = (var.block_n // 16) * (var.consumers if var.dq_shared else 1) if var.dq_atomic else 0
+    dq_steps = (var.block_n // 16) * (var.consumers if var.dq_shared and not var.split_d else 1) if var.dq_atomic else 0
     dq_steps *= 2 if var.dq_lag else 1
     # (dV and dK of M = BLOCK_N keys: one wgmma per 64 rows and k-step; split-D: all the program's
     # keys, each consumer half of the columns)

@@ -221,6 +221,10 @@ VARIANTS = {
         # dispatched; a dQ inside it is the lead (.notes/hopper-bwd.md)
         Variant("kv128-m64-s2-splitd", block_m=64, block_n=128, stages=2, consumers=2, consumer_regs=240,
                 split_d=True, head_dims=(128,)),
+        # the same with dQ inside (each consumer half of dQ's columns over the 128 keys, unordered
+        # TMA reduce-adds: not deterministic); measured, not dispatched
+        Variant("kv128-m64-s2-splitd-dqa", block_m=64, block_n=128, stages=2, consumers=2, consumer_regs=240,
+                split_d=True, dq_atomic=True, dq_shared=True, head_dims=(128,)),
     )
 }  # fmt: skip
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
@@ -1020,13 +1024,13 @@ def _attn_bwd_dkdv_kernel(
 
 @gluon.jit
 def _split_d_consumer(
-    q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
-    ds_ready, ds_free, dk_desc, dv_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
+    q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
+    ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale, sm_scale, softcap_in,
     softcap_out, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr,
-    RIGHT_WINDOW: gl.constexpr, VARLEN: gl.constexpr, SOFTCAP: gl.constexpr,
+    RIGHT_WINDOW: gl.constexpr, VARLEN: gl.constexpr, SOFTCAP: gl.constexpr, DQ_ATOMIC: gl.constexpr,
 ):  # fmt: skip
     """One consumer of the split-D backward (``Variant.split_d``): per step (a 64-row query tile
     of one head), S = Q K_c^T and dP = dO V_c^T for its half of the program's keys (queries along
@@ -1035,7 +1039,9 @@ def _split_d_consumer(
     += P^T dO[:, cols_c] and dK[:, cols_c] += dS^T Q[:, cols_c] over all KEYS keys. Masks as
     :func:`_consumer`'s, in the [queries, keys] frame. SOFTCAP: the scores are ``softcap_out *
     tanh(s * softcap_in)`` (as the forward's) and dS takes the factor ``1 - tanh^2``; the tanh
-    tile (16 registers per thread) stays live over the dP product."""
+    tile (16 registers per thread) stays live over the dP product. DQ_ATOMIC: dQ[:, cols_c] = dS
+    K[:, cols_c] over all KEYS keys (dS read transposed from the shared dS^T tile), added into the
+    float32 accumulator by TMA reduce in whatever order the programs reach it."""
     dtype: gl.constexpr = dk_desc.dtype
     HALF_N: gl.constexpr = KEYS // 2
     HALF_D: gl.constexpr = HEAD_DIM // 2
@@ -1069,6 +1075,8 @@ def _split_d_consumer(
         else:
             m_mask = gl.where(key_tail, n_m, 0)
     s_zero = gl.zeros([BLOCK_M, HALF_N], gl.float32, layout=s_layout)
+    if DQ_ATOMIC:
+        dq_zero = gl.zeros([BLOCK_M, HALF_D], gl.float32, layout=_mma_layout(HALF_D, NUM_WARPS))
     dk = gl.zeros([KEYS, HALF_D], gl.float32, layout=acc_layout)
     dv = gl.zeros([KEYS, HALF_D], gl.float32, layout=acc_layout)
     if not VARLEN:
@@ -1143,12 +1151,26 @@ def _split_d_consumer(
         mbarrier.wait(ds_ready.index(par), dph)  # the other consumer's half is in too
         dv_tok = warpgroup_mma(pt_smem.index(par), do_tile.slice(INDEX * HALF_D, HALF_D, dim=1), dv, is_async=True)
         dk_tok = warpgroup_mma(dst_smem.index(par), q_tile.slice(INDEX * HALF_D, HALF_D, dim=1), dk, is_async=True)
-        dv = warpgroup_mma_wait(1, deps=(dv_tok,))
-        mbarrier.arrive(do_empty.index(slot))
-        dk = warpgroup_mma_wait(0, deps=(dk_tok,))
-        mbarrier.arrive(q_empty.index(slot))
-        mbarrier.arrive(ds_free.index(par))
+        if DQ_ATOMIC:
+            k_cols = k_smem.index(0).slice(INDEX * HALF_D, HALF_D, dim=1)  # [KEYS, HALF_D]
+            dq_tok = warpgroup_mma(dst_smem.index(par).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True)
+            dv = warpgroup_mma_wait(2, deps=(dv_tok,))
+            mbarrier.arrive(do_empty.index(slot))
+            dk = warpgroup_mma_wait(1, deps=(dk_tok,))
+            mbarrier.arrive(q_empty.index(slot))
+            dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+            mbarrier.arrive(ds_free.index(par))
+            _dq_out(it, dq * sm_scale, b, h, q_off + mt * BLOCK_M, dq_smem, None, None, dq_desc, INDEX, 2, BLOCK_M,
+                    HALF_D, False, False)  # fmt: skip
+        else:
+            dv = warpgroup_mma_wait(1, deps=(dv_tok,))
+            mbarrier.arrive(do_empty.index(slot))
+            dk = warpgroup_mma_wait(0, deps=(dk_tok,))
+            mbarrier.arrive(q_empty.index(slot))
+            mbarrier.arrive(ds_free.index(par))
 
+    if DQ_ATOMIC:
+        tma.store_wait(0)  # the last dQ reduce has read its staging tile
     # Q and dO tiles INDEX stage this consumer's dK and dV columns (KEYS x HALF_D each); every tile
     # of the rings is free once both consumers' last products are done (no more loads come)
     gl.static_assert(STAGES >= 2 and KEYS * HALF_D <= BLOCK_M * HEAD_DIM, "dK/dV staged in Q/dO tiles")
@@ -1212,7 +1234,7 @@ def _attn_bwd_split_d_kernel(
     BLOCK_N keys; dk_desc / dv_desc have HEAD_DIM / 2-column boxes (each consumer stores its
     columns)."""
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
-    gl.static_assert(not DQ_ATOMIC, "dK/dV only (dQ by the Triton kernel)")
+    gl.static_assert(not (DQ_LAG or DQ_WRITER or DQ_ORDERED or DQ_FRAG), "dQ, if any, by unordered TMA reduces")
     if not RIGHT_WINDOW:
         window_right = 0  # no right window or causal: a literal, as in the builds without windows
     if not MASK_LEFT:
@@ -1227,6 +1249,11 @@ def _attn_bwd_split_d_kernel(
     v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_layout)
     pt_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], pt_layout)
     dst_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], pt_layout)
+    if DQ_ATOMIC:  # each consumer's float32 dQ columns, staged for the reduce
+        dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM // 2], gl.float32)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_layout)
+    else:
+        dq_smem = pt_smem  # not read
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -1245,20 +1272,22 @@ def _attn_bwd_split_d_kernel(
         mbarrier.init(ds_free.index(i), count=CONSUMERS)
     gl.warp_specialize(
         [
-            (_split_d_consumer, (q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, kv_bar, q_ready, do_ready,
-                                 q_empty, do_empty, ds_ready, ds_free, dk_desc, dv_desc, Lse, Delta, stride_lb,
+            (_split_d_consumer, (q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, dq_smem, kv_bar, q_ready,
+                                 do_ready, q_empty, do_empty, ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse,
+                                 Delta, stride_lb,
                                  stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left,
                                  window_right, qk_scale, sm_scale, softcap_in, softcap_out, Sched, CuSeqQ, CuSeqK,
                                  DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh, 0, BLOCK_M, BLOCK_N,
                                  HEAD_DIM, STAGES, CONSUMER_WARPS, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, VARLEN,
-                                 SOFTCAP)),
-            (_split_d_consumer, (q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, kv_bar, q_ready, do_ready,
-                                 q_empty, do_empty, ds_ready, ds_free, dk_desc, dv_desc, Lse, Delta, stride_lb,
+                                 SOFTCAP, DQ_ATOMIC)),
+            (_split_d_consumer, (q_smem, do_smem, k_smem, v_smem, pt_smem, dst_smem, dq_smem, kv_bar, q_ready,
+                                 do_ready, q_empty, do_empty, ds_ready, ds_free, dk_desc, dv_desc, dq_desc, Lse,
+                                 Delta, stride_lb,
                                  stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left,
                                  window_right, qk_scale, sm_scale, softcap_in, softcap_out, Sched, CuSeqQ, CuSeqK,
                                  DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh, 1, BLOCK_M, BLOCK_N,
                                  HEAD_DIM, STAGES, CONSUMER_WARPS, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, VARLEN,
-                                 SOFTCAP)),
+                                 SOFTCAP, DQ_ATOMIC)),
             # the producer loads the program's one K/V tile of BLOCK_N keys (CONSUMERS=1 there)
             (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
                          kv_bar, q_ready, do_ready, q_empty, do_empty,
