@@ -484,6 +484,36 @@ def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free,
 
 
 @gluon.jit
+def _masked_tiles(m_full, m_full_hi, n_m, q_len, key_tail, BLOCK_M: gl.constexpr, MASK_LEFT: gl.constexpr,
+                  MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """Which query tiles of a consumer's steps need a mask: (m_unmasked_lo, m_unmasked_hi,
+    m_mask, m_tail), the values its build reads (the others 0). Windows: the tiles outside
+    [m_unmasked_lo, m_unmasked_hi), i.e. all of them when the consumer's keys cross the
+    sequence's end (``key_tail``), else those below m_full (the right edge) or from m_full_hi on
+    (the left edge) and, varlen, the one that crosses the query rows' end (the next document's
+    rows, masked explicitly). Packed without a window: [m_lo, m_mask) and [m_tail, n_m), those
+    that cross the causal diagonal (all when the keys cross the document's end) and the one that
+    crosses the query rows' end."""
+    m_unmasked_lo = 0
+    m_unmasked_hi = 0
+    m_mask = 0
+    m_tail = 0
+    if MASK_LEFT or RIGHT_WINDOW:
+        m_unmasked_lo = m_full
+        m_unmasked_hi = m_full_hi
+        if VARLEN:
+            m_unmasked_hi = gl.minimum(m_unmasked_hi, q_len // BLOCK_M)
+        m_unmasked_hi = gl.where(key_tail, 0, m_unmasked_hi)
+    elif VARLEN:
+        m_tail = q_len // BLOCK_M
+        if MASK_RIGHT:
+            m_mask = gl.where(key_tail, n_m, m_full)
+        else:
+            m_mask = gl.where(key_tail, n_m, 0)
+    return m_unmasked_lo, m_unmasked_hi, m_mask, m_tail
+
+
+@gluon.jit
 def _consumer(
     q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
     ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
@@ -524,25 +554,9 @@ def _consumer(
     st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
-    if MASK_LEFT or RIGHT_WINDOW:
-        # windows: the tiles that need a mask are all of them when the key tile crosses the
-        # sequence's end, else those below m_full (the right edge) or from m_full_hi on (the left
-        # edge) and, varlen, the one that crosses the query rows' end (the next document's rows,
-        # masked explicitly); the others run unmasked in [m_unmasked_lo, m_unmasked_hi)
-        m_unmasked_lo = m_full
-        m_unmasked_hi = m_full_hi
-        if VARLEN:
-            m_unmasked_hi = gl.minimum(m_unmasked_hi, q_len // BLOCK_M)
-        m_unmasked_hi = gl.where(key_tail, 0, m_unmasked_hi)
-    elif VARLEN:
-        # the tiles that need a mask are [m_lo, m_mask) and [m_tail, n_m): those that cross the
-        # causal diagonal (or all of them when the key tile crosses the document's end) and the
-        # one that crosses the query rows' end (next document's rows, masked explicitly)
-        m_tail = q_len // BLOCK_M
-        if MASK_RIGHT:
-            m_mask = gl.where(key_tail, n_m, m_full)
-        else:
-            m_mask = gl.where(key_tail, n_m, 0)
+    m_unmasked_lo, m_unmasked_hi, m_mask, m_tail = _masked_tiles(
+        m_full, m_full_hi, n_m, q_len, key_tail, BLOCK_M, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, VARLEN
+    )
     if not VARLEN:
         b64 = b.to(gl.int64)
 
@@ -1061,21 +1075,9 @@ def _split_d_consumer(
     keys = key_pos - (k_len - q_len)  # in the query frame: key j is visible to row i iff j - shift <= i
     # this consumer's keys cross the sequence's (varlen: the document's) end
     key_tail = n0 + (INDEX + 1) * HALF_N > k_len
-    if MASK_LEFT or RIGHT_WINDOW:
-        # the query tiles that need a mask (as :func:`_consumer`): all when the keys cross the
-        # end, else those below m_full or from m_full_hi on and, varlen, the one that crosses the
-        # query rows' end
-        m_unmasked_lo = m_full
-        m_unmasked_hi = m_full_hi
-        if VARLEN:
-            m_unmasked_hi = gl.minimum(m_unmasked_hi, q_len // BLOCK_M)
-        m_unmasked_hi = gl.where(key_tail, 0, m_unmasked_hi)
-    elif VARLEN:
-        m_tail = q_len // BLOCK_M
-        if MASK_RIGHT:
-            m_mask = gl.where(key_tail, n_m, m_full)
-        else:
-            m_mask = gl.where(key_tail, n_m, 0)
+    m_unmasked_lo, m_unmasked_hi, m_mask, m_tail = _masked_tiles(
+        m_full, m_full_hi, n_m, q_len, key_tail, BLOCK_M, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, VARLEN
+    )
     s_zero = gl.zeros([BLOCK_M, HALF_N], gl.float32, layout=s_layout)
     if DQ_ATOMIC:
         dq_zero = gl.zeros([BLOCK_M, HALF_D], gl.float32, layout=_mma_layout(HALF_D, NUM_WARPS))
