@@ -222,9 +222,9 @@ VARIANTS = {
         Variant("kv128-m64-s2-splitd", block_m=64, block_n=128, stages=2, consumers=2, consumer_regs=240,
                 split_d=True, head_dims=(128,)),
         # the same with dQ inside (each consumer half of dQ's columns over the 128 keys, unordered
-        # TMA reduce-adds: not deterministic). H100 (session 23 call 11, one round): 383/389
-        # TFLOP/s causal and 456/497 non-causal at 4K/16K against dqwl's 362/427 and 452/491 and
-        # dqwldf's 380/450 and 406/491: not dispatched
+        # TMA reduce-adds: not deterministic). H100 (session 23 call 11, one round): its kernel
+        # alone 359/445 TFLOP/s causal and 425/495 non-causal at 4K/16K, level with dqwl's
+        # (368/427, 401/492): not dispatched
         Variant("kv128-m64-s2-splitd-dqa", block_m=64, block_n=128, stages=2, consumers=2, consumer_regs=240,
                 split_d=True, dq_atomic=True, dq_shared=True, head_dims=(128,)),
     )
