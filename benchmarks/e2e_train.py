@@ -114,10 +114,9 @@ def build(family: str, smoke: bool):
         config = transformers.MistralConfig(**shape, sliding_window=window)
     elif family in GEMMA:
         cls, extra = GEMMA[family]
-        gemma_shape = {k: v for k, v in shape.items() if k != "rope_theta"} if smoke else GEMMA_SHAPE
-        if smoke:
+        if smoke:  # the tiny shape, with its own window
             extra = dict(extra, sliding_window=window)
-        config = getattr(transformers, cls)(**gemma_shape, **extra)
+        config = getattr(transformers, cls)(**(shape if smoke else GEMMA_SHAPE), **extra)
     else:
         raise ValueError(f"unknown family {family!r}: llama, mistral, {', '.join(GEMMA)}")
     config._attn_implementation = "eager" if family == "gemma2" else "sdpa"  # gemma2 refuses sdpa
@@ -255,8 +254,8 @@ def main(argv=None) -> int:
         return write_results(
             name, rows, args.out, quick=args.quick, smoke=args.smoke, shape=SHAPE, window=WINDOW,
             lora_r=16, steps=steps, warmup=warmup, keep_attention=args.keep_attention,
-            **({"gemma_shape": GEMMA_SHAPE, "gemma": {f: GEMMA[f] for f in args.families if f in GEMMA}}
-               if any(f in GEMMA for f in args.families) else {}),
+            gemma={f: GEMMA[f] for f in args.families if f in GEMMA} or None,
+            gemma_shape=GEMMA_SHAPE if any(f in GEMMA for f in args.families) else None,
         )  # fmt: skip
 
     for family in args.families:

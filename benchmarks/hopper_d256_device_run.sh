@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One device call for head dim 256 on the Gluon Hopper forward: environment, the GPU tests that
-# exercise it (the forward's own file at d256, the public functions' path choice and head-dim
-# grid), then benchmarks/attention.py's d256 rows beside the Triton forward, SDPA and FlexAttention.
+# Device calls for head dim 256 on the Gluon Hopper kernels: environment, then the chosen steps
+# (the forward's GPU tests and d256 rows beside the Triton forward, SDPA and FlexAttention; the
+# split-D backward's smoke checks, tests and rows; the split-D forms at d128, measured only).
 #
 #   bash benchmarks/hopper_d256_device_run.sh OUT_DIR [STEPS]
 #

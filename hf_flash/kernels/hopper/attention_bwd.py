@@ -1,7 +1,8 @@
 """FlashAttention backward for Hopper (sm_90a) in Gluon: the dK/dV (and dQ) kernel, after FlashAttention-3.
 
-A program owns ``CONSUMERS * BLOCK_N`` keys of one (batch, K/V head) and walks every query head
-of the GQA group (K/V are never expanded) and, for each, the query tiles that can see its keys:
+A program owns ``Variant.keys`` keys (``CONSUMERS * BLOCK_N``; split-D: ``BLOCK_N``) of one
+(batch, K/V head) and walks every query head of the GQA group (K/V are never expanded) and, for
+each, the query tiles that can see its keys:
 
 * a producer partition (one warp) loads the program's K and V tiles once (TMA, one mbarrier),
   then streams the Q and dO tiles of each step into a ``STAGES``-deep shared-memory ring
@@ -38,7 +39,16 @@ completed (``cp.async.bulk.wait_group``, a step later, so the wait runs under th
 fragment's own order (conflict-free shared stores) into a flat accumulator added by 1-D bulk
 reduces; a small Triton kernel then writes dq in its layout. Without dQ in the kernel (``kv2x64-m64-s2``),
 :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton dQ kernel beside this one
-(it recomputes S and dP: 7 products for the 5 counted). The other dQ variants add in whatever
+(it recomputes S and dP: 7 products for the 5 counted).
+
+Split-D (``Variant.split_d``, :func:`_attn_bwd_split_d_kernel`; the d256 default, where dK and dV
+of 64 keys in the transposed frame would take 256 registers per thread): the program's BLOCK_N
+keys are shared by the two consumers, queries along the M axis. Each computes S and dP for half
+of the keys, writes P^T and dS^T into its rows of two shared tiles and, once both halves are
+there, adds P^T dO and dS^T Q into half of dV's and dK's columns over all the keys. dQ comes from
+the Triton kernel, or (``dq_atomic``, d128, measured only) from dS K with unordered reduce-adds.
+It also takes the softcap (the tanh tile kept over the dP product for dS's 1 - tanh^2
+factor). The other dQ variants add in whatever
 order the reduces land (``NONDETERMINISTIC`` picks one once deterministic gradients are not
 required).
 
@@ -54,7 +64,8 @@ and dS = 0. Keys past the end of the sequence (zero-filled K/V rows, whose dK/dV
 store clips) are masked in the one key tile that has them, so they add nothing to dQ. Rows that saw no key in the forward (lse +inf) get P = 0.
 
 Packed (varlen) calls (``VARLEN``; cu_seqlens; ``VARLEN_DEFAULT``: d128, non-causal the ordered
-fused dqwld, causal kv2x64-m64-s2 with the Triton dQ kernel, which measured faster there): q/dout
+fused dqwld, causal kv2x64-m64-s2 with the Triton dQ kernel, which measured faster there; d256
+split-D): q/dout
 (Tq, H, D), k/v (Tk, Hk, D) are one batch entry (1, H, T, D) of the descriptors, and
 a program takes one entry of :func:`attention_fwd.varlen_schedule` built over the key blocks
 (document, key block; document -1: an empty item, nothing written) for one K/V head; each
@@ -120,7 +131,7 @@ class Variant:
 
     name: str
     block_m: int  # query rows per step (the N of S^T = K Q^T)
-    block_n: int  # keys per consumer partition (one warpgroup: 64)
+    block_n: int  # keys per consumer partition (one warpgroup: 64); split-D: keys per program
     stages: int  # Q/dO ring depth
     consumers: int  # consumer partitions
     consumer_regs: int
@@ -166,11 +177,12 @@ class Variant:
     # dq_ordered: the writer reads the next step's counter right after issuing this step's
     # reduces, so the read's latency runs under the wait for the TMA and the release
     poll_ahead: bool = False
-    # head dims the transposed frame cannot hold (256: dK and dV of 64 keys would be 256 registers
-    # per thread): the program's block_n keys are shared by the consumers, queries along the wgmma
-    # M axis; consumer c computes S and dP for keys [c, c + 1) * block_n / 2 and, after both
-    # have put P^T and dS^T in shared memory, dK and dV for columns [c, c + 1) * D / 2 of all
-    # the keys (:func:`_split_d_consumer`); dQ by the Triton kernel beside it
+    # the split-D form, for head dims the transposed frame cannot hold (256: dK and dV of 64 keys
+    # would be 256 registers per thread): the program's block_n keys are shared by the consumers,
+    # queries along the wgmma M axis; consumer c computes S and dP for keys [c, c + 1) * block_n /
+    # 2 and, after both have put P^T and dS^T in shared memory, dK and dV for columns [c, c + 1) *
+    # D / 2 of all the keys (:func:`_split_d_consumer`); dQ by the Triton kernel beside it, or with
+    # dq_atomic (+ dq_shared) inside, unordered
     split_d: bool = False
 
     @property
@@ -1234,9 +1246,9 @@ def _attn_bwd_split_d_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, SOFTCAP: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
-    (one launch_args serves both); dense or packed, causal or not, windows, softcap; no dQ. A program owns
-    BLOCK_N keys; dk_desc / dv_desc have HEAD_DIM / 2-column boxes (each consumer stores its
-    columns)."""
+    (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
+    DQ_ATOMIC (unordered reduce-adds). A program owns BLOCK_N keys; dk_desc / dv_desc (and
+    dq_desc) have HEAD_DIM / 2-column boxes (each consumer stores its columns)."""
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
     gl.static_assert(not (DQ_LAG or DQ_WRITER or DQ_ORDERED or DQ_FRAG), "dQ, if any, by unordered TMA reduces")
     if not RIGHT_WINDOW:
@@ -1470,7 +1482,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         raise ValueError("lse and delta must share strides, unit along the rows")
     masks = mask_args(causal, window, softcap, softmax_scale)
     if masks["SOFTCAP"] and not var.split_d:
-        raise ValueError(f"variant {variant} has no softcap form (the split-D d256 variant has; d128 runs Triton)")
+        raise ValueError(f"variant {variant} has no softcap form (only the split-D variants have one)")
     if varlen and not varlen_builds(variant):
         raise ValueError(f"variant {variant} has no packed (varlen) form")
     if var.dq_frag:
