@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Nsight Compute on the Gluon backward kernel at one point (one launch per variant): sections
+# Nsight Compute on the Gluon backward (or forward) kernel at one point (one launch per variant): sections
 # (speed of light, compute/memory workload, warp state, scheduler, launch, occupancy, source
 # counters for per-instruction stall sampling) plus the tensor-pipe, L2-reduction and DRAM metrics
 # this ncu knows; exports details, raw metrics and the SASS source page as text.
 #
 #   bash benchmarks/hopper_bwd_ncu_device_run.sh OUT_DIR "VARIANT ..." [POINT ARGS ...]
 #
-# POINT ARGS go to benchmarks/diagnostics/hopper_bwd_ncu.py (default: d128 causal S=16K). Writes
+# POINT ARGS go to benchmarks/diagnostics/hopper_bwd_ncu.py (default: d128 causal S=16K); with
+# HOPPER_NCU_TARGET=fwd the forward kernel is profiled instead, through
+# benchmarks/diagnostics/hopper_fwd_ncu.py (the same POINT ARGS). Writes
 # OUT_DIR/ncu$HOPPER_NCU_TAG.tar.gz (reports, text exports and the log) and prints a summary. Clocks are left as found
 # (--clock-control none).
 set -u
@@ -15,6 +17,11 @@ variants=${2:?variants}
 shift 2
 export PYTHONPATH=${PYTHONPATH:-.}
 export PYTHONUNBUFFERED=1
+if [ "${HOPPER_NCU_TARGET:-bwd}" = fwd ]; then
+  target=benchmarks/diagnostics/hopper_fwd_ncu.py kernel=regex:_attn_fwd_kernel
+else
+  target=benchmarks/diagnostics/hopper_bwd_ncu.py kernel=regex:_attn_bwd_dkdv_kernel
+fi
 work=$(mktemp -d)
 log="$work/ncu.log"
 mkdir -p "$out"
@@ -22,7 +29,7 @@ mkdir -p "$out"
   which ncu; ncu --version | tail -n 2
   # HOPPER_NCU_TIME=1: time each variant's kernel first (outside ncu)
   if [ -n "${HOPPER_NCU_TIME:-}" ]; then
-    for v in $variants; do timeout 120 python3 benchmarks/diagnostics/hopper_bwd_ncu.py "$v" --time "$@"; done
+    for v in $variants; do timeout 120 python3 $target "$v" --time "$@"; done
   fi
 } >>"$log" 2>&1
 timeout 60 ncu --query-metrics >"$work/query-metrics.txt" 2>&1
@@ -31,7 +38,7 @@ import re, sys
 names = [l.split()[0] for l in open(sys.argv[1]) if re.match(r"^[a-z]+__\S+", l)]
 out = []
 for n in names:
-    if re.search(r"(gmma|tensor_op).*cycles_active$", n) and n.startswith("sm__pipe"):
+    if re.search(r"(gmma|tensor_op|xu|fma|alu).*cycles_active$", n) and n.startswith("sm__pipe"):
         out.append(n + ".avg.pct_of_peak_sustained_active")
     elif re.match(r"lts__t_(sectors|requests)(_srcunit_\w+)?_op_(red|atom)$", n):
         out += [n + ".sum", n + ".sum.per_second"]
@@ -48,13 +55,13 @@ for v in $variants; do
     --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats --section LaunchStats
     --section Occupancy --section SourceCounters --section InstructionStats"
   # one pass set: the sections plus the metrics found above; without the metrics if ncu refuses them
-  timeout 200 ncu --clock-control none -k regex:_attn_bwd_dkdv_kernel --launch-skip 1 --launch-count 1 $sections \
-    ${metrics:+--metrics "$metrics"} -f -o "$work/$v" python3 benchmarks/diagnostics/hopper_bwd_ncu.py "$v" "$@" >>"$log" 2>&1
+  timeout 200 ncu --clock-control none -k $kernel --launch-skip 1 --launch-count 1 $sections \
+    ${metrics:+--metrics "$metrics"} -f -o "$work/$v" python3 $target "$v" "$@" >>"$log" 2>&1
   rc=$?
   echo "ncu $v rc $rc" >>"$log"
   if [ $rc -ne 0 ] && [ -n "$metrics" ]; then
-    timeout 200 ncu --clock-control none -k regex:_attn_bwd_dkdv_kernel --launch-skip 1 --launch-count 1 $sections \
-      -f -o "$work/$v" python3 benchmarks/diagnostics/hopper_bwd_ncu.py "$v" "$@" >>"$log" 2>&1
+    timeout 200 ncu --clock-control none -k $kernel --launch-skip 1 --launch-count 1 $sections \
+      -f -o "$work/$v" python3 $target "$v" "$@" >>"$log" 2>&1
     echo "ncu (sections only) $v rc $?" >>"$log"
   fi
   for r in "$work/$v"; do
