@@ -66,12 +66,6 @@ def _variant_head_dims():
     return [(name, d) for name, var in VARIANTS.items() for d in var.head_dims]
 
 
-def _builds_causal(variant):
-    from hf_flash.kernels.hopper.attention_fwd import VARIANTS
-
-    return VARIANTS[variant].causal
-
-
 CASES = [
     # batch, seqlen_q, seqlen_k, nheads, nheads_k
     pytest.param(2, 128, 128, 4, 4, id="mha-one-tile"),
@@ -98,10 +92,6 @@ def test_default_variant_matches_reference(batch, sq, sk, h, hk, head_dim, causa
 @pytest.mark.parametrize("variant,head_dim", _variant_head_dims())
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_every_variant_matches_reference(variant, head_dim, causal):
-    if causal and not _builds_causal(variant):
-        with pytest.raises(ValueError, match="non-causal calls only"):
-            _check(*_qkv(1, 300, 97, 4, 4, head_dim, torch.float16, seed=2), causal, variant=variant)
-        return
     _check(*_qkv(2, 1025, 1100, 8, 2, head_dim, torch.bfloat16, seed=1), causal, variant=variant)
     _check(*_qkv(1, 300, 97, 4, 4, head_dim, torch.float16, seed=2), causal, variant=variant)
 
@@ -156,7 +146,7 @@ def test_many_items_per_program(variant, head_dim):
     # lengths, some with rows that see no key (Sq > Sk, causal), so the barrier phases must carry
     # over from item to item
     q, k, v = _qkv(4, 1500, 1100, 16, 4, head_dim, torch.bfloat16, seed=3)
-    for causal in (True, False) if _builds_causal(variant) else (False,):
+    for causal in (True, False):
         _check(q, k, v, causal, variant=variant)
 
 
@@ -342,8 +332,7 @@ def test_windows_and_softcap_match_reference(batch, sq, sk, h, hk, causal, windo
 @needs_hopper
 @pytest.mark.parametrize("variant,head_dim", _variant_head_dims())
 def test_every_variant_with_a_window_and_softcap(variant, head_dim):
-    if _builds_causal(variant):
-        _check(*_qkv(2, 1025, 1100, 8, 2, head_dim, torch.bfloat16, seed=8), True, variant=variant, window=(130, 0))
+    _check(*_qkv(2, 1025, 1100, 8, 2, head_dim, torch.bfloat16, seed=8), True, variant=variant, window=(130, 0))
     _check(*_qkv(1, 700, 650, 4, 4, head_dim, torch.bfloat16, seed=9), False, variant=variant, window=(64, 200),
            softcap=20.0)  # fmt: skip
 

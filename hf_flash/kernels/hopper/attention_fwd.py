@@ -113,20 +113,10 @@ class Variant:
     # them (the static round-robin of ``persistent`` leaves programs of one launch with unequal
     # work under causal masking)
     dynamic: bool = False
-    # built for causal calls too (the 192-key variant is not: its causal build spills 76 bytes per
-    # thread, and causal calls keep 128-key tiles, as FA3 does)
-    causal: bool = True
 
     @property
     def rows(self) -> int:
         return self.block_m * self.consumers
-
-    @property
-    def parts(self) -> tuple:
-        """The K/V tile's widths as loaded and multiplied: (block_n, 0), or (128, 64) for 192
-        keys (the kernel's ``_first_part``)."""
-        first = 1 << (self.block_n.bit_length() - 1)
-        return first, self.block_n - first
 
 
 # Every variant the package compiles and tests. ws2x4 is the plain form (no overlap, no ping-pong,
@@ -153,12 +143,6 @@ VARIANTS = {
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True),
         Variant("ws2x4-overlap-fma-dyn", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True),
-        # 192-key K/V tiles (FA3 takes 176 at d128 non-causal): the per-tile work that does not
-        # grow with the keys (the output rescale, the row reductions' shuffles, the barrier waits)
-        # spread over 1.5x the scores; scores as two parts (128 + 64 keys). Shared memory: the
-        # K/V ring is 192 KB, so the output is staged in Q's tile
-        Variant("ws2x4-overlap-fma-n192", block_m=64, block_n=192, stages=2, consumers=2, consumer_warps=4,
-                overlap=True, fma_scale=True, consumer_regs=240, head_dims=(128,), o_in_q=True, causal=False),
         # head dim 256: the output accumulator alone is 128 registers per thread, so 64-key tiles
         # (S: 32 registers) and the output in Q's tile (smem: Q 64 KB + K/V ring 128 KB)
         Variant("ws2x4-overlap-fma-d256", block_m=64, block_n=64, stages=2, consumers=2, consumer_warps=4,
@@ -229,12 +213,9 @@ def default_variant(head_dim: int, causal: bool, varlen: bool = False, window=(-
 
 
 def varlen_builds(variant: str, causal: bool) -> bool:
-    """True when ``variant`` has a packed (varlen) form for this causality (see VARLEN_DEFAULT):
-    not the persistent ones, not three consumers without causal masking (they spill), not 192-key
-    tiles (the element-wise store of a tile crossing a sequence's end needs a shared-memory
-    scratch the 192 KB K/V ring leaves no room for)."""
+    """True when ``variant`` has a packed (varlen) form for this causality (see VARLEN_DEFAULT)."""
     var = VARIANTS[variant]
-    return not var.persistent and not var.parts[1] and (var.consumers == 2 or causal)
+    return not var.persistent and (var.consumers == 2 or causal)
 
 
 @gluon.constexpr_function
@@ -310,7 +291,7 @@ def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, C
 
 @gluon.jit
 def _producer_item(
-    t, it, n_done, q_desc, k_desc, v_desc, kb_desc, vb_desc, q_smem, k_smem, v_smem, kb_smem, vb_smem,
+    t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
     nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
@@ -337,28 +318,19 @@ def _producer_item(
         slot = it % STAGES
         phase = ((it // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(slot), phase)
-        _load_kv_tile(k_desc, kb_desc, k_smem.index(slot), kb_smem.index(slot), k_ready.index(slot), b, kv_h,
-                      k_off + j * BLOCK_N, BLOCK_N, HEAD_DIM)  # fmt: skip
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            k_desc, [b, kv_h, k_off + j * BLOCK_N, 0], k_ready.index(slot),
+            k_smem.index(slot).reshape([1, 1, BLOCK_N, HEAD_DIM]),
+        )  # fmt: skip
         mbarrier.wait(v_empty.index(slot), phase)
-        _load_kv_tile(v_desc, vb_desc, v_smem.index(slot), vb_smem.index(slot), v_ready.index(slot), b, kv_h,
-                      k_off + j * BLOCK_N, BLOCK_N, HEAD_DIM)  # fmt: skip
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            v_desc, [b, kv_h, k_off + j * BLOCK_N, 0], v_ready.index(slot),
+            v_smem.index(slot).reshape([1, 1, BLOCK_N, HEAD_DIM]),
+        )  # fmt: skip
         it += 1
     return it
-
-
-@gluon.jit
-def _load_kv_tile(desc, desc_b, tile, tile_b, ready, b, kv_h, key0, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """TMA load of the K (or V) tile of keys [key0, key0 + BLOCK_N), completing on ``ready``: one
-    box, or for a tile of two parts (:func:`_first_part`) one box per part into its own buffer."""
-    WIDTH_A: gl.constexpr = _first_part(BLOCK_N)
-    WIDTH_B: gl.constexpr = BLOCK_N - WIDTH_A
-    if WIDTH_B > 0:
-        mbarrier.expect(ready, desc.block_type.nbytes + desc_b.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_b, [b, kv_h, key0 + WIDTH_A, 0], ready,
-                                        tile_b.reshape([1, 1, WIDTH_B, HEAD_DIM]))  # fmt: skip
-    else:
-        mbarrier.expect(ready, desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc, [b, kv_h, key0, 0], ready, tile.reshape([1, 1, WIDTH_A, HEAD_DIM]))
 
 
 @gluon.jit
@@ -396,7 +368,7 @@ def _read_item(n, item_smem, item_ready, item_empty, NUM_WARPS: gl.constexpr):
 
 @gluon.jit
 def _producer(
-    q_desc, k_desc, v_desc, kb_desc, vb_desc, q_smem, k_smem, v_smem, kb_smem, vb_smem,
+    q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
     nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
     Counter, item_smem, item_ready, item_empty,
@@ -415,7 +387,7 @@ def _producer(
             if DYNAMIC:
                 _publish_item(t, n_done, item_smem, item_ready, item_empty)
             it = _producer_item(
-                t, it, n_done, q_desc, k_desc, v_desc, kb_desc, vb_desc, q_smem, k_smem, v_smem, kb_smem, vb_smem,
+                t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                 q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                 Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
                 MASK_LEFT, MASK_RIGHT, VARLEN,
@@ -430,7 +402,7 @@ def _producer(
     else:
         zero = gl.to_tensor(0)
         _producer_item(
-            gl.program_id(0), zero, zero, q_desc, k_desc, v_desc, kb_desc, vb_desc, q_smem, k_smem, v_smem, kb_smem, vb_smem,
+            gl.program_id(0), zero, zero, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
             q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
             Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
             MASK_LEFT, MASK_RIGHT, VARLEN,
@@ -451,99 +423,60 @@ def _per_tile(x):
     return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
 
-@gluon.constexpr_function
-def _first_part(block_n):
-    """Keys in the first part of a K/V tile: the tile itself when its width is a power of two;
-    otherwise (192) the largest power of two below it (128), the rest (64) a second part. Gluon
-    tensors have power-of-two shapes, so a 192-key tile's scores are two tensors from two wgmmas."""
-    return 1 << (int(block_n).bit_length() - 1)
-
-
 @gluon.jit
-def _mask_part(s, key0, rows, seqlen_k, window_left, window_right, s_layout: gl.constexpr, WIDTH: gl.constexpr,
-               MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr):  # fmt: skip
-    """Scores of the keys [key0, key0 + WIDTH) with the invisible ones set to -inf: keys past
-    ``seqlen_k`` and those outside each row's window (row r at key position ``rows[r]`` sees
-    ``rows[r] - window_left <= j <= rows[r] + window_right``, each bound with its MASK_ switch)."""
-    rows = gl.convert_layout(rows, gl.SliceLayout(1, s_layout))  # the same rows per thread in both parts
-    if MASK_LEFT or RIGHT_WINDOW:
-        # window edges: columns relative to the part against per-row bounds relative to it, the
-        # bounds made opaque (:func:`_per_tile`); otherwise the compiler may rewrite a comparison
-        # as (bound - column) against the tile offset and hoist that whole tile of differences
-        # out of the loop (64 registers per thread, spilled)
-        cols = gl.expand_dims(gl.arange(0, WIDTH, layout=gl.SliceLayout(0, s_layout)), 0)
-        vis = cols < seqlen_k - key0
-        if MASK_RIGHT:
-            vis = vis & (cols <= gl.expand_dims(_per_tile(rows + (window_right - key0)), 1))
-        if MASK_LEFT:
-            vis = vis & (cols >= gl.expand_dims(_per_tile(rows - (window_left + key0)), 1))
-    else:
-        # no window: the key range's end and the causal diagonal
-        cols = gl.expand_dims(key0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, s_layout)), 0)
-        vis = cols < seqlen_k
-        if MASK_RIGHT:
-            vis = vis & (cols <= gl.expand_dims(rows, 1))
-    return gl.where(vis, s, float("-inf"))
-
-
-@gluon.jit
-def _softmax_step(s, sb, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale,
-                  softcap_in, softcap_out, s_layout: gl.constexpr, sb_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale,
+                  softcap_in, softcap_out, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                   MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
                   FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr):  # fmt: skip
     """Transform and mask tile ``j``'s scores and update the running max and sum; returns
-    (p, pb, alpha, m, l). ``s`` holds the tile's first :func:`_first_part` keys and ``sb`` the
-    rest (192-key tiles; otherwise ``sb`` is not read and ``pb`` is ``p``).
+    (p, alpha, m, l).
 
     ``qk_scale`` is softmax_scale * log2(e). With FMA_SCALE the running max stays in the raw
     score domain and ``s * scale - m * scale`` is one fused multiply-add per score (the scale is
     positive, so the max commutes with it); otherwise the scores are scaled first. SOFTCAP
     replaces the scale by ``softcap_out * tanh(s * softcap_in)`` (softcap_in = softmax_scale /
     cap, softcap_out = cap * log2(e)), FMA_SCALE or not. ``m`` is in the domain of the scores it
-    came from; the epilogue converts it. Tiles outside [full_lo, full_hi) are masked
-    (:func:`_mask_part`)."""
-    WIDTH_A: gl.constexpr = _first_part(BLOCK_N)
-    WIDTH_B: gl.constexpr = BLOCK_N - WIDTH_A
+    came from; the epilogue converts it. Tiles outside [full_lo, full_hi) are masked: row r
+    at key position ``rows[r]`` sees keys ``rows[r] - window_left <= j <= rows[r] +
+    window_right`` (each bound with its MASK_ switch)."""
     if SOFTCAP:
         s = _tanh(s * softcap_in) * softcap_out
-        if WIDTH_B > 0:
-            sb = _tanh(sb * softcap_in) * softcap_out
     elif not FMA_SCALE:
         s = s * qk_scale
-        if WIDTH_B > 0:
-            sb = sb * qk_scale
     masked = j >= full_hi
     if MASK_LEFT:
         masked = masked | (j < full_lo)
     if masked:
-        s = _mask_part(s, j * BLOCK_N, rows, seqlen_k, window_left, window_right, s_layout, WIDTH_A, MASK_LEFT,
-                       MASK_RIGHT, RIGHT_WINDOW)  # fmt: skip
-        if WIDTH_B > 0:
-            sb = _mask_part(sb, j * BLOCK_N + WIDTH_A, rows, seqlen_k, window_left, window_right, sb_layout,
-                            WIDTH_B, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW)  # fmt: skip
+        if MASK_LEFT or RIGHT_WINDOW:
+            # window edges: columns relative to the tile against per-row bounds relative to the
+            # tile, the bounds made opaque (:func:`_per_tile`); otherwise the compiler may rewrite
+            # a comparison as (bound - column) against the tile offset and hoist that whole tile of
+            # differences out of the loop (64 registers per thread, spilled)
+            key0 = j * BLOCK_N
+            cols = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+            vis = cols < seqlen_k - key0
+            if MASK_RIGHT:
+                vis = vis & (cols <= gl.expand_dims(_per_tile(rows + (window_right - key0)), 1))
+            if MASK_LEFT:
+                vis = vis & (cols >= gl.expand_dims(_per_tile(rows - (window_left + key0)), 1))
+        else:
+            # no window: the key range's end and the causal diagonal
+            cols = gl.expand_dims(j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+            vis = cols < seqlen_k
+            if MASK_RIGHT:
+                vis = vis & (cols <= gl.expand_dims(rows, 1))
+        s = gl.where(vis, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1))
-    if WIDTH_B > 0:
-        m_new = gl.maximum(m_new, gl.convert_layout(gl.max(sb, 1), gl.SliceLayout(1, s_layout)))
     # rows that have seen no key yet keep m = -inf; subtract 0 instead to avoid inf - inf
     m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
     if FMA_SCALE and not SOFTCAP:
-        m_scaled = m_sub * qk_scale
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_scaled, 1))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_sub * qk_scale, 1))
         alpha = gl.exp2((m_i - m_sub) * qk_scale)
     else:
-        m_scaled = m_sub
         p = gl.exp2(s - gl.expand_dims(m_sub, 1))
         alpha = gl.exp2(m_i - m_sub)
     l_new = l_i * alpha + gl.sum(p, 1)
-    pb = p
-    if WIDTH_B > 0:
-        m_b = gl.expand_dims(gl.convert_layout(m_scaled, gl.SliceLayout(1, sb_layout)), 1)
-        if FMA_SCALE and not SOFTCAP:
-            pb = gl.exp2(sb * qk_scale - m_b)
-        else:
-            pb = gl.exp2(sb - m_b)
-        l_new += gl.convert_layout(gl.sum(pb, 1), gl.SliceLayout(1, s_layout))
-    return p, pb, alpha, m_new, l_new
+    return p, alpha, m_new, l_new
 
 
 @gluon.jit
@@ -578,42 +511,8 @@ def _store_tile(out, o_tile, o_desc, b, h, row, BLOCK_M: gl.constexpr, HEAD_DIM:
 
 
 @gluon.jit
-def _scores(q_tile, k_tile, kb_tile, s_zero, sb_zero, BLOCK_N: gl.constexpr):
-    """Issue S = Q K^T for one K/V tile (asynchronous): one wgmma, or for a tile of two parts
-    (:func:`_first_part`; K in ``k_tile`` and ``kb_tile``) one per part. Returns (s, sb); ``sb``
-    is ``s`` for a one-part tile."""
-    s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    sb = s
-    if BLOCK_N - _first_part(BLOCK_N) > 0:
-        sb = warpgroup_mma(q_tile, kb_tile.permute((1, 0)), sb_zero, use_acc=False, is_async=True)
-    return s, sb
-
-
-@gluon.jit
-def _pv(p_op, pb_op, v_tile, vb_tile, acc, BLOCK_N: gl.constexpr):
-    """Issue acc += P V for one K/V tile (asynchronous; a tile of two parts: two chained wgmmas,
-    one wgmma group each, V in ``v_tile`` and ``vb_tile``)."""
-    acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-    if BLOCK_N - _first_part(BLOCK_N) > 0:
-        acc = warpgroup_mma(pb_op, vb_tile, acc, is_async=True)
-    return acc
-
-
-@gluon.jit
-def _pv_wait(acc, p_op, pb_op, BLOCK_N: gl.constexpr):
-    """Wait for every outstanding wgmma group (the P V product), keeping its register operands
-    alive until then; returns (acc, p_op, pb_op)."""
-    if BLOCK_N - _first_part(BLOCK_N) > 0:
-        acc, p_op, pb_op = warpgroup_mma_wait(0, deps=(acc, p_op, pb_op))
-    else:
-        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-        pb_op = p_op
-    return acc, p_op, pb_op
-
-
-@gluon.jit
 def _consumer_item(
-    t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, kb_smem, vb_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+    t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
     o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
     nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
     qk_scale, softcap_in, softcap_out,
@@ -626,21 +525,12 @@ def _consumer_item(
     (ping-pong turns taken) and ``n_done`` (items done) carry the barrier phases from item to
     item; returns the new (it, tk)."""
     dtype: gl.constexpr = o_desc.dtype
-    # a 192-key tile is two parts (:func:`_first_part`): scores s (128 keys) and sb (64 keys)
-    WIDTH_A: gl.constexpr = _first_part(BLOCK_N)
-    WIDTH_B: gl.constexpr = BLOCK_N - WIDTH_A
-    gl.static_assert(WIDTH_B == 0 or OVERLAP, "two-part K/V tiles are built in the overlapped loop only")
-    s_layout: gl.constexpr = _mma_layout(WIDTH_A, NUM_WARPS)
-    # (a one-part tile has no second part; its layout is then s_layout, unused)
-    sb_layout: gl.constexpr = _mma_layout(WIDTH_B if WIDTH_B > 0 else WIDTH_A, NUM_WARPS)
+    s_layout: gl.constexpr = _mma_layout(BLOCK_N, NUM_WARPS)
     o_layout: gl.constexpr = _mma_layout(HEAD_DIM, NUM_WARPS)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    s_zero = gl.zeros([BLOCK_M, WIDTH_A], gl.float32, layout=s_layout)
-    sb_zero = s_zero
-    if WIDTH_B > 0:
-        sb_zero = gl.zeros([BLOCK_M, WIDTH_B], gl.float32, layout=sb_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     b, h, kv_h, m0, lo, n_tiles, full_lo, full_hi, q_off, k_off, q_len, k_len = _work_item(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
         BLOCK_M * CONSUMERS, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN,
@@ -658,22 +548,16 @@ def _consumer_item(
             slot = it % STAGES
             mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
             _turn_wait(turn, tk, INDEX, PINGPONG)
-            s, sb = _scores(q_tile, k_smem.index(slot), kb_smem.index(slot), s_zero, sb_zero, BLOCK_N)
+            s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
             tk += 1
-            if WIDTH_B > 0:
-                s, sb = warpgroup_mma_wait(0, deps=(s, sb))
-            else:
-                s = warpgroup_mma_wait(0, deps=(s,))
+            s = warpgroup_mma_wait(0, deps=(s,))
             mbarrier.arrive(k_empty.index(slot))
-            p, pb, alpha, m_i, l_i = _softmax_step(
-                s, sb, m_i, l_i, rows, lo, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-                softcap_out, s_layout, sb_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
+            p, alpha, m_i, l_i = _softmax_step(
+                s, m_i, l_i, rows, lo, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
             )  # fmt: skip
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            pb_op = p_op
-            if WIDTH_B > 0:
-                pb_op = gl.convert_layout(pb.to(dtype), p_layout)
             for j in range(lo + 1, n_tiles):
                 prev = it % STAGES
                 it += 1
@@ -681,38 +565,32 @@ def _consumer_item(
                 mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
                 mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
                 _turn_wait(turn, tk, INDEX, PINGPONG)
-                s_tok, sb_tok = _scores(q_tile, k_smem.index(slot), kb_smem.index(slot), s_zero, sb_zero, BLOCK_N)
-                acc_tok = _pv(p_op, pb_op, v_smem.index(prev), vb_smem.index(prev), acc, BLOCK_N)
+                s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
+                                      is_async=True)  # fmt: skip
+                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
                 tk += 1
-                # S_j is done once at most the P V product's groups (one per part) are running
-                if WIDTH_B > 0:
-                    s, sb = warpgroup_mma_wait(2, deps=(s_tok, sb_tok))
-                else:
-                    s = warpgroup_mma_wait(1, deps=(s_tok,))
+                # S_j is done once at most one group (the P V product) is still running
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot))
-                p, pb, alpha, m_i, l_i = _softmax_step(
-                    s, sb, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale,
-                    softcap_in, softcap_out, s_layout, sb_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW,
-                    FMA_SCALE, SOFTCAP,
+                p, alpha, m_i, l_i = _softmax_step(
+                    s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+                    softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
                 )  # fmt: skip
                 # p_op is a register operand of the running wgmma: keep it alive until the wait
-                acc, p_op, pb_op = _pv_wait(acc_tok, p_op, pb_op, BLOCK_N)
+                acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
                 mbarrier.arrive(v_empty.index(prev))
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
-                pb_op = p_op
-                if WIDTH_B > 0:
-                    pb_op = gl.convert_layout(pb.to(dtype), p_layout)
             # every S = Q K^T of this item has completed: the producer may load the next Q
             mbarrier.arrive(q_empty)
             last = it % STAGES
             mbarrier.wait(v_ready.index(last), (it // STAGES) & 1)
             _turn_wait(turn, tk, INDEX, PINGPONG)
-            acc_tok = _pv(p_op, pb_op, v_smem.index(last), vb_smem.index(last), acc, BLOCK_N)
+            acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
             _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
             tk += 1
-            acc, p_op, pb_op = _pv_wait(acc_tok, p_op, pb_op, BLOCK_N)
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
             mbarrier.arrive(v_empty.index(last))
             it += 1
         else:
@@ -727,9 +605,9 @@ def _consumer_item(
             _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s,))
             mbarrier.arrive(k_empty.index(slot))
-            p, _, alpha, m_i, l_i = _softmax_step(
-                s, s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-                softcap_out, s_layout, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
+            p, alpha, m_i, l_i = _softmax_step(
+                s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
             )  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -783,7 +661,7 @@ def _consumer_item(
 
 @gluon.jit
 def _consumer(
-    q_smem, o_smem, k_smem, v_smem, kb_smem, vb_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+    q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
     o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
     nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
     qk_scale, softcap_in, softcap_out,
@@ -807,7 +685,7 @@ def _consumer(
             t = gl.program_id(0)
         while t < n_bh * n_m:
             it, tk = _consumer_item(
-                t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, kb_smem, vb_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
                 v_empty, turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                 nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
                 qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
@@ -822,7 +700,7 @@ def _consumer(
         # one item per program: the phases start at 0 and nothing is carried
         zero = gl.to_tensor(0)  # a runtime value: the counters are loop-carried inside the item
         _consumer_item(
-            gl.program_id(0), zero, zero, zero, q_tile, o_tile, k_smem, v_smem, kb_smem, vb_smem, q_bar, q_empty, k_ready, v_ready,
+            gl.program_id(0), zero, zero, zero, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
             k_empty, v_empty, turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
             qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
@@ -833,7 +711,7 @@ def _consumer(
 
 @gluon.jit
 def _attn_fwd_kernel(
-    q_desc, k_desc, v_desc, kb_desc, vb_desc, o_desc, Out, Lse, Sched, CuSeqQ, CuSeqK, Counter,
+    q_desc, k_desc, v_desc, o_desc, Out, Lse, Sched, CuSeqQ, CuSeqK, Counter,
     stride_om, stride_oh, stride_lb, stride_lh, stride_lm,
     nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_in, softcap_out,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
@@ -854,11 +732,7 @@ def _attn_fwd_kernel(
 
     dtype: gl.constexpr = q_desc.dtype
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
-    # a 192-key tile is two buffers of 128 and 64 keys (:func:`_first_part`; TMA boxes and tensors
-    # have power-of-two shapes)
-    WIDTH_A: gl.constexpr = _first_part(BLOCK_N)
-    WIDTH_B: gl.constexpr = BLOCK_N - WIDTH_A
-    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WIDTH_A, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], tile_layout)
     if O_IN_Q:
         # one item per program: a consumer's Q tile is not read again once its last S = Q K^T
@@ -867,14 +741,8 @@ def _attn_fwd_kernel(
         o_smem = q_smem
     else:
         o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], tile_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, WIDTH_A, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, WIDTH_A, HEAD_DIM], kv_layout)
-    kb_smem = k_smem
-    vb_smem = v_smem
-    if WIDTH_B > 0:
-        kvb_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WIDTH_B, HEAD_DIM], dtype)
-        kb_smem = gl.allocate_shared_memory(dtype, [STAGES, WIDTH_B, HEAD_DIM], kvb_layout)
-        vb_smem = gl.allocate_shared_memory(dtype, [STAGES, WIDTH_B, HEAD_DIM], kvb_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -904,21 +772,21 @@ def _attn_fwd_kernel(
     if CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem, o_smem, k_smem, v_smem, kb_smem, vb_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
                              item_empty, DYNAMIC)),
-                (_consumer, (q_smem, o_smem, k_smem, v_smem, kb_smem, vb_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
                              item_empty, DYNAMIC)),
-                (_producer, (q_desc, k_desc, v_desc, kb_desc, vb_desc, q_smem, k_smem, v_smem, kb_smem, vb_smem, q_bar, q_empty, k_ready, v_ready,
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
                              item_empty, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
@@ -931,28 +799,28 @@ def _attn_fwd_kernel(
         gl.static_assert(CONSUMERS == 3, "2 or 3 consumer partitions")
         gl.warp_specialize(
             [
-                (_consumer, (q_smem, o_smem, k_smem, v_smem, kb_smem, vb_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
                              item_empty, DYNAMIC)),
-                (_consumer, (q_smem, o_smem, k_smem, v_smem, kb_smem, vb_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
                              item_empty, DYNAMIC)),
-                (_consumer, (q_smem, o_smem, k_smem, v_smem, kb_smem, vb_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
                              item_empty, DYNAMIC)),
-                (_producer, (q_desc, k_desc, v_desc, kb_desc, vb_desc, q_smem, k_smem, v_smem, kb_smem, vb_smem, q_bar, q_empty, k_ready, v_ready,
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
                              item_empty, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
@@ -1178,8 +1046,6 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
     if not softmax_scale > 0:
         raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
     masks = mask_args(causal, window, softcap, softmax_scale)
-    if causal and not var.causal:
-        raise ValueError(f"variant {variant} is built for non-causal calls only")
     if varlen:
         if not varlen_builds(variant, causal):
             raise ValueError(
@@ -1203,8 +1069,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         stride_om, stride_oh = out.stride(1), out.stride(2)
         stride_lb, stride_lh, stride_lm = lse.stride(0), lse.stride(1), lse.stride(2)
     args = (
-        _descriptor(q, var.block_m), _descriptor(k, var.parts[0]), _descriptor(v, var.parts[0]),
-        *((_descriptor(k, var.parts[1]), _descriptor(v, var.parts[1])) if var.parts[1] else (None, None)),
+        _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
         _descriptor(out, var.block_m), out, lse, sched, cu_seqlens_q, cu_seqlens_k,
         # dynamic persistent launches: the item counter, zeroed per launch (stream-ordered, so
         # concurrent launches and CUDA graph replays each start from 0)
@@ -1283,10 +1148,9 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
     meta = _LAUNCH_META.get(key)
     if meta is None:
         meta = _LAUNCH_META[key] = _FORWARD.meta(**kwargs)
-    # launch_args' order: 6 descriptors (two None for one-part K/V tiles) and 6 pointers, 13
-    # integers, 3 floats
+    # launch_args' order: 4 descriptors and 6 pointers, 13 integers, 3 floats
     with torch.cuda.device(q.device):
-        _FORWARD(grid, args[:12], args[12:25], args[25:], meta)
+        _FORWARD(grid, args[:10], args[10:23], args[23:], meta)
 
 
 _FORWARD = CachedLauncher(_attn_fwd_kernel)
