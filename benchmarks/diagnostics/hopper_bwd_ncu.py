@@ -8,7 +8,10 @@ runs the forward and the delta preprocess once, then launches the Gluon kernel `
 (the first launch compiles it): profile the second with
 ``ncu -k regex:_attn_bwd_dkdv_kernel --launch-skip 1 --launch-count 1``. ``--time`` also prints
 the kernel's median time (do_bench) and its TFLOP/s over the products it runs (4 without dQ, 5
-with). GPU: yes.
+with). ``VARIANT`` ``sdpa`` or ``hf_flash`` runs a whole backward instead (SDPA with no backend
+forced, or hf_flash.flash_attn_func), the second one inside the NVTX range ``bwd``: profile every
+kernel of it with ``ncu --nvtx --nvtx-include bwd/`` (``--time``: the backward's TFLOP/s, 5
+products). GPU: yes.
 """
 
 from __future__ import annotations
@@ -24,6 +27,26 @@ if __package__ in (None, ""):
 
 from benchmarks.hopper_attention import NHEADS_KV, NHEADS_Q, TOKENS, flops  # noqa: E402
 from benchmarks.hopper_attention_bwd import dkdv_only  # noqa: E402
+
+
+WHOLE = ("sdpa", "hf_flash")
+
+
+def _whole_backward(q, k, v, dout, causal, provider):
+    """A closure running one whole backward of ``provider`` (its forward once, outside)."""
+    import torch.nn.functional as F
+
+    from hf_flash import flash_attn_func
+
+    if provider == "sdpa":
+        qh, kh, vh = (t.transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, enable_gqa=True)
+        grad = dout.transpose(1, 2).contiguous()
+    else:
+        qh, kh, vh = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        out = flash_attn_func(qh, kh, vh, causal=causal)
+        grad = dout
+    return lambda: torch.autograd.grad(out, (qh, kh, vh), grad, retain_graph=True)
 
 
 def main(argv=None) -> None:
@@ -45,16 +68,25 @@ def main(argv=None) -> None:
 
     q, k, v = mk(NHEADS_Q), mk(NHEADS_KV), mk(NHEADS_KV)
     dout = mk(NHEADS_Q)
-    run = dkdv_only(q, k, v, dout, causal, args.variant)
-    run()
-    torch.cuda.synchronize()
-    run()
-    torch.cuda.synchronize()
+    if args.variant in WHOLE:
+        run = _whole_backward(q, k, v, dout, causal, args.variant)
+        run()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push("bwd")
+        run()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+    else:
+        run = dkdv_only(q, k, v, dout, causal, args.variant)
+        run()
+        torch.cuda.synchronize()
+        run()
+        torch.cuda.synchronize()
     if args.time:
         import triton.testing
 
         ms = triton.testing.do_bench(run, warmup=50, rep=300, quantiles=[0.5])
-        products = 5 if hb.VARIANTS[args.variant].dq_atomic else 4
+        products = 5 if args.variant in WHOLE or hb.VARIANTS[args.variant].dq_atomic else 4
         tf = products / 2 * flops(batch, s, d, causal) / (ms * 1e-3) / 1e12
         print(f"{args.variant} d{d} {'causal' if causal else 'full'} S={s} B={batch}: {ms:.3f} ms, "
               f"{tf:.0f} TFLOP/s over {products} products", flush=True)  # fmt: skip
