@@ -168,12 +168,6 @@ class Variant:
     # consumer) tile after another, with one TMA reduce of a 16 x 256 box; :func:`_dq_frag_to_bshd` then writes dQ
     # in (B, S, H, D) (the cast copy the other dQ variants run anyway)
     dq_frag: bool = False
-    # dq_frag's flat accumulator, but the consumers add their dQ tiles into it themselves with
-    # vectorised atomic reductions from registers (red.global.add.v2.f32), in "red order" (each
-    # warp's 32 pairs of a register pair side by side, 256 contiguous bytes per instruction): no
-    # shared-memory staging, fence or writer partition; unordered (not deterministic). The kernel
-    # sees it as DQ_FRAG without DQ_WRITER
-    dq_red: bool = False
     # the order of a program's steps: query tiles from the last down, the heads of the group
     # inside each tile (instead of head by head, tiles upwards). With ordered dQ additions
     # (ascending key blocks) a causal key block then trails the block below it and ends before
@@ -190,11 +184,6 @@ class Variant:
     # D / 2 of all the keys (:func:`_split_d_consumer`); dQ by the Triton kernel beside it, or with
     # dq_atomic (+ dq_shared) inside, unordered
     split_d: bool = False
-
-    @property
-    def flat_dq(self) -> bool:
-        """dQ goes into the flat per-tile accumulator (:func:`dq_accum_for`)."""
-        return self.dq_frag or self.dq_red
 
     @property
     def keys(self) -> int:
@@ -232,8 +221,6 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqrl", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_red=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwld-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 tiles_down=True, poll_ahead=True, head_dims=(128,)),
@@ -297,7 +284,7 @@ VARLEN_NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
 def varlen_builds(variant: str) -> bool:
     """True when ``variant`` has a packed (varlen) form: every variant but the fragment-order dQ
     ones (their flat accumulator is laid out per (batch, head, query tile))."""
-    return not VARIANTS[variant].flat_dq
+    return not VARIANTS[variant].dq_frag
 
 
 def covered_head_dims(varlen: bool = False) -> set:
@@ -463,19 +450,14 @@ def _producer(
 
 
 @gluon.jit
-def _dq_out(j, dq, b, h, q_row, tile, dq_smem, dq_full, dq_empty, dq_desc,
+def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
             INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr,
             DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr):  # fmt: skip
-    """This consumer's (scaled) dQ tile of step ``j`` (query rows from ``q_row`` of head h; flat
-    accumulators: tile ``tile``): DQ_WRITER hands it to the writer partition through slot (j % 2,
-    INDEX) and goes on; DQ_FRAG without a writer (``dq_red``) adds it into the flat accumulator
-    ``dq_desc`` (a pointer then) by atomic reductions in red order (:func:`_dq_red_offsets`);
-    otherwise it is staged and added by TMA reduce here. DQ_FRAG with the writer: the slot holds
-    the tile in fragment order (:func:`_dq_frag_layout`)."""
-    if DQ_FRAG and not DQ_WRITER:
-        offs = _dq_red_offsets(BLOCK_M, DQ_N)
-        gl.atomic_add(dq_desc + tile * (BLOCK_M * DQ_N) + offs, dq, sem="relaxed")
-    elif DQ_WRITER:
+    """This consumer's (scaled) dQ tile of step ``j`` (query rows from ``q_row`` of head h):
+    DQ_WRITER hands it to the writer partition
+    through slot (j % 2, INDEX) and goes on; otherwise it is staged and added by TMA reduce here.
+    DQ_FRAG: the slot holds the tile in fragment order (:func:`_dq_frag_layout`)."""
+    if DQ_WRITER:
         slot = (j % 2) * CONSUMERS + INDEX
         mbarrier.wait(dq_empty.index(slot), ((j // 2) & 1) ^ 1)  # the writer is done with step j - 2
         if DQ_FRAG:
@@ -494,21 +476,7 @@ def _dq_out(j, dq, b, h, q_row, tile, dq_smem, dq_full, dq_empty, dq_desc,
 
 
 @gluon.jit
-def _dq_red_offsets(BLOCK_M: gl.constexpr, DQ_N: gl.constexpr):
-    """Offsets of a 64 x 64 dQ tile's elements in red order, as an int32 tensor in the wgmma
-    accumulator layout of one warpgroup: ``(col & 7) | (row & 7) << 3 | (row >> 4) << 6 | ((row >> 3) & 1) << 8 |
-    (col >> 3) << 9`` (bits 0-5: a warp's 32 lanes x 2 columns of one register pair; then the warp,
-    the row half, the column block); :func:`_dq_frag_to_bshd` with RED_ORDER inverts it."""
-    gl.static_assert(BLOCK_M == 64 and DQ_N == 64, "red order is written for 64 x 64 dQ tiles")
-    layout: gl.constexpr = _mma_layout(DQ_N, 4)
-    r = gl.expand_dims(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout)), 1)
-    c = gl.expand_dims(gl.arange(0, DQ_N, layout=gl.SliceLayout(0, layout)), 0)
-    return c % 8 + (r % 8) * 8 + (r // 16) * 64 + ((r // 8) % 2) * 256 + (c // 8) * 512
-
-
-@gluon.jit
-def _dq_shared_step(j, h, q_row, tile, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full, dq_empty, dq_desc,
-                    dq_zero,
+def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full, dq_empty, dq_desc, dq_zero,
                     sm_scale, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr,
                     DQ_N: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr):  # fmt: skip
     """dQ[rows q_row.. of head h, this consumer's DQ_N columns] += sum over the consumers c of
@@ -523,8 +491,8 @@ def _dq_shared_step(j, h, q_row, tile, b, ds_smem, k_smem, dq_smem, ds_ready, ds
                                k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok, is_async=True)
     dq = warpgroup_mma_wait(0, deps=(dq_tok,))
     mbarrier.arrive(ds_free.index(par))
-    _dq_out(j, dq * sm_scale, b, h, q_row, tile, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M,
-            DQ_N, DQ_WRITER, DQ_FRAG)  # fmt: skip
+    _dq_out(j, dq * sm_scale, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N,
+            DQ_WRITER, DQ_FRAG)  # fmt: skip
 
 
 @gluon.jit
@@ -579,7 +547,6 @@ def _consumer(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
         window_right, BLOCK_N * CONSUMERS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN,
     )  # fmt: skip
-    nheads = nheads_k * group
     k_tile = k_smem.index(INDEX)
     v_tile = v_smem.index(INDEX)
     ds_tile = ds_smem.index(INDEX)
@@ -693,9 +660,7 @@ def _consumer(
             dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
             mbarrier.arrive(q_empty.index(slot))
             if it > 0:
-                _dq_shared_step(it - 1, prev_h, q_off + prev_mt * BLOCK_M,
-                                ((b * nheads + prev_h).to(gl.int64) * n_m + prev_mt) * CONSUMERS + INDEX, b, ds_smem,
-                                k_smem, dq_smem, ds_ready,
+                _dq_shared_step(it - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
                                 ds_free, dq_full,
                                 dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
                                 DQ_WRITER, DQ_FRAG)  # fmt: skip
@@ -724,8 +689,7 @@ def _consumer(
             mbarrier.arrive(q_empty.index(slot))
             dq = warpgroup_mma_wait(0, deps=(dq_tok,))
             mbarrier.arrive(ds_free.index(par))
-            _dq_out(it, dq * sm_scale, b, h, q_off + mt * BLOCK_M, ((b * nheads + h).to(gl.int64) * n_m + mt) * CONSUMERS
-                    + INDEX, dq_smem, dq_full, dq_empty, dq_desc, INDEX,
+            _dq_out(it, dq * sm_scale, b, h, q_off + mt * BLOCK_M, dq_smem, dq_full, dq_empty, dq_desc, INDEX,
                     CONSUMERS, BLOCK_M,
                     DQ_N, DQ_WRITER, DQ_FRAG)  # fmt: skip
         elif DQ_ATOMIC:
@@ -752,9 +716,7 @@ def _consumer(
     n_steps = group * per_head
     if DQ_LAG:
         if n_steps > 0:
-            _dq_shared_step(n_steps - 1, prev_h, q_off + prev_mt * BLOCK_M,
-                            ((b * nheads + prev_h).to(gl.int64) * n_m + prev_mt) * CONSUMERS + INDEX, b, ds_smem,
-                            k_smem, dq_smem, ds_ready,
+            _dq_shared_step(n_steps - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
                             ds_free, dq_full,
                             dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
                             DQ_WRITER, DQ_FRAG)  # fmt: skip
@@ -984,10 +946,8 @@ def _attn_bwd_dkdv_kernel(
         # DQ_WRITER: two slots per consumer (by step parity), so a consumer hands over step j
         # while the writer still adds step j - 1
         DQ_BUFS: gl.constexpr = 2 * CONSUMERS if DQ_WRITER else CONSUMERS
-        if DQ_FRAG and not DQ_WRITER:
-            # dq_red: the consumers add from registers; no staging (a placeholder tile)
-            dq_smem = gl.allocate_shared_memory(gl.float32, [1, 8, 8], dq_layout)
-        elif DQ_FRAG:
+        if DQ_FRAG:
+            gl.static_assert(DQ_WRITER, "fragment-order dQ goes through the writer partition")
             gl.static_assert(BLOCK_M * DQ_N == 16 * 256, "one 16 x 256 box per dQ tile")
             frag_box: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
             dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, 16, 256], frag_box)
@@ -1405,23 +1365,22 @@ def dq_accum_for(q: torch.Tensor, variant: str, device=None) -> torch.Tensor:
     var = VARIANTS[variant]
     device = q.device if device is None else device
     if q.dim() == 3:
-        if var.flat_dq:
+        if var.dq_frag:
             raise ValueError(f"variant {variant} has no packed (varlen) form")
         t, h, d = q.shape
         return torch.zeros(h, t, d, device=device, dtype=torch.float32).transpose(0, 1)
     b, s, h, d = q.shape
-    if var.flat_dq:
+    if var.dq_frag:
         return torch.zeros(b * h * configs.cdiv(s, var.block_m) * var.block_m * d, device=device, dtype=torch.float32)
     return torch.zeros(b, h, s, d, device=device, dtype=torch.float32).transpose(1, 2)
 
 
 @triton.jit
 def _dq_frag_to_bshd(Acc, DQ, stride_db, stride_ds, stride_dh, stride_dd, seqlen, nheads, n_m,
-                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, DQ_N: tl.constexpr,
-                     RED_ORDER: tl.constexpr):  # fmt: skip
+                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, DQ_N: tl.constexpr):  # fmt: skip
     """dQ (B, S, H, D) from the fragment-order accumulator: program = query tile (b * H + h) *
     n_m + mt; column block c = col // DQ_N is consumer c's tile; the offset inverts
-    :func:`_dq_frag_layout` (RED_ORDER: :func:`_dq_red_offsets`)."""
+    :func:`_dq_frag_layout`."""
     pid = tl.program_id(0)
     mt = pid % n_m
     bh = pid // n_m
@@ -1430,11 +1389,8 @@ def _dq_frag_to_bshd(Acc, DQ, stride_db, stride_ds, stride_dh, stride_dd, seqlen
     r = tl.arange(0, BLOCK_M)[:, None]
     col = tl.arange(0, HEAD_DIM)[None, :]
     cc = col % DQ_N
-    if RED_ORDER:
-        off = (cc & 7) | ((r & 7) << 3) | (((r >> 4) & 3) << 6) | (((r >> 3) & 1) << 8) | (((cc >> 3) & 7) << 9)
-    else:
-        off = ((cc & 1) | (((r >> 3) & 1) << 1) | (((cc >> 1) & 3) << 2) | ((r & 7) << 4) | (((r >> 4) & 3) << 7)
-               | (((cc >> 3) & 7) << 9))  # fmt: skip
+    off = ((cc & 1) | (((r >> 3) & 1) << 1) | (((cc >> 1) & 3) << 2) | ((r & 7) << 4) | (((r >> 4) & 3) << 7)
+           | (((cc >> 3) & 7) << 9))  # fmt: skip
     x = tl.load(Acc + pid.to(tl.int64) * (BLOCK_M * HEAD_DIM) + (col // DQ_N) * (BLOCK_M * DQ_N) + off)
     rows = mt * BLOCK_M + r
     ptrs = (DQ + b.to(tl.int64) * stride_db + rows.to(tl.int64) * stride_ds + h.to(tl.int64) * stride_dh
@@ -1446,17 +1402,15 @@ _DQ_FRAG_TO_BSHD = CachedLauncher(_dq_frag_to_bshd)
 _DQ_FRAG_META: dict = {}
 
 
-def dq_frag_to_bshd(dq_accum: torch.Tensor, dq: torch.Tensor, block_m: int = 64, consumers: int = 2,
-                    red_order: bool = False) -> None:  # fmt: skip
+def dq_frag_to_bshd(dq_accum: torch.Tensor, dq: torch.Tensor, block_m: int = 64, consumers: int = 2) -> None:
     """Write dq (B, S, H, D) from a flat fragment-order accumulator (:func:`dq_accum_for` of a
-    ``dq_frag`` variant, or of a ``dq_red`` one with ``red_order``; already scaled), cast to dq's
-    dtype."""
+    ``dq_frag`` variant; already scaled), cast to dq's dtype."""
     b, s, h, d = dq.shape
     n_m = configs.cdiv(s, block_m)
-    meta = _DQ_FRAG_META.get((block_m, d, consumers, red_order))
+    meta = _DQ_FRAG_META.get((block_m, d, consumers))
     if meta is None:
-        meta = _DQ_FRAG_META[(block_m, d, consumers, red_order)] = _DQ_FRAG_TO_BSHD.meta(
-            BLOCK_M=block_m, HEAD_DIM=d, DQ_N=d // consumers, RED_ORDER=red_order, num_warps=8)
+        meta = _DQ_FRAG_META[(block_m, d, consumers)] = _DQ_FRAG_TO_BSHD.meta(
+            BLOCK_M=block_m, HEAD_DIM=d, DQ_N=d // consumers, num_warps=8)
     _DQ_FRAG_TO_BSHD((b * h * n_m,), (dq_accum, dq), (*dq.stride(), s, h, n_m), (), meta)
 
 
@@ -1531,13 +1485,12 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         raise ValueError(f"variant {variant} has no softcap form (only the split-D variants have one)")
     if varlen and not varlen_builds(variant):
         raise ValueError(f"variant {variant} has no packed (varlen) form")
-    if var.flat_dq:
+    if var.dq_frag:
         batch, seqlen_q = q.shape[:2]
         want = batch * nheads * configs.cdiv(seqlen_q, var.block_m) * var.block_m * head_dim
         if dq_accum is None or dq_accum.dim() != 1 or dq_accum.numel() != want or dq_accum.dtype != torch.float32:
             raise ValueError(f"variant {variant} needs a flat float32 dq_accum of {want} (dq_accum_for)")
-        # dq_red: the consumers add into the accumulator through its pointer
-        dq_desc = dq_accum if var.dq_red else _descriptor_frag(dq_accum)
+        dq_desc = _descriptor_frag(dq_accum)
     elif var.dq_atomic:
         if dq_accum is None or dq_accum.shape != q.shape or dq_accum.dtype != torch.float32:
             raise ValueError(f"variant {variant} needs a float32 dq_accum shaped like q")
@@ -1587,7 +1540,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
-        DQ_FRAG=var.flat_dq, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead,
+        DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead,
         SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
@@ -1641,9 +1594,9 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     # launch_args' order: 7 descriptors and 8 pointers, 15 integers, 4 floats
     with torch.cuda.device(q.device):
         (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD)(grid, args[:15], args[15:30], args[30:], meta)
-    if var.flat_dq:
+    if var.dq_frag:
         with torch.cuda.device(q.device):
-            dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers, red_order=var.dq_red)
+            dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers)
     elif var.dq_atomic:
         dq.copy_(dq_accum)  # already scaled; float32 -> q's dtype
     return var.dq_atomic
