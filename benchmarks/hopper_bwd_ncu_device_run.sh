@@ -7,8 +7,7 @@
 #   bash benchmarks/hopper_bwd_ncu_device_run.sh OUT_DIR "VARIANT ..." [POINT ARGS ...]
 #
 # POINT ARGS go to benchmarks/diagnostics/hopper_bwd_ncu.py (default: d128 causal S=16K); with
-# HOPPER_NCU_TARGET=fwd the forward kernel is profiled instead, through
-# benchmarks/diagnostics/hopper_fwd_ncu.py (the same POINT ARGS). Writes
+# HOPPER_NCU_TARGET=fwd the forward kernel is profiled instead (the target's --forward). Writes
 # OUT_DIR/ncu$HOPPER_NCU_TAG.tar.gz (reports, text exports and the log) and prints a summary. Clocks are left as found
 # (--clock-control none).
 set -u
@@ -17,10 +16,10 @@ variants=${2:?variants}
 shift 2
 export PYTHONPATH=${PYTHONPATH:-.}
 export PYTHONUNBUFFERED=1
+target=benchmarks/diagnostics/hopper_bwd_ncu.py kernel=regex:_attn_bwd_dkdv_kernel
 if [ "${HOPPER_NCU_TARGET:-bwd}" = fwd ]; then
-  target=benchmarks/diagnostics/hopper_fwd_ncu.py kernel=regex:_attn_fwd_kernel
-else
-  target=benchmarks/diagnostics/hopper_bwd_ncu.py kernel=regex:_attn_bwd_dkdv_kernel
+  kernel=regex:_attn_fwd_kernel
+  set -- --forward "$@"
 fi
 work=$(mktemp -d)
 log="$work/ncu.log"
