@@ -71,16 +71,19 @@ def test_default_variant_and_mask_args():
     assert hk.default_variant(64, True, window=(128, 0)) == hk.LEFT_WINDOW_FALLBACK
     assert hk.default_variant(64, False, window=(-1, 5)) == hk.DEFAULT[(64, False)]
     assert hk.default_variant(128, True, window=(128, 0)) == hk.DEFAULT[(128, True)]
-    # dense d128 calls of 4K-8K queries without a window or softcap: the dynamic persistent variant
-    lo, hi = hk.SHORT_SEQLENS
-    for causal in (False, True):
-        assert hk.default_variant(128, causal, seqlen_q=lo) == hk.SHORT_DEFAULT
-        assert hk.default_variant(128, causal, seqlen_q=hi) == hk.SHORT_DEFAULT
-        assert hk.default_variant(128, causal, seqlen_q=hi + 1) == hk.DEFAULT[(128, causal)]
-        assert hk.default_variant(128, causal, seqlen_q=lo - 1) == hk.DEFAULT[(128, causal)]  # not measured
-        assert hk.default_variant(128, causal, seqlen_q=0) == hk.DEFAULT[(128, causal)]  # length not given
-        assert hk.default_variant(64, causal, seqlen_q=4096) == hk.DEFAULT[(64, causal)]
-        assert hk.default_variant(128, causal, True, seqlen_q=4096) == hk.VARLEN_DEFAULT[(128, causal)]
+    # dense calls in SHORT_SEQLENS without a window or softcap: the dynamic persistent variant
+    assert set(hk.SHORT_SEQLENS) == {(128, False), (128, True), (64, True)}
+    for (d, causal), (lo, hi) in hk.SHORT_SEQLENS.items():
+        assert d in hk.VARIANTS[hk.SHORT_DEFAULT].head_dims
+        assert hk.default_variant(d, causal, seqlen_q=lo) == hk.SHORT_DEFAULT
+        assert hk.default_variant(d, causal, seqlen_q=hi) == hk.SHORT_DEFAULT
+        assert hk.default_variant(d, causal, seqlen_q=hi + 1) == hk.DEFAULT[(d, causal)]
+        assert hk.default_variant(d, causal, seqlen_q=lo - 1) == hk.DEFAULT[(d, causal)]  # not measured
+        assert hk.default_variant(d, causal, seqlen_q=0) == hk.DEFAULT[(d, causal)]  # length not given
+        assert hk.default_variant(d, causal, True, seqlen_q=lo) == hk.VARLEN_DEFAULT[(d, causal)]
+    assert hk.default_variant(64, False, seqlen_q=1024) == hk.DEFAULT[(64, False)]  # 0.96x at 2K
+    assert hk.default_variant(64, True, seqlen_q=4096) == hk.DEFAULT[(64, True)]
+    assert hk.default_variant(64, True, window=(128, 0), seqlen_q=1024) == hk.LEFT_WINDOW_FALLBACK
     assert hk.default_variant(128, True, window=(128, 0), seqlen_q=4096) == hk.DEFAULT[(128, True)]
     assert hk.default_variant(128, False, seqlen_q=4096, softcap=30.0) == hk.DEFAULT[(128, False)]
     assert hk.default_variant(128, True, window=(-1, 0), seqlen_q=4096) == hk.SHORT_DEFAULT

@@ -45,7 +45,8 @@ tile, so its store overlaps the next item's loop). Persistent programs take thei
 either statically (program_id + num_programs, ...) or, ``dynamic``, from an atomic counter
 zeroed per launch: the producer fetches each and hands it to the consumers through a two-slot
 shared-memory ring (``item_ready`` / ``item_empty``), so programs that drew short items take
-more of them. Dense d128 calls of ``SHORT_SEQLENS`` (4K-8K) queries run the dynamic form.
+more of them. Dense calls of ``SHORT_SEQLENS`` queries (d128: 512-8K; d64 causal: 512-2K) run
+the dynamic form.
 
 Head dim 256 uses 64-key K/V tiles and stages the output in the Q tile's shared memory (free
 once the item's last S = Q K^T has completed; one-item programs only), since a separate output
@@ -169,18 +170,21 @@ VARLEN_DEFAULT = {
     (256, True): "ws2x4-overlap-fma-d256",
 }
 HEAD_DIMS = (64, 128, 256)
-# Dense d128 calls of SHORT_SEQLENS[0]..SHORT_SEQLENS[1] queries, without a window or softcap (the
-# calls it was measured on), run SHORT_DEFAULT: persistent programs fed by an atomic item counter
-# overlap one item's epilogue with the next one's loads, which pays where items are short. H100, bf16,
-# Hq=32, Hkv=8, 3 rounds (.notes/hopper.md, session 22 call 6): 542 / 589 TFLOP/s causal at
-# 4K / 8K against 521 / 583, non-causal 574 / 611 against 568 / 586 (1.01-1.04x, geometric mean
-# 1.026; the rule, written before the run: every point >= 1.00x, mean >= 1.02x). At 16K / 32K it
-# measured 1.05 / 0.98x causal and 1.00 / 0.97x non-causal (call 5, an H200), so longer calls
-# keep DEFAULT; shorter ones were not measured (with fewer items than SMs the counter and its
-# per-launch zeroing only cost), so they keep it too.
+# Dense calls of (head dim, causal) -> SHORT_SEQLENS[key] = (lo, hi) queries (inclusive), without a
+# window or softcap (the calls it was measured on), run SHORT_DEFAULT: persistent programs fed by
+# an atomic item counter overlap one item's epilogue with the next one's loads, which pays where
+# items are short. H100, bf16, Hq=32, Hkv=8, batch 16K / S, 3 rounds (.notes/hopper.md):
+# - d128, 4K / 8K (session 22 call 6): 542 / 589 TFLOP/s causal against 521 / 583, non-causal
+#   574 / 611 against 568 / 586 (1.01-1.04x); 512 / 1K / 2K (session 24 call 8): causal 318 /
+#   412 / 481 against 261 / 374 / 460 (1.05-1.22x), non-causal 460 / 502 / 551 against 412 / 485
+#   / 527 (1.04-1.12x). At 16K / 32K 1.05 / 0.98x causal and 1.00 / 0.97x non-causal (an
+#   H200), so longer calls keep DEFAULT.
+# - d64 causal, against the three-consumer default (session 24 calls 7-8): 207 / 293 / 359 at
+#   512 / 1K / 2K against 147 / 218 / 331 (1.08-1.41x); 4K 0.99x, 8K 0.93x. Non-causal d64 keeps
+#   its default: 0.96x at 2K (1.09x / 1.16x at 1K / 512, outside the rule written before the run).
+# Shorter calls than 512 queries were not measured and keep DEFAULT.
 SHORT_DEFAULT = "ws2x4-overlap-fma-dyn"
-SHORT_SEQLENS = (4096, 8192)
-SHORT_DEFAULT_HEAD_DIMS = (128,)
+SHORT_SEQLENS = {(128, False): (512, 8192), (128, True): (512, 8192), (64, True): (512, 2048)}
 # Calls with a left window bound run this variant where their default has three consumers: at
 # 160 registers each, the left-edge mask spills 128-296 bytes per thread (CPU compile, sm_90a);
 # two consumers spill nothing with any mask or the softcap.
@@ -205,7 +209,8 @@ def default_variant(head_dim: int, causal: bool, varlen: bool = False, window=(-
     name = (VARLEN_DEFAULT if varlen else DEFAULT)[(head_dim, bool(causal))]
     if VARIANTS[name].consumers > 2 and mask_args(causal, window)["MASK_LEFT"]:
         return LEFT_WINDOW_FALLBACK
-    if not varlen and head_dim in SHORT_DEFAULT_HEAD_DIMS and SHORT_SEQLENS[0] <= seqlen_q <= SHORT_SEQLENS[1]:
+    lo, hi = SHORT_SEQLENS.get((head_dim, bool(causal)), (1, 0))
+    if not varlen and lo <= seqlen_q <= hi:
         masks = mask_args(causal, window, softcap)
         if not (masks["MASK_LEFT"] or masks["RIGHT_WINDOW"] or masks["SOFTCAP"]):
             return SHORT_DEFAULT
