@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Nsight Compute on the Gluon backward (or forward) kernel at one point (one launch per variant): sections
-# (speed of light, compute/memory workload, warp state, scheduler, launch, occupancy, source
+# Nsight Compute on the Gluon backward (or forward) kernel at one point (one launch per variant):
+# sections (speed of light, compute/memory workload, warp state, scheduler, launch, occupancy, source
 # counters for per-instruction stall sampling) plus the tensor-pipe, L2-reduction and DRAM metrics
 # this ncu knows; exports details, raw metrics and the SASS source page as text.
 #

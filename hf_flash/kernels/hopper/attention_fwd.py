@@ -209,7 +209,7 @@ def default_variant(head_dim: int, causal: bool, varlen: bool = False, window=(-
     name = (VARLEN_DEFAULT if varlen else DEFAULT)[(head_dim, bool(causal))]
     if VARIANTS[name].consumers > 2 and mask_args(causal, window)["MASK_LEFT"]:
         return LEFT_WINDOW_FALLBACK
-    lo, hi = SHORT_SEQLENS.get((head_dim, bool(causal)), (1, 0))
+    lo, hi = SHORT_SEQLENS.get((head_dim, bool(causal)), (1, 0))  # (1, 0): no short range
     if not varlen and lo <= seqlen_q <= hi:
         masks = mask_args(causal, window, softcap)
         if not (masks["MASK_LEFT"] or masks["RIGHT_WINDOW"] or masks["SOFTCAP"]):
