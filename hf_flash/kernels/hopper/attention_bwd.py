@@ -177,6 +177,10 @@ class Variant:
     # dq_ordered: the writer reads the next step's counter right after issuing this step's
     # reduces, so the read's latency runs under the wait for the TMA and the release
     poll_ahead: bool = False
+    # dq_writer with two writer warps, one per step parity (the slots of that parity): each has
+    # two steps' time for its turn, reduce, read and release, and (dq_ordered) counts a block in
+    # a tile as soon as its additions have completed instead of a step later
+    dq_parity: bool = False
     # the split-D form, for head dims the transposed frame cannot hold (256: dK and dV of 64 keys
     # would be 256 registers per thread): the program's block_n keys are shared by the consumers,
     # queries along the wgmma M axis; consumer c computes S and dP for keys [c, c + 1) * block_n /
@@ -221,6 +225,11 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwlf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_frag=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwld-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 tiles_down=True, poll_ahead=True, head_dims=(128,)),
@@ -832,10 +841,14 @@ def _dq_writer(
     Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right,
     BLOCK_M: gl.constexpr, KEYS: gl.constexpr, DQ_N: gl.constexpr, CONSUMERS: gl.constexpr,
     MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, PARITY: gl.constexpr,
+    WRITER: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
     add them into the float32 accumulator by TMA reduce and hand the slots back once read.
+    PARITY: two writers (WRITER 0 and 1), each taking the steps of its parity (the slots of that
+    parity), so each has two steps' time for its chain of turn, reduce, read and release, and
+    counts a block in a tile as soon as its additions have completed.
     DQ_ORDERED: before adding into query tile (b, h, mt), wait until the semaphore of that tile
     counts the key blocks that add before this one (those below it, from
     :func:`_first_key_block` on), and count this one once the additions have completed, not only
@@ -861,7 +874,9 @@ def _dq_writer(
     # POLL_AHEAD: the value of this step's counter, read during the previous step (the first
     # step reads it where it starts; no turn is -1)
     ahead = lane * 0 - 1
-    for it in range(n_steps):
+    FIRST: gl.constexpr = WRITER if PARITY else 0
+    STRIDE: gl.constexpr = 2 if PARITY else 1
+    for it in range(FIRST, n_steps, STRIDE):
         h, mt = _step_tile(it, kv_h, group, m_hi, m_lo, TILES_DOWN)
         par = it % 2
         if DQ_ORDERED:
@@ -892,8 +907,8 @@ def _dq_writer(
                                 dq_smem.index(slot).reshape([1, 1, BLOCK_M, DQ_N]))  # fmt: skip
         if DQ_ORDERED:
             if POLL_AHEAD:
-                if it + 1 < n_steps:
-                    h_next, mt_next = _step_tile(it + 1, kv_h, group, m_hi, m_lo, TILES_DOWN)
+                if it + STRIDE < n_steps:
+                    h_next, mt_next = _step_tile(it + STRIDE, kv_h, group, m_hi, m_lo, TILES_DOWN)
                     ahead = _load_acquire(
                         _dq_counter(Sem, b, h_next, mt_next, nheads, n_m, n_slots_q, sem_tile0, lane, VARLEN)
                     )  # fmt: skip
@@ -901,13 +916,17 @@ def _dq_writer(
         for c in gl.static_range(CONSUMERS):
             mbarrier.arrive(dq_empty.index(par * CONSUMERS + c))
         if DQ_ORDERED:
-            # count this block in the previous step's tile once those additions have completed
-            # (all but this step's CONSUMERS bulk groups, one per tile), so their latency runs
-            # under this step
-            if it > 0:
-                lane = _release_add_one(sem_prev, _bulk_wait(lane, CONSUMERS))
-            sem_prev = sem
-    if DQ_ORDERED:
+            if PARITY:
+                # the other writer takes the next step: count this block in this step's tile now
+                lane = _release_add_one(sem, _bulk_wait(lane, 0))
+            else:
+                # count this block in the previous step's tile once those additions have
+                # completed (all but this step's CONSUMERS bulk groups, one per tile), so their
+                # latency runs under this step
+                if it > 0:
+                    lane = _release_add_one(sem_prev, _bulk_wait(lane, CONSUMERS))
+                sem_prev = sem
+    if DQ_ORDERED and not PARITY:
         if n_steps > 0:
             lane = _release_add_one(sem_prev, _bulk_wait(lane, 0))
 
@@ -923,7 +942,8 @@ def _attn_bwd_dkdv_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, SOFTCAP: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
+    SOFTCAP: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
     dtype: gl.constexpr = q_desc.dtype
@@ -982,8 +1002,9 @@ def _attn_bwd_dkdv_kernel(
         mbarrier.init(dq_empty.index(i), count=1)
 
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
-    # (Gluon takes the partitions as a literal list: the two forms differ by the dQ writer)
-    if DQ_WRITER:
+    gl.static_assert(DQ_WRITER or not DQ_PARITY, "two dQ writers need the writer form")
+    # (Gluon takes the partitions as a literal list: the forms differ by the dQ writers)
+    if DQ_PARITY:
         gl.warp_specialize(
             [
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
@@ -1010,7 +1031,44 @@ def _attn_bwd_dkdv_kernel(
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, POLL_AHEAD)),
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, POLL_AHEAD, DQ_PARITY, 0)),
+                # the second writer: the odd steps
+                (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
+                               seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
+                               BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, POLL_AHEAD, DQ_PARITY, 1)),
+            ],
+            [CONSUMER_WARPS, 1, 1, 1],
+            [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    elif DQ_WRITER:
+        gl.warp_specialize(
+            [
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                             stride_lb, stride_lh, stride_lm,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+                             sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
+                             stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
+                             MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
+                             DQ_FRAG, VARLEN, TILES_DOWN)),
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                             stride_lb, stride_lh, stride_lm,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+                             sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
+                             stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
+                             MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
+                             DQ_FRAG, VARLEN, TILES_DOWN)),
+                (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
+                             kv_bar, q_ready, do_ready, q_empty, do_empty,
+                             n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+                             window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
+                             VARLEN, TILES_DOWN)),
+                (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
+                               seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
+                               BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, POLL_AHEAD, DQ_PARITY, 0)),
             ],
             [CONSUMER_WARPS, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -1243,7 +1301,8 @@ def _attn_bwd_split_d_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, SOFTCAP: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
+    SOFTCAP: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -1541,6 +1600,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
         DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead,
+        DQ_PARITY=var.dq_parity,
         SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
