@@ -80,8 +80,10 @@ def test_bwd_variant_builds_for_sm90a(reports, spec):
     assert r["tma_loads"] > 0, r
     # one reduce per consumer (dq_lag: also after the loop); the dQ writer issues each consumer's
     # 64-column float32 tile as its two 128-byte TMA boxes (dq_frag: one 16 x 256 box), in one place
+    # per writer (dq_parity: two writer partitions)
     if var.dq_writer:
-        assert r["tma_reduces"] == (1 if var.dq_frag else 2) * var.consumers, r
+        writers = 2 if var.dq_parity else 1
+        assert r["tma_reduces"] == (1 if var.dq_frag else 2) * var.consumers * writers, r
     else:
         assert r["tma_reduces"] == (var.consumers * (2 if var.dq_lag else 1) if var.dq_atomic else 0), r
     assert hb.PRODUCER_REGS in r["setmaxnreg"] and var.consumer_regs in r["setmaxnreg"], r

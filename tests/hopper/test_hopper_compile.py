@@ -72,7 +72,7 @@ def test_default_variant_and_mask_args():
     assert hk.default_variant(64, False, window=(-1, 5)) == hk.DEFAULT[(64, False)]
     assert hk.default_variant(128, True, window=(128, 0)) == hk.DEFAULT[(128, True)]
     # dense calls in SHORT_SEQLENS without a window or softcap: the dynamic persistent variant
-    assert set(hk.SHORT_SEQLENS) == {(128, False), (128, True), (64, True)}
+    assert set(hk.SHORT_SEQLENS) == {(128, False), (128, True), (64, True), (64, False)}
     for (d, causal), (lo, hi) in hk.SHORT_SEQLENS.items():
         assert d in hk.VARIANTS[hk.SHORT_DEFAULT].head_dims
         assert hk.default_variant(d, causal, seqlen_q=lo) == hk.SHORT_DEFAULT
@@ -81,7 +81,7 @@ def test_default_variant_and_mask_args():
         assert hk.default_variant(d, causal, seqlen_q=lo - 1) == hk.DEFAULT[(d, causal)]  # not measured
         assert hk.default_variant(d, causal, seqlen_q=0) == hk.DEFAULT[(d, causal)]  # length not given
         assert hk.default_variant(d, causal, True, seqlen_q=lo) == hk.VARLEN_DEFAULT[(d, causal)]
-    assert hk.default_variant(64, False, seqlen_q=1024) == hk.DEFAULT[(64, False)]  # 0.96x at 2K
+    assert hk.default_variant(64, False, seqlen_q=2048) == hk.DEFAULT[(64, False)]  # 0.96x at 2K
     assert hk.default_variant(64, True, seqlen_q=4096) == hk.DEFAULT[(64, True)]
     assert hk.default_variant(64, True, window=(128, 0), seqlen_q=1024) == hk.LEFT_WINDOW_FALLBACK
     assert hk.default_variant(128, True, window=(128, 0), seqlen_q=4096) == hk.DEFAULT[(128, True)]

@@ -45,8 +45,8 @@ tile, so its store overlaps the next item's loop). Persistent programs take thei
 either statically (program_id + num_programs, ...) or, ``dynamic``, from an atomic counter
 zeroed per launch: the producer fetches each and hands it to the consumers through a two-slot
 shared-memory ring (``item_ready`` / ``item_empty``), so programs that drew short items take
-more of them. Dense calls of ``SHORT_SEQLENS`` queries (d128: 512-8K; d64 causal: 512-2K) run
-the dynamic form.
+more of them. Dense calls of ``SHORT_SEQLENS`` queries (d128: 256-8K; d64: 256-2K causal,
+256-1K not) run the dynamic form.
 
 Head dim 256 uses 64-key K/V tiles and stages the output in the Q tile's shared memory (free
 once the item's last S = Q K^T has completed; one-item programs only), since a separate output
@@ -180,11 +180,13 @@ HEAD_DIMS = (64, 128, 256)
 #   / 527 (1.04-1.12x). At 16K / 32K 1.05 / 0.98x causal and 1.00 / 0.97x non-causal (an
 #   H200), so longer calls keep DEFAULT.
 # - d64 causal, against the three-consumer default (session 24 calls 7-8): 207 / 293 / 359 at
-#   512 / 1K / 2K against 147 / 218 / 331 (1.08-1.41x); 4K 0.99x, 8K 0.93x. Non-causal d64 keeps
-#   its default: 0.96x at 2K (1.09x / 1.16x at 1K / 512, outside the rule written before the run).
-# Shorter calls than 512 queries were not measured and keep DEFAULT.
+#   512 / 1K / 2K against 147 / 218 / 331 (1.08-1.41x); 4K 0.99x, 8K 0.93x.
+# - d64 non-causal (session 25 call 1): 333 / 396 at 512 / 1K against 287 / 361 (1.16 / 1.10x);
+#   2K 0.96x (session 24 call 7).
+# - 256 queries (session 25 call 1): d128 205 / 371 (causal / not) against 157 / 300, d64 121 /
+#   254 against 66 / 150 (1.24-1.84x). Shorter calls were not measured and keep DEFAULT.
 SHORT_DEFAULT = "ws2x4-overlap-fma-dyn"
-SHORT_SEQLENS = {(128, False): (512, 8192), (128, True): (512, 8192), (64, True): (512, 2048)}
+SHORT_SEQLENS = {(128, False): (256, 8192), (128, True): (256, 8192), (64, True): (256, 2048), (64, False): (256, 1024)}
 # Calls with a left window bound run this variant where their default has three consumers: at
 # 160 registers each, the left-edge mask spills 128-296 bytes per thread (CPU compile, sm_90a);
 # two consumers spill nothing with any mask or the softcap.
