@@ -7,7 +7,8 @@ that the GPU keeps up, so the loop measures what the host spends queueing one ca
 Each row is the best of ``--repeats`` loops of ``--calls`` calls, the time until the loop has
 queued everything divided by the calls (the device is synchronised between loops, outside the
 timing; triton.testing.do_bench on a short call counts this time where it exceeds the kernel's).
-``--profile``: also a cProfile of the public forward, the functions with the most own time.
+``--profile``: also cProfiles of the public forward and of forward + backward (the backward on
+the calling thread), by own and by cumulative time.
 """
 
 from __future__ import annotations
@@ -81,15 +82,19 @@ def main() -> None:
     for label, fn in rows:
         print(f"{label:48} {host_us(fn, args.calls, args.repeats):8.1f}")
     if args.profile:
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(args.calls):
-            public_fwd()
-        prof.disable()
-        torch.cuda.synchronize()
-        buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
-        print(buf.getvalue())
+        # the backward on this thread (autograd's device threads are invisible to cProfile)
+        with torch.autograd.set_multithreading_enabled(False):
+            for label, fn in rows[:2]:
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(args.calls):
+                    fn()
+                prof.disable()
+                torch.cuda.synchronize()
+                for key in ("tottime", "cumulative"):
+                    buf = io.StringIO()
+                    pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(30)
+                    print(f"== {label}, {args.calls} calls, by {key}\n{buf.getvalue()}")
 
 
 if __name__ == "__main__":
