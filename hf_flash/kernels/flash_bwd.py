@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from . import configs
+from .launch import CachedLauncher
 from .flash_common import (
     LOG2E, dropout_keep, load_row_bounds, query_tile_key_runs, query_tile_runs, scores_log2, seq_bounds,
     visible,
@@ -201,7 +202,7 @@ def _bwd_dkdv_kernel(
     stride_dvb, stride_dvn, stride_dvh,
     stride_lb, stride_lh, stride_ab, stride_bb, stride_bm, stride_rb,
     seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nheads, nheads_k, group,
-    qk_scale, softcap, dropout_p, window_left, window_right,
+    window_left, window_right, qk_scale, softcap, dropout_p,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     ROW_BOUNDS: tl.constexpr,
@@ -370,7 +371,7 @@ def _bwd_dq_kernel(
     stride_dqb, stride_dqm, stride_dqh,
     stride_lb, stride_lh, stride_ab, stride_bb, stride_bm,
     seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nheads, group,
-    qk_scale, softcap, dropout_p, window_left, window_right,
+    window_left, window_right, qk_scale, softcap, dropout_p,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     ROW_BOUNDS: tl.constexpr,
@@ -526,21 +527,20 @@ def flash_attn_backward(
     delta = torch.empty_like(lse)
 
     pre_m = 64 if block_d <= 256 else 32  # out and dO tiles of pre_m x block_d in registers
-    _bwd_preprocess[(configs.cdiv(max_seqlen_q, pre_m), batch * nheads)](
-        out, dout, dlse, delta, cu_seqlens_q,
-        *_dense_or_varlen_strides(out, varlen), *_dense_or_varlen_strides(dout, varlen),
-        stride_lb, stride_lh, seqlen_q, nheads,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m, IS_VARLEN=varlen,
-        HAS_DLSE=dlse is not None,
+    _PREPROCESS(
+        (configs.cdiv(max_seqlen_q, pre_m), batch * nheads),
+        (out, dout, dlse, delta, cu_seqlens_q),
+        (*_dense_or_varlen_strides(out, varlen), *_dense_or_varlen_strides(dout, varlen),
+         stride_lb, stride_lh, seqlen_q, nheads),
+        (),
+        _PREPROCESS.meta_for(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m, IS_VARLEN=varlen,
+                             HAS_DLSE=dlse is not None),
     )  # fmt: skip
     if dsinks is not None:
         _sink_grad(sinks, lse, delta, varlen, dsinks)
-    common = (
-        seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k,
-    )  # fmt: skip
-    scalars = (
-        float(softmax_scale), float(softcap), float(dropout_p), int(window_left), int(window_right),
-    )  # fmt: skip
+    common = (seqlen_q, seqlen_k, int(max_seqlen_q), int(max_seqlen_k))
+    windows = (int(window_left), int(window_right))
+    scalars = (float(softmax_scale), float(softcap), float(dropout_p))
     path = backward_path(
         q, k, v, out, dout, dk, dv, varlen=varlen, causal=causal, window_left=window_left,
         window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
@@ -565,30 +565,48 @@ def flash_attn_backward(
                 *bounds_strides(key_bounds, varlen), query_runs.stride(0), seqlen_q, seqlen_k,
                 BLOCK_M=64, BLOCK_N=dkdv_cfg["BLOCK_N"], IS_VARLEN=varlen,
             )  # fmt: skip
-        _bwd_dkdv_kernel[(key_tiles, batch * nheads_k)](
-            q, k, v, dout, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
-            key_bounds, query_runs,
+        _DKDV(
+            (key_tiles, batch * nheads_k),
+            (q, k, v, dout, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
+             key_bounds, query_runs),
+            (
+                *_dense_or_varlen_strides(q, varlen), *_dense_or_varlen_strides(k, varlen),
+                *_dense_or_varlen_strides(v, varlen), *_dense_or_varlen_strides(dout, varlen),
+                *_dense_or_varlen_strides(dk, varlen), *_dense_or_varlen_strides(dv, varlen),
+                stride_lb, stride_lh, stride_ab, *bounds_strides(key_bounds, varlen),
+                0 if query_runs is None else query_runs.stride(0),
+                *common, nheads, nheads_k, nheads // nheads_k, *windows,
+            ),
+            scalars,
+            _DKDV.meta_for(
+                HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=dkdv_cfg["BLOCK_M"],
+                BLOCK_N=dkdv_cfg["BLOCK_N"], IS_VARLEN=varlen,
+                **flags, **configs.launch_options(dkdv_cfg, varlen),
+            ),
+        )  # fmt: skip
+    _DQ(
+        (configs.cdiv(max_seqlen_q, dq_cfg["BLOCK_M"]), batch * nheads),
+        (q, k, v, dout, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, key_bounds),
+        (
             *_dense_or_varlen_strides(q, varlen), *_dense_or_varlen_strides(k, varlen),
             *_dense_or_varlen_strides(v, varlen), *_dense_or_varlen_strides(dout, varlen),
-            *_dense_or_varlen_strides(dk, varlen), *_dense_or_varlen_strides(dv, varlen),
+            *_dense_or_varlen_strides(dq, varlen),
             stride_lb, stride_lh, stride_ab, *bounds_strides(key_bounds, varlen),
-            0 if query_runs is None else query_runs.stride(0),
-            *common, nheads, nheads_k, nheads // nheads_k, *scalars,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=dkdv_cfg["BLOCK_M"],
-            BLOCK_N=dkdv_cfg["BLOCK_N"], IS_VARLEN=varlen,
-            **configs.launch_options(dkdv_cfg, varlen), **flags,
-        )  # fmt: skip
-    _bwd_dq_kernel[(configs.cdiv(max_seqlen_q, dq_cfg["BLOCK_M"]), batch * nheads)](
-        q, k, v, dout, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, key_bounds,
-        *_dense_or_varlen_strides(q, varlen), *_dense_or_varlen_strides(k, varlen),
-        *_dense_or_varlen_strides(v, varlen), *_dense_or_varlen_strides(dout, varlen),
-        *_dense_or_varlen_strides(dq, varlen),
-        stride_lb, stride_lh, stride_ab, *bounds_strides(key_bounds, varlen),
-        *common, nheads, nheads // nheads_k, *scalars,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=dq_cfg["BLOCK_M"], BLOCK_N=dq_cfg["BLOCK_N"],
-        IS_VARLEN=varlen, REVERSE_M=window_right >= 0 or key_bounds is not None,
-        **configs.launch_options(dq_cfg, varlen), **flags,
+            *common, nheads, nheads // nheads_k, *windows,
+        ),
+        scalars,
+        _DQ.meta_for(
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=dq_cfg["BLOCK_M"], BLOCK_N=dq_cfg["BLOCK_N"],
+            IS_VARLEN=varlen, REVERSE_M=window_right >= 0 or key_bounds is not None,
+            **flags, **configs.launch_options(dq_cfg, varlen),
+        ),
     )  # fmt: skip
+
+
+# cached launches (kernels/launch.py): ~100 us less host time per call than kernel[grid](...)
+_PREPROCESS = CachedLauncher(_bwd_preprocess)
+_DKDV = CachedLauncher(_bwd_dkdv_kernel)
+_DQ = CachedLauncher(_bwd_dq_kernel)
 
 
 def _sink_grad(sinks, lse, delta, varlen: bool, dsinks) -> None:

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from . import configs
+from .launch import CachedLauncher
 from .flash_common import LN2, LOG2E, dropout_keep, query_tile_key_runs, scores_log2, seq_bounds, visible
 
 
@@ -97,7 +98,7 @@ def _flash_fwd_kernel(
     stride_lb, stride_lh,
     stride_ab, stride_bb, stride_bm,
     seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nheads, group,
-    qk_scale, softcap, dropout_p, window_left, window_right,
+    window_left, window_right, qk_scale, softcap, dropout_p,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
@@ -321,17 +322,25 @@ def flash_attn_forward(
     if alibi_slopes is not None and alibi_slopes.dim() == 2:
         stride_ab = alibi_slopes.stride(0)
     grid = (configs.cdiv(max_seqlen_q, cfg["BLOCK_M"]), batch * nheads)
-    _flash_fwd_kernel[grid](
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, sinks, key_bounds,
-        *_dense_or_varlen_strides(q, varlen),
-        *_dense_or_varlen_strides(k, varlen),
-        *_dense_or_varlen_strides(v, varlen),
-        *_dense_or_varlen_strides(out, varlen),
-        stride_lb, stride_lh, stride_ab, *bounds_strides(key_bounds, varlen),
-        seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nheads, nheads // nheads_k,
-        float(softmax_scale), float(softcap), float(dropout_p), int(window_left), int(window_right),
-        HEAD_DIM=head_dim, BLOCK_D=configs.head_dim_block(head_dim),
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], IS_VARLEN=varlen,
-        REVERSE_M=window_right >= 0 or key_bounds is not None, HAS_SINKS=sinks is not None,
-        **configs.launch_options(cfg, varlen), **flags,
+    _FORWARD(
+        grid,
+        (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, sinks, key_bounds),
+        (
+            *_dense_or_varlen_strides(q, varlen), *_dense_or_varlen_strides(k, varlen),
+            *_dense_or_varlen_strides(v, varlen), *_dense_or_varlen_strides(out, varlen),
+            stride_lb, stride_lh, stride_ab, *bounds_strides(key_bounds, varlen),
+            seqlen_q, seqlen_k, int(max_seqlen_q), int(max_seqlen_k), nheads, nheads // nheads_k,
+            int(window_left), int(window_right),
+        ),
+        (float(softmax_scale), float(softcap), float(dropout_p)),
+        _FORWARD.meta_for(
+            HEAD_DIM=head_dim, BLOCK_D=configs.head_dim_block(head_dim),
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], IS_VARLEN=varlen,
+            REVERSE_M=window_right >= 0 or key_bounds is not None, HAS_SINKS=sinks is not None,
+            **flags, **configs.launch_options(cfg, varlen),
+        ),
     )  # fmt: skip
+
+
+# cached launches (kernels/launch.py): ~100 us less host time per call than kernel[grid](...)
+_FORWARD = CachedLauncher(_flash_fwd_kernel)

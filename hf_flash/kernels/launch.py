@@ -167,6 +167,7 @@ class CachedLauncher:
         self._params = [p.name for p in kernel.params] if self._jit is not None else None
         self._exact: dict = {}
         self._spec: dict = {}
+        self._metas: dict = {}
         self._driver = None
         self.fast = 0
         self.normal = 0
@@ -186,6 +187,18 @@ class CachedLauncher:
         except TypeError:  # an unhashable value: normal launches only
             key = tail = None
         return LaunchMeta(kwargs, key, tail)
+
+    def meta_for(self, **kwargs) -> LaunchMeta:
+        """:meth:`meta`, kept per distinct set of keyword values (with their types: True and 1
+        are different constexprs), so a launcher called with a few kinds of launch builds each
+        one once."""
+        key = tuple((k, v.__class__, v) for k, v in kwargs.items())
+        meta = self._metas.get(key)
+        if meta is None:
+            if len(self._metas) >= _EXACT_MAX:
+                self._metas.clear()
+            meta = self._metas[key] = self.meta(**kwargs)
+        return meta
 
     def _normal(self, grid, tensors, ints, floats, meta):
         self.normal += 1

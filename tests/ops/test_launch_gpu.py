@@ -265,3 +265,48 @@ def test_gluon_kernels_repeat_through_the_fast_path(monkeypatch, packed):
         assert audits["_SCHEDULE"].checked >= 2
     else:  # the dense default's fragment-order dQ
         assert audits["_DQ_FRAG_TO_BSHD"].checked >= 2
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_triton_attention_kernels_repeat_through_the_fast_path(monkeypatch, packed):
+    """The portable Triton attention kernels (forward, the backward's preprocess, dK/dV and dQ;
+    every call off Hopper, and on Hopper with the Gluon kernels switched off), through the public
+    functions with a window and the softcap: repeats launch through the cached path, the kernel
+    Triton would pick (audited), and give the bits of Triton's own launch path."""
+    from hf_flash.kernels import configs, flash_bwd, flash_fwd
+
+    audits = {}
+    for module, name in ((flash_fwd, "_FORWARD"), (flash_bwd, "_PREPROCESS"), (flash_bwd, "_DKDV"),
+                         (flash_bwd, "_DQ")):  # fmt: skip
+        launcher = getattr(module, name)
+        monkeypatch.setattr(launcher, "_exact", dict(launcher._exact))
+        monkeypatch.setattr(launcher, "_spec", dict(launcher._spec))
+        audits[name] = _Audit(launcher)
+        monkeypatch.setattr(module, name, audits[name])
+    g = torch.Generator(device=DEV).manual_seed(0)
+    tokens, nheads, nheads_k, d = 700, 8, 2, 64
+    shape = (tokens,) if packed else (2, tokens // 2)
+    q = torch.randn(*shape, nheads, d, device=DEV, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(*shape, nheads_k, d, device=DEV, dtype=torch.bfloat16, generator=g)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+    cu = torch.tensor([0, 1, 300, 301, 700], device=DEV, dtype=torch.int32)
+    opts = dict(causal=True, window_size=(100, 0), softcap=20.0)
+
+    def call():
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        if packed:
+            out = flash_attn_varlen_func(*leaves, cu, cu, 399, 399, **opts)
+        else:
+            out = flash_attn_func(*leaves, **opts)
+        return (out, *torch.autograd.grad(out, leaves, dout))
+
+    with configs.use_hopper(False):
+        paths = attention_paths(q, k, v, causal=True, window_size=(100, 0), softcap=20.0, varlen=packed)
+        assert paths == {"forward": "triton", "backward": "triton"}
+        with launch.fast_launch(False):
+            want = call()
+        for _ in range(3):
+            assert _equal(call(), want)
+    for name, audit in audits.items():
+        assert audit.checked >= 2, name

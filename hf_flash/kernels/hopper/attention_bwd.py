@@ -108,7 +108,7 @@ from .. import configs
 from ..launch import CachedLauncher
 from .attention_fwd import (
     LOG2E, _descriptor, _mma_layout, _per_tile, _tanh, mask_args, schedule_entry, schedule_slots,
-    tma_compatible, varlen_schedule,
+    tma_compatible, tma_descriptor, varlen_schedule,
 )
 
 PRODUCER_REGS = 24
@@ -1418,7 +1418,7 @@ def _descriptor_frag(t: torch.Tensor) -> TensorDescriptor:
     1 KB rows, no swizzle) per (batch, head, query tile, consumer) tile."""
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
     box = list(DQ_FRAG_BOX)
-    return TensorDescriptor(t, [t.numel() // box[1], box[1]], [box[1], 1], box, layout)
+    return tma_descriptor(t, [t.numel() // box[1], box[1]], [box[1], 1], box, layout)
 
 
 def dq_accum_for(q: torch.Tensor, variant: str, device=None) -> torch.Tensor:

@@ -947,7 +947,18 @@ def _descriptor(t: torch.Tensor, rows: int, cols: int = None) -> TensorDescripto
         shape = [batch, heads, seqlen, head_dim]
         strides = [t.stride(0), t.stride(2), t.stride(1), 1]
     block = [1, 1, rows, cols or t.shape[-1]]
-    return TensorDescriptor(t, shape, strides, block, shared_layout(tuple(block), t.dtype))
+    return tma_descriptor(t, shape, strides, block, shared_layout(tuple(block), t.dtype))
+
+
+def tma_descriptor(base: torch.Tensor, shape: list, strides: list, block: list, layout) -> TensorDescriptor:
+    """Gluon's host ``TensorDescriptor`` built without its own argument checks (rank, 16-byte
+    base and strides, unit last stride, block shape: several microseconds of host time per
+    descriptor, and a launch takes four to eight): the tensors the launchers describe have passed
+    :func:`tma_compatible` (in :func:`supports` or the launcher itself) or were allocated by them,
+    and the tile shapes are the variants' own."""
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(base=base, shape=shape, strides=strides, block_shape=block, layout=layout, padding="zero")
+    return desc
 
 
 @functools.lru_cache(maxsize=None)
