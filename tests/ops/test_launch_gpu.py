@@ -47,6 +47,7 @@ class _Audit:
     def __init__(self, launcher):
         self.launcher = launcher
         self.meta = launcher.meta
+        self.meta_for = launcher.meta_for
         self.checked = 0
         used = self.used = []
 
