@@ -366,7 +366,7 @@ def _packed_variants():
     from hf_flash.kernels.hopper.attention_bwd import VARIANTS, varlen_builds
 
     return [name for name, var in VARIANTS.items() if 128 in var.head_dims and varlen_builds(name)
-            and name in ("kv2x64-m64-s2", "kv2x64-m64-s2-dqwld", "kv2x64-m64-s2-dqwldp", "kv2x64-m64-s2-dqwl")]  # fmt: skip
+            and name in ("kv2x64-m64-s2", "kv2x64-m64-s2-dqwld", "kv2x64-m64-s2-dqwl")]  # fmt: skip
 
 
 @needs_hopper

@@ -228,9 +228,6 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldfp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_parity=True,
-                head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwlf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_frag=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwld-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
@@ -293,6 +290,9 @@ VARLEN_DEFAULT = {
     (128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2",
     (256, False): "kv64-m64-s2-splitd", (256, True): "kv64-m64-s2-splitd",
 }  # fmt: skip
+# The two parity writers (dq_parity) on the packed form of dqwld measured 380 against 375 TFLOP/s
+# non-causal and 218 against 213 causal (session 25 call 5, 3 rounds): under the 1.03x the rule
+# asked for, not kept (on short documents the turn waits bind, not the writer).
 # packed calls when deterministic gradients are not required: non-causal dqwl 406 TFLOP/s (1.09x
 # dqwld); causal keeps s2 (dqwl 287 < 307)
 VARLEN_NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
