@@ -265,9 +265,13 @@ VARIANTS = {
 # 210/228/230 and 217/219/220 (1.44-1.61x; the rule fixed before the run: faster at every point).
 # Session 25 call 1 (3 rounds): dqwldfp (two dQ writers by step parity) against dqwldf, backward
 # 1.019/1.026/1.001/0.991 causal and 1.169/1.035/1.009/1.069 non-causal at 4K-32K (geometric mean
-# 1.039, worst 0.991; the rule fixed before the run: >= 1.03, none below 0.98).
+# 1.039, worst 0.991: the rule fixed before the run, >= 1.03 and none below 0.98, was met), and
+# 1.01-1.14x on MHA / small-batch shapes; but with dqwldfp as DEFAULT the activation-offload GPU
+# test (tests/training, the prefetch copies overlapping compute) failed three times in a row and
+# passed with dqwldf on the same machine (calls 6-9). The cause is not understood, so DEFAULT
+# stays dqwldf (.notes/hopper-bwd.md).
 DEFAULT = {
-    (128, False): "kv2x64-m64-s2-dqwldfp", (128, True): "kv2x64-m64-s2-dqwldfp",
+    (128, False): "kv2x64-m64-s2-dqwldf", (128, True): "kv2x64-m64-s2-dqwldf",
     (256, False): "kv64-m64-s2-splitd", (256, True): "kv64-m64-s2-splitd",
 }  # fmt: skip
 # (head dim, causal) -> the variant run when deterministic gradients are not required
