@@ -71,16 +71,22 @@ class _Audit:
             self.checked += 1
 
 
-@pytest.fixture
-def audit(monkeypatch):
+def _audit_launchers(monkeypatch, launchers) -> dict:
+    """name -> _Audit for each (module, name) CachedLauncher, swapped in for the test, with
+    fresh key tables (so the first call of each kind goes through Triton's own path)."""
     audits = {}
-    for module, name in ((decode, "_DECODE"), (decode, "_COMBINE"), (rotary, "_ROTARY")):
+    for module, name in launchers:
         launcher = getattr(module, name)
         monkeypatch.setattr(launcher, "_exact", dict(launcher._exact))
         monkeypatch.setattr(launcher, "_spec", dict(launcher._spec))
         audits[name] = _Audit(launcher)
         monkeypatch.setattr(module, name, audits[name])
     return audits
+
+
+@pytest.fixture
+def audit(monkeypatch):
+    return _audit_launchers(monkeypatch, ((decode, "_DECODE"), (decode, "_COMBINE"), (rotary, "_ROTARY")))
 
 
 def _inputs(batch=2, seqlen_cache=512, nheads=8, nheads_k=2, d=128, dtype=torch.bfloat16,
@@ -221,6 +227,32 @@ def test_compiled_caller_matches_eager(audit):
 
 
 
+def _attention_call(tokens: int, d: int, packed: bool, **opts):
+    """(q, k, v, call) for the attention fast-path tests: 8 query heads over 2 K/V heads, bf16;
+    packed, four documents (1, 299, 1 and tokens - 301 tokens), else two sequences of tokens / 2.
+    ``call()`` runs the public function with ``opts`` and its backward on fresh leaves: (out, dq,
+    dk, dv)."""
+    g = torch.Generator(device=DEV).manual_seed(0)
+    shape = (tokens,) if packed else (2, tokens // 2)
+    q = torch.randn(*shape, 8, d, device=DEV, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(*shape, 2, d, device=DEV, dtype=torch.bfloat16, generator=g)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+    cu = torch.tensor([0, 1, 300, 301, tokens], device=DEV, dtype=torch.int32)
+
+    longest = max(299, tokens - 301)
+
+    def call():
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        if packed:
+            out = flash_attn_varlen_func(*leaves, cu, cu, longest, longest, **opts)
+        else:
+            out = flash_attn_func(*leaves, **opts)
+        return (out, *torch.autograd.grad(out, leaves, dout))
+
+    return q, k, v, call
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 def test_gluon_kernels_repeat_through_the_fast_path(monkeypatch, packed):
     """The Gluon Hopper forward and backward (TMA descriptor arguments), the packed calls'
@@ -232,30 +264,10 @@ def test_gluon_kernels_repeat_through_the_fast_path(monkeypatch, packed):
     from hf_flash.kernels.hopper import attention_bwd as hb
     from hf_flash.kernels.hopper import attention_fwd as hf
 
-    audits = {}
-    for module, name in ((hf, "_FORWARD"), (hf, "_SCHEDULE"), (hb, "_BACKWARD"), (hb, "_DQ_FRAG_TO_BSHD")):
-        launcher = getattr(module, name)
-        monkeypatch.setattr(launcher, "_exact", dict(launcher._exact))
-        monkeypatch.setattr(launcher, "_spec", dict(launcher._spec))
-        audits[name] = _Audit(launcher)
-        monkeypatch.setattr(module, name, audits[name])
-    g = torch.Generator(device=DEV).manual_seed(0)
-    tokens, nheads, nheads_k, d = 1000, 8, 2, 128
-    shape = (tokens,) if packed else (2, tokens // 2)
-    q = torch.randn(*shape, nheads, d, device=DEV, dtype=torch.bfloat16, generator=g)
-    k = torch.randn(*shape, nheads_k, d, device=DEV, dtype=torch.bfloat16, generator=g)
-    v = torch.randn_like(k)
-    dout = torch.randn_like(q)
-    cu = torch.tensor([0, 1, 300, 301, 1000], device=DEV, dtype=torch.int32)
-
-    def call():
-        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        if packed:
-            out = flash_attn_varlen_func(*leaves, cu, cu, 699, 699, causal=False)
-        else:
-            out = flash_attn_func(*leaves, causal=True)
-        return (out, *torch.autograd.grad(out, leaves, dout))
-
+    audits = _audit_launchers(
+        monkeypatch, ((hf, "_FORWARD"), (hf, "_SCHEDULE"), (hb, "_BACKWARD"), (hb, "_DQ_FRAG_TO_BSHD"))
+    )
+    q, k, v, call = _attention_call(1000, 128, packed, causal=not packed)
     assert attention_paths(q, k, v, causal=not packed, varlen=packed) == {"forward": "hopper", "backward": "hopper"}
     with launch.fast_launch(False):
         want = call()
@@ -276,32 +288,10 @@ def test_triton_attention_kernels_repeat_through_the_fast_path(monkeypatch, pack
     Triton would pick (audited), and give the bits of Triton's own launch path."""
     from hf_flash.kernels import configs, flash_bwd, flash_fwd
 
-    audits = {}
-    for module, name in ((flash_fwd, "_FORWARD"), (flash_bwd, "_PREPROCESS"), (flash_bwd, "_DKDV"),
-                         (flash_bwd, "_DQ")):  # fmt: skip
-        launcher = getattr(module, name)
-        monkeypatch.setattr(launcher, "_exact", dict(launcher._exact))
-        monkeypatch.setattr(launcher, "_spec", dict(launcher._spec))
-        audits[name] = _Audit(launcher)
-        monkeypatch.setattr(module, name, audits[name])
-    g = torch.Generator(device=DEV).manual_seed(0)
-    tokens, nheads, nheads_k, d = 700, 8, 2, 64
-    shape = (tokens,) if packed else (2, tokens // 2)
-    q = torch.randn(*shape, nheads, d, device=DEV, dtype=torch.bfloat16, generator=g)
-    k = torch.randn(*shape, nheads_k, d, device=DEV, dtype=torch.bfloat16, generator=g)
-    v = torch.randn_like(k)
-    dout = torch.randn_like(q)
-    cu = torch.tensor([0, 1, 300, 301, 700], device=DEV, dtype=torch.int32)
-    opts = dict(causal=True, window_size=(100, 0), softcap=20.0)
-
-    def call():
-        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        if packed:
-            out = flash_attn_varlen_func(*leaves, cu, cu, 399, 399, **opts)
-        else:
-            out = flash_attn_func(*leaves, **opts)
-        return (out, *torch.autograd.grad(out, leaves, dout))
-
+    audits = _audit_launchers(
+        monkeypatch, ((flash_fwd, "_FORWARD"), (flash_bwd, "_PREPROCESS"), (flash_bwd, "_DKDV"), (flash_bwd, "_DQ"))
+    )
+    q, k, v, call = _attention_call(700, 64, packed, causal=True, window_size=(100, 0), softcap=20.0)
     with configs.use_hopper(False):
         paths = attention_paths(q, k, v, causal=True, window_size=(100, 0), softcap=20.0, varlen=packed)
         assert paths == {"forward": "triton", "backward": "triton"}
