@@ -37,7 +37,8 @@ program waits only on programs launched before it) and counts itself once its ad
 completed (``cp.async.bulk.wait_group``, a step later, so the wait runs under the next step).
 ``dq_frag`` (the dense default, ``kv2x64-m64-s2-dqwldf``) stores each dQ tile in the wgmma
 fragment's own order (conflict-free shared stores) into a flat accumulator added by 1-D bulk
-reduces; a small Triton kernel then writes dq in its layout. Without dQ in the kernel (``kv2x64-m64-s2``),
+reduces; a small Triton kernel then writes dq in its layout. ``dq_parity``
+(``kv2x64-m64-s2-dqwldfp``) splits the writer into two warps taking alternate steps. Without dQ in the kernel (``kv2x64-m64-s2``),
 :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton dQ kernel beside this one
 (it recomputes S and dP: 7 products for the 5 counted).
 
@@ -279,8 +280,8 @@ DEFAULT = {
 # DEFAULT (H100, session 16 calls 3-4): d128 non-causal dqwl (unordered) 437-441 TFLOP/s at 4K
 # against dqwld's 378-381 (+15%; level at 8K-32K); session 25 call 1 (3 rounds): dqwlf (unordered,
 # fragment order) 1.067/0.996/1.033/1.074x dqwl at 4K-32K non-causal (465/480/507/506 TFLOP/s).
-# Causal has none: dqwlf measured 1.02-1.05x the deterministic default there (the rule asked for
-# >= 1.03x at every point), dqwl 0.78-0.94x (its programs drift apart at 32K).
+# Causal has none: dqwlf measured 1.02-1.07x dqwldf there (1.02 at 32K; the rule asked for >= 1.03x
+# at every point), dqwl 0.78-0.94x (its programs drift apart at 32K).
 NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwlf"}
 # Packed (varlen, cu_seqlens) calls: (head dim, causal) -> variant, deterministic. Head dims
 # without an entry keep the Triton backward (d64: as for dense calls, no measured gain). H100,
