@@ -98,17 +98,9 @@ def _trace_summary(events: list) -> dict:
     kernels = [e for e in events if e.get("cat") == "kernel"]
     copies = [e for e in events if e.get("cat") == "gpu_memcpy" and e.get("args", {}).get("bytes") == case.LAYER_BYTES]
     t0 = min(e["ts"] for e in kernels + copies)
-    rows = []
-    for c in sorted(copies, key=lambda e: e["ts"]):
-        start, end = c["ts"], c["ts"] + c["dur"]
-        under = [k for k in kernels if k["ts"] < end and start < k["ts"] + k["dur"]]
-        before = max((k["ts"] + k["dur"] for k in kernels if k["ts"] + k["dur"] <= start), default=t0)
-        after = min((k["ts"] for k in kernels if k["ts"] >= end), default=end)
-        rows.append({
-            "kind": "HtoD" if "HtoD" in c["name"] else "DtoH", "start_us": start - t0, "dur_us": c["dur"],
-            "kernels_under": len(under), "idle_before_us": start - before, "idle_after_us": after - end,
-            "stream": c["args"].get("stream"),
-        })  # fmt: skip
+    rows = case.copy_rows(kernels, copies)
+    for r in rows:
+        r["kind"] = "HtoD" if "HtoD" in r.pop("name") else "DtoH"
     bwd = [e for e in kernels if "attn_bwd" in e["name"]]
     runtime = [
         {"name": e["name"], "dur_us": e["dur"], "at_us": e["ts"] - t0}

@@ -120,22 +120,38 @@ def test_offload_copies_run_on_the_side_stream_and_overlap_compute(tmp_path):
     assert sum(map(overlaps, to_host)) >= LAYERS // 2, timeline
 
 
+def copy_rows(kernels, copies):
+    """Per copy of a profiler trace, in start order: its name, start (from the first kernel or
+    copy) and length, the kernels running under it and the kernel-free time before and after it
+    (microseconds). benchmarks/diagnostics/offload_overlap.py reads the same rows."""
+    t0 = min(e["ts"] for e in kernels + copies)
+    rows = []
+    for c in sorted(copies, key=lambda e: e["ts"]):
+        start, end = c["ts"], c["ts"] + c["dur"]
+        before = max((k["ts"] + k["dur"] for k in kernels if k["ts"] + k["dur"] <= start), default=t0)
+        after = min((k["ts"] for k in kernels if k["ts"] >= end), default=end)
+        rows.append({
+            "name": c["name"], "start_us": start - t0, "dur_us": c["dur"], "stream": c["args"].get("stream"),
+            "kernels_under": sum(k["ts"] < end and start < k["ts"] + k["dur"] for k in kernels),
+            "idle_before_us": start - before, "idle_after_us": after - end,
+        })  # fmt: skip
+    return rows
+
+
 def _copy_timeline(events, kernels, copies):
     """For a failure message: per copy, its start and length, the kernels running under it, and
     the long CUDA runtime calls (the host blocked) and kernel-free gaps around it."""
     runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("dur", 0) > 50]
     t0 = min(e["ts"] for e in kernels + copies)
     lines = []
-    for c in sorted(copies, key=lambda e: e["ts"]):
-        start, end = c["ts"], c["ts"] + c["dur"]
-        under = [k for k in kernels if k["ts"] < end and start < k["ts"] + k["dur"]]
-        before = max((k["ts"] + k["dur"] for k in kernels if k["ts"] + k["dur"] <= start), default=t0)
-        after = min((k["ts"] for k in kernels if k["ts"] >= end), default=end)
+    for r in copy_rows(kernels, copies):
+        start, end = r["start_us"] + t0, r["start_us"] + t0 + r["dur_us"]
         calls = [f"{e['name']} {e['dur']:.0f}us@{e['ts'] - t0:.0f}" for e in runtime
                  if e["ts"] < end + 200 and start - 2000 < e["ts"] + e["dur"]]  # fmt: skip
         lines.append(
-            f"{c['name'][:12]} at {start - t0:.0f}us for {c['dur']:.0f}us: {len(under)} kernels under it, "
-            f"idle {start - before:.0f}us before / {after - end:.0f}us after; long runtime calls: {calls[:6]}"
+            f"{r['name'][:12]} at {r['start_us']:.0f}us for {r['dur_us']:.0f}us: {r['kernels_under']} kernels "
+            f"under it, idle {r['idle_before_us']:.0f}us before / {r['idle_after_us']:.0f}us after; long runtime "
+            f"calls: {calls[:6]}"
         )
     return "\n".join(lines)
 
