@@ -174,19 +174,20 @@ def test_results_repeat_bitwise():
 
 
 def _ordered_variants():
+    """(variant, head dim) of every dq_ordered variant."""
     from hf_flash.kernels.hopper.attention_bwd import VARIANTS
 
-    return [name for name, var in VARIANTS.items() if var.dq_ordered]
+    return [(name, d) for name, var in VARIANTS.items() if var.dq_ordered for d in var.head_dims]
 
 
 @needs_hopper
-@pytest.mark.parametrize("variant", _ordered_variants())
+@pytest.mark.parametrize("variant,head_dim", _ordered_variants())
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_ordered_dq_repeats_bitwise(variant, causal, monkeypatch):
+def test_ordered_dq_repeats_bitwise(variant, head_dim, causal, monkeypatch):
     """The dq_ordered variants add into each query tile of dQ in a fixed order of the key
     blocks: the gradients repeat bitwise, on a grid of several waves of programs (so programs
     wait on others that started earlier, never on one not yet started) and odd lengths."""
-    q, k, v = _qkv(2, 4000, 4100, 16, 4, 128, torch.bfloat16, seed=11)
+    q, k, v = _qkv(2, 4000, 4100, 16, 4, head_dim, torch.bfloat16, seed=11)
     dout = torch.randn_like(q)
     a = _backward(q, k, v, dout, causal, variant=variant, monkeypatch=monkeypatch)
     for _ in range(2):
@@ -540,14 +541,14 @@ def test_every_variant_with_a_window(variant, head_dim, monkeypatch):
 
 
 @needs_hopper
-@pytest.mark.parametrize("variant", _ordered_variants())
+@pytest.mark.parametrize("variant,head_dim", _ordered_variants())
 @pytest.mark.parametrize("causal,window", [pytest.param(True, (300, -1), id="causal-left300"),
                                            pytest.param(False, (500, 200), id="two-sided")])  # fmt: skip
-def test_ordered_dq_with_a_window_repeats_bitwise(variant, causal, window, monkeypatch):
+def test_ordered_dq_with_a_window_repeats_bitwise(variant, head_dim, causal, window, monkeypatch):
     """With a left window a query tile's first adding key block is not block 0: the ordered dQ
     counts turns from the tile's first block (``_first_key_block``), bitwise repeatable over
     several waves of programs and equal to the oracle."""
-    q, k, v = _qkv(2, 4000, 4100, 16, 4, 128, torch.bfloat16, seed=24)
+    q, k, v = _qkv(2, 4000, 4100, 16, 4, head_dim, torch.bfloat16, seed=24)
     dout = torch.randn_like(q)
     a = _backward(q, k, v, dout, causal, variant=variant, monkeypatch=monkeypatch, window=window)
     for _ in range(2):

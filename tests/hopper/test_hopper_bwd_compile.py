@@ -23,6 +23,10 @@ SPILL_BYTES_DQ = {64: 0, 128: 384}
 # arguments; dqwld measured 292/468 causal, 100/152 non-causal (.notes/hopper-bwd.md, session 19);
 # without dQ (s2) it stays within SPILL_BYTES
 SPILL_BYTES_VARLEN_DQ = {128: 512}
+# lse/delta through shared memory (stats_smem), CPU compile, session 26: d128 dqwldfs 8/8 bytes
+# causal and not (dqwldf 108/140 causal); d64 with 128 query rows per step (dqwlds) 60/72 causal
+# (420-1144 with the vectors in registers)
+SPILL_BYTES_STATS = {64: 96, 128: 32}
 
 def _variant(spec_name):
     for prefix in (compile_check.BWD_VARLEN_PREFIX, "bwd:"):
@@ -65,6 +69,8 @@ def test_bwd_variant_builds_for_sm90a(reports, spec):
         bound = (SPILL_BYTES_VARLEN_DQ if varlen else SPILL_BYTES_DQ)[head_dim]
     else:
         bound = SPILL_BYTES[head_dim]
+    if var.stats_smem:
+        bound = SPILL_BYTES_STATS[head_dim]  # no lse/delta vectors or their addresses in registers
     assert r["spill_store_bytes"] <= bound and r["spill_load_bytes"] <= bound, r
     assert r["shared_bytes"] <= SHARED_LIMIT, r
     # per consumer: S^T = K Q^T and dP^T = V dO^T have D/16 k-steps each, dV += P^T dO and
@@ -73,17 +79,19 @@ def test_bwd_variant_builds_for_sm90a(reports, spec):
     # after it for the last step)
     dq_steps = (var.block_n // 16) * (var.consumers if var.dq_shared and not var.split_d else 1) if var.dq_atomic else 0
     dq_steps *= 2 if var.dq_lag else 1
+    dq_steps *= var.block_m // 64 if not var.split_d else 1  # dQ's M is the step's rows: m64 instructions
     # (dV and dK of M = BLOCK_N keys: one wgmma per 64 rows and k-step; split-D: all the program's
     # keys, each consumer half of the columns)
     dkdv_steps = 2 * (var.block_n // 64) * var.block_m // 16
     assert r["wgmma"] == (2 * head_dim // 16 + dkdv_steps + dq_steps) * var.consumers, r
     assert r["tma_loads"] > 0, r
     # one reduce per consumer (dq_lag: also after the loop); the dQ writer issues each consumer's
-    # 64-column float32 tile as its two 128-byte TMA boxes (dq_frag: one 16 x 256 box), in one place
-    # per writer (dq_parity: two writer partitions)
+    # float32 tile of D / 2 columns as its 128-byte TMA boxes (two at d128, one at d64; dq_frag:
+    # one 16 x 256 box), in one place per writer (dq_parity: two writer partitions)
     if var.dq_writer:
         writers = 2 if var.dq_parity else 1
-        assert r["tma_reduces"] == (1 if var.dq_frag else 2) * var.consumers * writers, r
+        boxes = 1 if var.dq_frag else head_dim // var.consumers * 4 // 128
+        assert r["tma_reduces"] == boxes * var.consumers * writers, r
     else:
         assert r["tma_reduces"] == (var.consumers * (2 if var.dq_lag else 1) if var.dq_atomic else 0), r
     assert hb.PRODUCER_REGS in r["setmaxnreg"] and var.consumer_regs in r["setmaxnreg"], r
@@ -269,7 +277,7 @@ def test_packed_launch_args_and_counters():
         variant=name, cu_seqlens_q=cu, cu_seqlens_k=cu, sched=sched,
     )  # fmt: skip
     assert grid == (sched.shape[0] * hk,) and kwargs["VARLEN"] is True
-    assert args[10] is sched
+    assert args[11] is sched
     # every key tile of every non-empty sequence is one entry
     tiles = sorted(tuple(e) for e in sched.tolist() if e[0] >= 0)
     assert tiles == [(d, i) for d, n in enumerate(lens) for i in range(-(-n // 128))]
@@ -352,6 +360,55 @@ def test_dq_frag_postprocess_inverts_the_fragment_layout(device):
         tile[..., row, col] = tiles[:, :, :, c]
         want[..., c * dq_n:(c + 1) * dq_n] = tile.permute(0, 2, 3, 1, 4).reshape(batch, n_m * block_m, heads, dq_n)
     assert torch.equal(dq.cpu(), want[:, :seqlen])
+
+
+def test_pack_stats_lays_out_lse_and_delta_per_query_tile(device):
+    """The stats_smem variants read a step's lse (times log2 e) and delta as one row pair of
+    BLOCK_M floats per (batch, head, query tile), in that order, with lse +inf (P = 0) and delta 0
+    past the sequence's end: pack_stats writes exactly that from strided (B, H, Sq) views (Triton
+    kernel: runs in the interpreter on the CPU)."""
+    batch, heads, seqlen, block_m = 2, 3, 97, 64
+    n_m = configs.cdiv(seqlen, block_m)
+    g = torch.Generator().manual_seed(0)
+    lse = (torch.randn(batch, heads, seqlen + 11, generator=g) * 4).to(device)[..., :seqlen]
+    delta = torch.randn(batch, heads, seqlen + 11, generator=g).to(device)[..., :seqlen]
+    assert not lse.is_contiguous() and lse.stride() == delta.stride()
+    stats = hb.pack_stats(lse, delta, block_m)
+    assert stats.shape == (hb.stats_numel(batch, heads, seqlen, block_m),) == (batch * heads * n_m * 2 * block_m,)
+    got = stats.cpu().view(batch, heads, n_m, 2, block_m)
+    want_lse = torch.full((batch, heads, n_m * block_m), float("inf"))
+    want_lse[..., :seqlen] = lse.cpu() * hb.LOG2E
+    want_delta = torch.zeros(batch, heads, n_m * block_m)
+    want_delta[..., :seqlen] = delta.cpu()
+    torch.testing.assert_close(got[:, :, :, 0].reshape(batch, heads, -1), want_lse, rtol=1e-6, atol=0)
+    assert torch.equal(got[:, :, :, 1].reshape(batch, heads, -1), want_delta)
+    with pytest.raises(ValueError, match="delta must be"):
+        hb.pack_stats(lse, delta.contiguous(), block_m)
+    with pytest.raises(ValueError, match="lse must be"):
+        hb.pack_stats(lse.transpose(1, 2), delta.transpose(1, 2), block_m)
+
+
+def test_stats_variant_launch_needs_its_buffer():
+    """A stats_smem variant's launch takes the statistics buffer of the call's size, dense calls
+    only; its descriptor is the eighth descriptor (the others pass q's in that place)."""
+    name = next(n for n, v in hb.VARIANTS.items() if v.stats_smem)
+    var = hb.VARIANTS[name]
+    q, k, v, out, dout, dk, dv = _call(sq=97, sk=97)
+    lse = torch.empty(2, 8, 97)
+    sem = torch.zeros(hb.dq_sem_count(q, name), dtype=torch.int32)
+    stats = torch.empty(hb.stats_numel(2, 8, 97, var.block_m))
+    grid, args, kwargs = hb.launch_args(q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, name),
+                                        sem, stats, softmax_scale=0.1, causal=True, variant=name)  # fmt: skip
+    assert kwargs["STATS_SMEM"] is True and args[7].base is stats and args[7].block_shape == [2, var.block_m]
+    for wrong in (None, torch.empty(stats.numel() - 1), stats.double()):
+        with pytest.raises(ValueError, match="stats buffer"):
+            hb.launch_args(q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, name), sem, wrong,
+                           softmax_scale=0.1, causal=True, variant=name)  # fmt: skip
+    assert not hb.varlen_builds(name)
+    other = hb.DEFAULT[(128, True)]
+    _, args, kwargs = hb.launch_args(q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, other),
+                                     sem, softmax_scale=0.1, causal=True, variant=other)  # fmt: skip
+    assert kwargs["STATS_SMEM"] is False and args[7] is args[0]
 
 
 def test_packed_longest_order_keeps_key_blocks_ascending():

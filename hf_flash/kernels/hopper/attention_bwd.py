@@ -182,6 +182,13 @@ class Variant:
     # two steps' time for its turn, reduce, read and release, and (dq_ordered) counts a block in
     # a tile as soon as its additions have completed instead of a step later
     dq_parity: bool = False
+    # the step's lse (times log2 e) and delta reach the consumers through shared memory (FA3):
+    # the producer loads them with the step's Q tile, one TMA copy of a [2, block_m] tile from a
+    # per-query-tile buffer that :func:`pack_stats` fills (past the sequence's end lse is +inf and
+    # delta 0, so the consumers mask nothing), and the consumers read them when they use them:
+    # no global-load latency under the delta product, no lse vector live across the S^T product.
+    # Dense calls only (the buffer is laid out per (batch, head, query tile))
+    stats_smem: bool = False
     # the split-D form, for head dims the transposed frame cannot hold (256: dK and dV of 64 keys
     # would be 256 registers per thread): the program's block_n keys are shared by the consumers,
     # queries along the wgmma M axis; consumer c computes S and dP for keys [c, c + 1) * block_n /
@@ -229,6 +236,17 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldfp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, head_dims=(128,)),
+        # the default with lse/delta through shared memory (not dispatched: to be measured)
+        Variant("kv2x64-m64-s2-dqwldfs", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                stats_smem=True, head_dims=(128,)),
+        # head dim 64 with FA3's 128 query rows per step and the ordered dQ inside: the per-column
+        # lse/delta vectors of a 128-wide tile are what spilled that shape (420-1144 bytes, CPU
+        # compile, session 24); through shared memory it builds with 12/16 bytes non-causal and
+        # 60/72 causal (session 26). Not dispatched: to be measured against the Triton backward
+        Variant("kv2x64-m128-s2-dqwlds", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
+                head_dims=(64,)),
         Variant("kv2x64-m64-s2-dqwlf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_frag=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwld-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
@@ -305,8 +323,10 @@ VARLEN_NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
 
 def varlen_builds(variant: str) -> bool:
     """True when ``variant`` has a packed (varlen) form: every variant but the fragment-order dQ
-    ones (their flat accumulator is laid out per (batch, head, query tile))."""
-    return not VARIANTS[variant].dq_frag
+    ones and those with lse/delta in shared memory (their flat accumulator, or statistics
+    buffer, is laid out per (batch, head, query tile))."""
+    var = VARIANTS[variant]
+    return not (var.dq_frag or var.stats_smem)
 
 
 def covered_head_dims(varlen: bool = False) -> set:
@@ -429,12 +449,12 @@ def _step_tile(it, kv_h, group, m_hi, m_lo, TILES_DOWN: gl.constexpr):
 
 @gluon.jit
 def _producer(
-    q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
+    q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem, stats_smem,
     kv_bar, q_ready, do_ready, q_empty, do_empty,
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
-    TILES_DOWN: gl.constexpr,
+    TILES_DOWN: gl.constexpr, STATS_SMEM: gl.constexpr,
 ):  # fmt: skip
     b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -459,7 +479,14 @@ def _producer(
         # the ring does not wait
         phase = ((it // STAGES) & 1) ^ 1
         mbarrier.wait(q_empty.index(slot), phase)
-        mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
+        if STATS_SMEM:
+            # the step's lse and delta ride on the Q tile's barrier and slot: tile (b, h, mt) of
+            # the statistics buffer, rows 2 * tile (lse) and 2 * tile + 1 (delta)
+            mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes + stats_desc.block_type.nbytes)
+            tile = (b * (nheads_k * group) + h) * n_m + mt
+            tma.async_copy_global_to_shared(stats_desc, [2 * tile, 0], q_ready.index(slot), stats_smem.index(slot))
+        else:
+            mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
             q_desc, [b, h, q_off + m0, 0], q_ready.index(slot), q_smem.index(slot).reshape([1, 1, BLOCK_M, HEAD_DIM])
         )
@@ -549,7 +576,7 @@ def _masked_tiles(m_full, m_full_hi, n_m, q_len, key_tail, BLOCK_M: gl.constexpr
 
 @gluon.jit
 def _consumer(
-    q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
+    q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
     ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale, sm_scale,
     Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
@@ -557,10 +584,12 @@ def _consumer(
     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, MASK_LEFT: gl.constexpr,
     MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
-    DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr,
+    DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, STATS_SMEM: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
+    # STATS_SMEM: a step's [2, BLOCK_M] statistics tile (no swizzle) read as one flat row
+    flat_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     acc_layout: gl.constexpr = _mma_layout(HEAD_DIM, NUM_WARPS)  # [BLOCK_N keys, HEAD_DIM]
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # along the queries
@@ -604,15 +633,20 @@ def _consumer(
         rows = mt * BLOCK_M + cols
         slot = it % STAGES
         phase = (it // STAGES) & 1
-        # lse/delta of the step's rows: loaded before the products so the loads run under them;
-        # rows past the end read lse = +inf, so their P (and dS) is 0
-        # int64 (batch, head) offset, int32 row offsets (the rows are unit-stride, checked on the
-        # host): no 64-bit offset vector stays live across the products
-        if VARLEN:
-            l_base = h.to(gl.int64) * stride_lh + q_off  # lse/delta (H, Tq)
+        if STATS_SMEM:
+            # lse (times log2 e) and delta of the step's rows, in the slot of its Q tile (read
+            # once the S^T and dP^T products have landed: no vector held across them)
+            stats = stats_smem.index(slot)._reinterpret(gl.float32, [2 * BLOCK_M], flat_layout)
         else:
-            l_base = b64 * stride_lb + h.to(gl.int64) * stride_lh
-        lse2 = gl.load(Lse + l_base + rows, mask=rows < q_len, other=float("inf")) * LOG2E_C
+            # lse/delta of the step's rows: loaded before the products so the loads run under
+            # them; rows past the end read lse = +inf, so their P (and dS) is 0
+            # int64 (batch, head) offset, int32 row offsets (the rows are unit-stride, checked
+            # on the host): no 64-bit offset vector stays live across the products
+            if VARLEN:
+                l_base = h.to(gl.int64) * stride_lh + q_off  # lse/delta (H, Tq)
+            else:
+                l_base = b64 * stride_lb + h.to(gl.int64) * stride_lh
+            lse2 = gl.load(Lse + l_base + rows, mask=rows < q_len, other=float("inf")) * LOG2E_C
         q_tile = q_smem.index(slot)
         do_tile = do_smem.index(slot)
         mbarrier.wait(q_ready.index(slot), phase)
@@ -620,6 +654,8 @@ def _consumer(
         mbarrier.wait(do_ready.index(slot), phase)
         dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         st = warpgroup_mma_wait(1, deps=(st,))
+        if STATS_SMEM:
+            lse2 = stats.slice(0, BLOCK_M).load(col_layout)
         s2 = st * qk_scale
         if MASK_LEFT or RIGHT_WINDOW:
             if (mt < m_unmasked_lo) | (mt >= m_unmasked_hi):
@@ -666,7 +702,10 @@ def _consumer(
         dpt = warpgroup_mma_wait(0, deps=(dpt,))
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
         # delta is read here, under the dV product, to keep it out of the registers before
-        delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
+        if STATS_SMEM:
+            delta = stats.slice(BLOCK_M, BLOCK_M).load(col_layout)
+        else:
+            delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
         dst = pt * (dpt - gl.expand_dims(delta, 0))
         ds = dst.to(dtype)
         ds_op = gl.convert_layout(ds, op_layout)
@@ -946,7 +985,8 @@ def _dq_writer(
 
 @gluon.jit
 def _attn_bwd_dkdv_kernel(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Sem, Sched, CuSeqQ, CuSeqK, DK, DV,
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, stats_desc, Lse, Delta, Sem, Sched, CuSeqQ, CuSeqK,
+    DK, DV,
     stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
     stride_dkm, stride_dkh, stride_dvm, stride_dvh, n_slots_q, window_left, window_right,
     qk_scale, sm_scale, softcap_in, softcap_out,
@@ -956,7 +996,7 @@ def _attn_bwd_dkdv_kernel(
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
-    SOFTCAP: gl.constexpr,
+    SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
     dtype: gl.constexpr = q_desc.dtype
@@ -970,6 +1010,12 @@ def _attn_bwd_dkdv_kernel(
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_N, HEAD_DIM], kv_layout)
+    if STATS_SMEM:
+        gl.static_assert(not VARLEN, "lse/delta through shared memory: dense calls only")
+        # one [lse, delta] row pair per slot of the Q/dO ring (1 KB at 2 stages)
+        stats_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 2, BLOCK_M], stats_desc.layout)
+    else:
+        stats_smem = q_smem  # unused
     if DQ_ATOMIC:
         DQ_N: gl.constexpr = HEAD_DIM // CONSUMERS if DQ_SHARED else HEAD_DIM
         DS_BUFS: gl.constexpr = 2 * CONSUMERS if DQ_SHARED else CONSUMERS
@@ -1020,27 +1066,31 @@ def _attn_bwd_dkdv_kernel(
     if DQ_PARITY:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
-                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
+                             do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse,
+                             Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN)),
-                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
-                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM)),
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
+                             do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse,
+                             Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN)),
-                (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
-                             kv_bar, q_ready, do_ready, q_empty, do_empty,
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM)),
+                (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
+                             stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             VARLEN, TILES_DOWN)),
+                             VARLEN, TILES_DOWN, STATS_SMEM)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
@@ -1057,27 +1107,31 @@ def _attn_bwd_dkdv_kernel(
     elif DQ_WRITER:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
-                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
+                             do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse,
+                             Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN)),
-                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
-                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM)),
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
+                             do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse,
+                             Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN)),
-                (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
-                             kv_bar, q_ready, do_ready, q_empty, do_empty,
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM)),
+                (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
+                             stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             VARLEN, TILES_DOWN)),
+                             VARLEN, TILES_DOWN, STATS_SMEM)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
@@ -1089,27 +1143,31 @@ def _attn_bwd_dkdv_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
-                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
+                             do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse,
+                             Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN)),
-                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, q_ready, do_ready, q_empty,
-                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM)),
+                (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
+                             do_ready, q_empty,
+                             do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse,
+                             Delta,
                              stride_lb, stride_lh, stride_lm,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN)),
-                (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
-                             kv_bar, q_ready, do_ready, q_empty, do_empty,
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM)),
+                (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
+                             stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             VARLEN, TILES_DOWN)),
+                             VARLEN, TILES_DOWN, STATS_SMEM)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -1305,7 +1363,8 @@ def _split_d_store(dk_stage, dv_stage, dk_desc, dv_desc, b, kv_h, row, col, KEYS
 
 @gluon.jit
 def _attn_bwd_split_d_kernel(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Sem, Sched, CuSeqQ, CuSeqK, DK, DV,
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, stats_desc, Lse, Delta, Sem, Sched, CuSeqQ, CuSeqK,
+    DK, DV,
     stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
     stride_dkm, stride_dkh, stride_dvm, stride_dvh, n_slots_q, window_left, window_right,
     qk_scale, sm_scale, softcap_in, softcap_out,
@@ -1315,7 +1374,7 @@ def _attn_bwd_split_d_kernel(
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
-    SOFTCAP: gl.constexpr,
+    SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -1323,6 +1382,7 @@ def _attn_bwd_split_d_kernel(
     dq_desc) have HEAD_DIM / 2-column boxes (each consumer stores its columns)."""
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
     gl.static_assert(not (DQ_LAG or DQ_WRITER or DQ_ORDERED or DQ_FRAG), "dQ, if any, by unordered TMA reduces")
+    gl.static_assert(not STATS_SMEM, "the split-D consumers read lse/delta per row from global memory")
     if not RIGHT_WINDOW:
         window_right = 0  # no right window or causal: a literal, as in the builds without windows
     if not MASK_LEFT:
@@ -1377,11 +1437,11 @@ def _attn_bwd_split_d_kernel(
                                  HEAD_DIM, STAGES, CONSUMER_WARPS, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, VARLEN,
                                  SOFTCAP, DQ_ATOMIC)),
             # the producer loads the program's one K/V tile of BLOCK_N keys (CONSUMERS=1 there)
-            (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem,
+            (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem, q_smem,
                          kv_bar, q_ready, do_ready, q_empty, do_empty,
                          n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                          window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, 1, MASK_LEFT, MASK_RIGHT,
-                         VARLEN, TILES_DOWN)),
+                         VARLEN, TILES_DOWN, False)),
         ],
         [CONSUMER_WARPS, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -1496,6 +1556,60 @@ def dq_sem_count(q: torch.Tensor, variant: str, cu_seqlens_q=None) -> int:
     return q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m)
 
 
+@triton.jit
+def _pack_stats(Lse, Delta, Stats, stride_lb, stride_lh, seqlen, nheads, n_m, BLOCK_M: tl.constexpr):
+    """Row pair of query tile ``pid = (b * H + h) * n_m + mt`` of the statistics buffer: lse times
+    log2 e, then delta, of its BLOCK_M rows; rows past ``seqlen`` get lse +inf (P = 0) and delta 0."""
+    pid = tl.program_id(0)
+    mt = pid % n_m
+    bh = pid // n_m
+    base = (bh // nheads).to(tl.int64) * stride_lb + (bh % nheads).to(tl.int64) * stride_lh
+    rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    inside = rows < seqlen
+    lse = tl.load(Lse + base + rows, mask=inside, other=float("inf"))
+    delta = tl.load(Delta + base + rows, mask=inside, other=0.0)
+    out = Stats + pid.to(tl.int64) * (2 * BLOCK_M) + tl.arange(0, BLOCK_M)
+    tl.store(out, lse * LOG2E_C)
+    tl.store(out + BLOCK_M, delta)
+
+
+_PACK_STATS = CachedLauncher(_pack_stats)
+_PACK_STATS_META: dict = {}
+
+
+def stats_numel(batch: int, nheads: int, seqlen_q: int, block_m: int) -> int:
+    """Floats in the statistics buffer of a ``stats_smem`` variant: a row pair of ``block_m``
+    floats per (batch, head, query tile)."""
+    return batch * nheads * configs.cdiv(seqlen_q, block_m) * 2 * block_m
+
+
+def pack_stats(lse: torch.Tensor, delta: torch.Tensor, block_m: int) -> torch.Tensor:
+    """The statistics buffer a ``stats_smem`` variant reads (dense lse and delta (B, H, Sq),
+    float32, unit stride along the rows): per (batch, head, query tile), in that order, lse times
+    log2 e for the tile's ``block_m`` rows, then their delta (:func:`_pack_stats`)."""
+    if lse.dim() != 3 or lse.dtype != torch.float32 or lse.stride(-1) != 1:
+        raise ValueError(f"pack_stats: lse must be float32 (B, H, Sq) with unit stride along the rows, got "
+                         f"{lse.dtype} {tuple(lse.shape)} strides {lse.stride()}")  # fmt: skip
+    if delta.shape != lse.shape or delta.stride() != lse.stride() or delta.dtype != torch.float32:
+        raise ValueError("pack_stats: delta must be float32 with lse's shape and strides")
+    batch, nheads, seqlen = lse.shape
+    n_m = configs.cdiv(seqlen, block_m)
+    stats = torch.empty(stats_numel(batch, nheads, seqlen, block_m), device=lse.device, dtype=torch.float32)
+    meta = _PACK_STATS_META.get(block_m)
+    if meta is None:
+        meta = _PACK_STATS_META[block_m] = _PACK_STATS.meta(BLOCK_M=block_m, num_warps=2)
+    _PACK_STATS((batch * nheads * n_m,), (lse, delta, stats), (lse.stride(0), lse.stride(1), seqlen, nheads, n_m),
+                (), meta)  # fmt: skip
+    return stats
+
+
+def _descriptor_stats(stats: torch.Tensor, block_m: int) -> TensorDescriptor:
+    """The statistics buffer as (tiles * 2, block_m) float32, one [2, block_m] box (no swizzle)
+    per (batch, head, query tile)."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    return tma_descriptor(stats, [stats.numel() // block_m, block_m], [block_m, 1], [2, block_m], layout)
+
+
 # Packed calls' program order: "document" (the schedule's: document by document, key blocks in
 # order) or "longest" (documents by their q_len * k_len, most first; key blocks still in order
 # within each, as the ordered dQ needs)
@@ -1529,12 +1643,15 @@ def varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, tokens_k, variant, causal, o
     return sched
 
 
-def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *, softmax_scale, causal, variant,
-                cu_seqlens_q=None, cu_seqlens_k=None, sched=None, window=(-1, -1), softcap=0.0):  # fmt: skip
+def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, stats=None, *, softmax_scale, causal,
+                variant, cu_seqlens_q=None, cu_seqlens_k=None, sched=None, window=(-1, -1),
+                softcap=0.0):  # fmt: skip
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the CPU
     compile check, so both build the same kernel. ``dq_accum``: the float32 (B, Sq, H, D)
     accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller; :func:`dq_accum_for`);
-    ``dq_sem``: the zeroed int32 counters of the ``dq_ordered`` variants (:func:`dq_sem_count`).
+    ``dq_sem``: the zeroed int32 counters of the ``dq_ordered`` variants (:func:`dq_sem_count`);
+    ``stats``: the ``stats_smem`` variants' statistics buffer (:func:`pack_stats`; its contents
+    do not matter to the compile check, only its size, :func:`stats_numel`).
     Packed (varlen) calls pass cu_seqlens: q/dout (Tq, H, D), k/v/dk/dv (Tk, Hk, D), lse/delta
     (H, Tq); programs = entries of ``sched`` (:func:`varlen_key_schedule`; the compile check passes
     an unwritten tensor of ``attention_fwd.schedule_slots`` entries) x K/V heads. ``window`` as in
@@ -1573,6 +1690,18 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
             raise ValueError(f"variant {variant} needs a zeroed int32 dq_sem of {want} counters (dq_sem_count)")
     if not var.dq_atomic:
         dq_desc = _descriptor(dk, var.block_n)  # not read: the kernel is built without dQ
+    q_desc = _descriptor(q, var.block_m)
+    if var.stats_smem:
+        if varlen:
+            raise ValueError(f"variant {variant} has no packed (varlen) form")
+        want = stats_numel(q.shape[0], nheads, q.shape[1], var.block_m)
+        if stats is None or stats.dim() != 1 or stats.numel() != want or stats.dtype != torch.float32:
+            raise ValueError(f"variant {variant} needs a flat float32 stats buffer of {want} (pack_stats)")
+        if want // var.block_m >= 2**31:
+            raise ValueError("too many query tiles for the statistics buffer's int32 TMA row coordinate")
+        stats_desc = _descriptor_stats(stats, var.block_m)
+    else:
+        stats_desc = q_desc  # not read: the kernel is built without the statistics tiles
     if varlen:
         if sched is None:
             raise ValueError("packed (varlen) launches need their programs (sched=varlen_key_schedule(...))")
@@ -1597,9 +1726,9 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
     # split_d: each consumer stores its half of dK's and dV's columns
     out_cols = head_dim // 2 if var.split_d else head_dim
     args = (
-        _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
+        q_desc, _descriptor(k, var.block_n), _descriptor(v, var.block_n),
         _descriptor(dout, var.block_m), _descriptor(dk, var.block_n, out_cols), _descriptor(dv, var.block_n, out_cols),
-        dq_desc,
+        dq_desc, stats_desc,
         lse, delta, dq_sem if var.dq_ordered else lse, sched, cu_seqlens_q, cu_seqlens_k,
         dk if varlen else None, dv if varlen else None,
         stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k,
@@ -1613,7 +1742,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, *
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
         DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead,
-        DQ_PARITY=var.dq_parity,
+        DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem,
         SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
@@ -1654,8 +1783,12 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     if var.dq_ordered:
         dq_sem = torch.zeros(dq_sem_count(q, variant, cu_seqlens_q), device=q.device, dtype=torch.int32)
     sched = varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, k.shape[0], variant, causal, order) if varlen else None
+    stats = None
+    if var.stats_smem and not varlen:  # (launch_args refuses the packed calls)
+        with torch.cuda.device(q.device):
+            stats = pack_stats(lse, delta, var.block_m)
     grid, args, kwargs = launch_args(
-        q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, softmax_scale=softmax_scale, causal=causal,
+        q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, stats, softmax_scale=softmax_scale, causal=causal,
         variant=variant, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window,
         softcap=softcap,
     )  # fmt: skip
@@ -1664,9 +1797,9 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     meta = _LAUNCH_META.get(key)
     if meta is None:
         meta = _LAUNCH_META[key] = (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD).meta(**kwargs)
-    # launch_args' order: 7 descriptors and 8 pointers, 15 integers, 4 floats
+    # launch_args' order: 8 descriptors and 8 pointers, 15 integers, 4 floats
     with torch.cuda.device(q.device):
-        (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD)(grid, args[:15], args[15:30], args[30:], meta)
+        (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD)(grid, args[:16], args[16:31], args[31:], meta)
     if var.dq_frag:
         with torch.cuda.device(q.device):
             dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers)
@@ -1687,7 +1820,7 @@ def kernel_for(variant: str):
 
 __all__ = [
     "hopper_attention_backward", "supports", "launch_args", "kernel_for", "dq_accum_for", "dq_sem_count",
-    "dq_frag_to_bshd",
+    "dq_frag_to_bshd", "pack_stats", "stats_numel",
     "variant_for", "covered_head_dims", "varlen_builds", "VARIANTS", "DEFAULT", "NONDETERMINISTIC", "VARLEN_DEFAULT",
     "VARLEN_NONDETERMINISTIC", "VARLEN_ORDERS",
 ]

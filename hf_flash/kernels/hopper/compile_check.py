@@ -123,11 +123,12 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
         rows, block_n = var.keys, var.block_m
     elif variant.startswith(BWD_PREFIX):
         var = attention_bwd.VARIANTS[variant[len(BWD_PREFIX):]]
+        stats = torch.empty(attention_bwd.stats_numel(batch, nheads, SEQLEN, var.block_m)) if var.stats_smem else None
         _, args, kwargs = attention_bwd.launch_args(
             q, k, v, out, lse, torch.empty_like(lse), torch.empty_like(k), torch.empty_like(k),
             attention_bwd.dq_accum_for(q, var.name) if var.dq_atomic else None,
-            torch.zeros(batch * nheads * -(-SEQLEN // var.block_m), dtype=torch.int32), softmax_scale=head_dim**-0.5,
-            causal=causal, variant=var.name, **masks,
+            torch.zeros(batch * nheads * -(-SEQLEN // var.block_m), dtype=torch.int32), stats,
+            softmax_scale=head_dim**-0.5, causal=causal, variant=var.name, **masks,
         )  # fmt: skip
         compiled = compile_sm90(attention_bwd.kernel_for(var.name), args, kwargs)
         rows, block_n = var.keys, var.block_m
