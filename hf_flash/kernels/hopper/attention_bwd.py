@@ -247,6 +247,9 @@ VARIANTS = {
         Variant("kv2x64-m128-s2-dqwlds", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
                 head_dims=(64,)),
+        # the same with unordered dQ additions (what the ordering costs; a NONDETERMINISTIC candidate)
+        Variant("kv2x64-m128-s2-dqwls", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, stats_smem=True, head_dims=(64,)),
         Variant("kv2x64-m64-s2-dqwlf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_frag=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwld-dnp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
