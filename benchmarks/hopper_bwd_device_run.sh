@@ -8,7 +8,8 @@
 # Writes OUT_DIR/{env.txt,smoke.log,tests.log,bench.json,bench.log}. HOPPER_BWD_VARIANTS="a b"
 # limits the smoke check and the benchmark to those variants; HOPPER_BWD_BENCH_EXTRA="c d" adds
 # variants to the benchmark without a smoke check (ones measured before); HOPPER_BWD_TESTS
-# overrides the pytest selection; HOPPER_BWD_BENCH_ARGS adds benchmark arguments.
+# overrides the pytest selection (files or node ids), HOPPER_BWD_TESTS_K adds a pytest -k
+# expression; HOPPER_BWD_BENCH_ARGS adds benchmark arguments.
 set -u
 out=${1:?usage: hopper_bwd_device_run.sh OUT_DIR [TEST_TIMEOUT_S] [BENCH_TIMEOUT_S]}
 test_timeout=${2:-200}
@@ -29,7 +30,8 @@ done
 echo "variants passing the smoke check: ${ok[*]:-none}"
 
 tests=${HOPPER_BWD_TESTS:-tests/hopper/test_hopper_attention_bwd_gpu.py tests/ops/test_flash_attn_gpu.py::test_forward_path_choice_on_hopper tests/ops/test_flash_attn_gpu.py::test_compile_inductor_fullgraph}
-timeout "$test_timeout" python3 -m pytest $tests -q -m gpu -p no:cacheprovider -n 4 >"$out/tests.log" 2>&1
+timeout "$test_timeout" python3 -m pytest $tests -q -m gpu -p no:cacheprovider -n 4 \
+  ${HOPPER_BWD_TESTS_K:+-k "$HOPPER_BWD_TESTS_K"} >"$out/tests.log" 2>&1
 echo "tests rc $?"; tail -n 15 "$out/tests.log"
 
 ok+=(${HOPPER_BWD_BENCH_EXTRA:-})

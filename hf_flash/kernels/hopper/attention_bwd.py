@@ -236,10 +236,17 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldfp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, head_dims=(128,)),
-        # the default with lse/delta through shared memory (not dispatched: to be measured)
+        # lse/delta through shared memory (not dispatched: to be measured): the default's form, the
+        # two-writer form and the unordered one (NONDETERMINISTIC's non-causal choice)
         Variant("kv2x64-m64-s2-dqwldfs", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 stats_smem=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfps", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, stats_smem=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwlfs", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_frag=True, stats_smem=True,
+                head_dims=(128,)),
         # head dim 64 with FA3's 128 query rows per step and the ordered dQ inside: the per-column
         # lse/delta vectors of a 128-wide tile are what spilled that shape (420-1144 bytes, CPU
         # compile, session 24); through shared memory it builds with 12/16 bytes non-causal and
