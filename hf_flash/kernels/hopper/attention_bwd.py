@@ -81,7 +81,10 @@ Programs are numbered with the (batch, K/V head) pair fastest and the key tile s
 causal masking the key tiles that see the most queries start first (packed: the K/V head fastest,
 the documents' key blocks in order). Addressing goes through TMA
 descriptors with the tensors' own strides (int64); lse/delta are read at an int64 (batch, head)
-offset plus int32 row offsets (their rows are unit-stride).
+offset plus int32 row offsets (their rows are unit-stride). The ``stats_smem`` variants (dense
+only, not dispatched) read them from shared memory instead: :func:`pack_stats` lays out each
+(batch, head, query tile) as a [lse * log2 e | delta] row pair (+inf / 0 past the end), the
+producer loads the step's pair with its Q tile, and the consumers read it where they use it.
 """
 
 from __future__ import annotations
@@ -1765,7 +1768,9 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     the packed calls' program order (``VARLEN_ORDERS``; default ``VARLEN_ORDER``); ``window``
     (left, right) and ``softcap`` as in :func:`attention_fwd.mask_args` (the forward's). Packed
     rows outside every sequence: dK/dV not written, dQ (when written) 0; no host sync reads
-    cu_seqlens. Returns whether dq was written (else the caller runs a dQ kernel)."""
+    cu_seqlens. A ``stats_smem`` variant first packs lse and delta (:func:`pack_stats`; dense
+    calls only: :func:`launch_args` refuses packed ones). Returns whether dq was written (else
+    the caller runs a dQ kernel)."""
     varlen = cu_seqlens_q is not None
     variant = variant or variant_for(q.shape[-1], causal, varlen)
     var = VARIANTS[variant]
