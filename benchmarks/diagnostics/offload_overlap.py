@@ -5,8 +5,11 @@ With ``kv2x64-m64-s2-dqwldfp`` as the d128 backward the GPU test
 failed three times (its host-to-device prefetch copies had no kernel under them; compute idle
 ~330 us before each copy and resuming 1-17 us after it), and it passed with
 ``kv2x64-m64-s2-dqwldf`` on the same machine (session 25). This runs the test's own model and
-step (8 layers, 8192 tokens, MHA d128, LoRA, offloaded checkpoints) once per named variant, in
-one process, and records what separates the hypotheses:
+step (8 layers, ``--seq`` tokens, MHA d128, LoRA, offloaded checkpoints) once per named variant,
+in one process, and records what separates the hypotheses. Session 27 found the 8192-token step
+host-bound under the profiler with either variant (kernels busy 41 of 182-208 ms; every
+prefetch started ahead of its use, none on demand; no copy under compute with either), so the
+test now runs 32768 tokens (``OVERLAP_SEQ``). The records:
 
 - prefetch decisions: for every ``_OffloadedInput.unpack`` (one per layer, in backward order),
   whether its copy had been started by the previous recomputation (a prefetch) or starts now
@@ -22,7 +25,7 @@ one process, and records what separates the hypotheses:
   synchronising calls torch reports and their first messages.
 
     PYTHONPATH=. python benchmarks/diagnostics/offload_overlap.py OUT.json \
-        [--variants kv2x64-m64-s2-dqwldf kv2x64-m64-s2-dqwldfp] [--rounds 2] [--sync-debug]
+        [--variants kv2x64-m64-s2-dqwldf kv2x64-m64-s2-dqwldfp] [--rounds 2] [--sync-debug] [--seq N]
 
 Needs a Hopper GPU (the Gluon backward), peft and transformers; the variants alternate within
 each round. The JSON holds every record; the printed summary one line per (round, variant).
@@ -94,9 +97,9 @@ class _Recorder:
             self._saved = {}
 
 
-def _trace_summary(events: list) -> dict:
+def _trace_summary(events: list, layer_bytes: int) -> dict:
     kernels = [e for e in events if e.get("cat") == "kernel"]
-    copies = [e for e in events if e.get("cat") == "gpu_memcpy" and e.get("args", {}).get("bytes") == case.LAYER_BYTES]
+    copies = [e for e in events if e.get("cat") == "gpu_memcpy" and e.get("args", {}).get("bytes") == layer_bytes]
     t0 = min(e["ts"] for e in kernels + copies)
     rows = case.copy_rows(kernels, copies)
     for r in rows:
@@ -149,7 +152,8 @@ def run_variant(model, inputs, variant: str, sync_debug: bool) -> dict:
             path = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
             events = json.loads(path.read_text())["traceEvents"]
-        result = {"variant": variant, **_trace_summary(events)}
+        layer_bytes = inputs["input_ids"].shape[1] * case.HIDDEN * 2  # one bf16 layer input
+        result = {"variant": variant, **_trace_summary(events, layer_bytes)}
         # the caching allocator during the profiled step: device mallocs/frees and its
         # synchronising paths (retries after a failed malloc, waits on every stream's events)
         result["allocator"] = {
@@ -191,6 +195,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["kv2x64-m64-s2-dqwldf", "kv2x64-m64-s2-dqwldfp"])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sync-debug", action="store_true")
+    parser.add_argument("--seq", type=int, default=case.SEQ,
+                        help=f"tokens (the test: {case.OVERLAP_SEQ}; {case.SEQ} is host-bound under the profiler)")
     args = parser.parse_args()
     d128 = [name for name, var in attention_bwd.VARIANTS.items() if 128 in var.head_dims]
     unknown = [v for v in args.variants if v not in d128]
@@ -199,7 +205,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("offload_overlap.py needs a CUDA GPU (the Gluon backward runs on sm_90)")
 
-    model, inputs = case._model(), case._inputs()
+    model, inputs = case._model(args.seq), case._inputs(args.seq)
     offload.offload_checkpoints(model)
     results = []
     for r in range(args.rounds):

@@ -81,15 +81,6 @@ def _check(q, k, v, causal, scale=None, variant=None, monkeypatch=None, seed=0, 
     return grads
 
 
-# d64 has no default variant (the Triton backward is as fast there); its kernel is tested through
-# this one, which dispatch takes once DEFAULT names it
-D64_VARIANT = "kv2x64-m64-s2"
-
-
-def _variant_for(head_dim):
-    from hf_flash.kernels.hopper.attention_bwd import covered_head_dims
-
-    return None if head_dim in covered_head_dims() else D64_VARIANT
 
 
 CASES = [
@@ -111,7 +102,7 @@ CASES = [
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("batch,sq,sk,h,hk", CASES)
 def test_default_variant_matches_reference(batch, sq, sk, h, hk, head_dim, causal, dtype, monkeypatch):
-    _check(*_qkv(batch, sq, sk, h, hk, head_dim, dtype), causal, variant=_variant_for(head_dim),
+    _check(*_qkv(batch, sq, sk, h, hk, head_dim, dtype), causal, variant=None,
            monkeypatch=monkeypatch)  # fmt: skip
 
 
@@ -119,7 +110,7 @@ def test_default_variant_matches_reference(batch, sq, sk, h, hk, head_dim, causa
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_8191(head_dim, causal, monkeypatch):
-    _check(*_qkv(1, 8191, 8191, 2, 1, head_dim, torch.bfloat16, seed=4), causal, variant=_variant_for(head_dim),
+    _check(*_qkv(1, 8191, 8191, 2, 1, head_dim, torch.bfloat16, seed=4), causal, variant=None,
            monkeypatch=monkeypatch)  # fmt: skip
 
 
@@ -197,14 +188,16 @@ def test_ordered_dq_repeats_bitwise(variant, head_dim, causal, monkeypatch):
 
 
 @needs_hopper
-def test_public_function_takes_the_hopper_backward():
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_public_function_takes_the_hopper_backward(head_dim):
     """flash_attn_func's autograd runs the Gluon dK/dV kernel (attention_paths says so) and its
-    gradients, dlse included (return_attn_probs gives the log-sum-exp), match the oracle."""
+    gradients, dlse included (return_attn_probs gives the log-sum-exp), match the oracle (d64:
+    the default reads lse and delta, dlse folded in, from the packed statistics buffer)."""
     from hf_flash import flash_attn_func
     from hf_flash.interface import attention_paths
 
-    q, k, v = (t.requires_grad_() for t in _qkv(2, 700, 700, 8, 2, 128, torch.bfloat16, seed=5))
-    assert attention_paths(q, k, v, causal=True) == {"forward": "hopper", "backward": "hopper"}
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 700, 700, 8, 2, head_dim, torch.bfloat16, seed=5))
+    assert attention_paths(q, k, v, causal=True)["backward"] == "hopper"
     out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     w = torch.randn_like(lse)
     dout = torch.randn_like(out)
@@ -527,7 +520,7 @@ WINDOW_SHAPES = [
 @pytest.mark.parametrize("batch,sq,sk,h,hk", WINDOW_SHAPES)
 def test_windows_match_reference(batch, sq, sk, h, hk, causal, window, head_dim, monkeypatch):
     dtype = torch.float16 if sq == 777 else torch.bfloat16
-    _check(*_qkv(batch, sq, sk, h, hk, head_dim, dtype, seed=21), causal, variant=_variant_for(head_dim),
+    _check(*_qkv(batch, sq, sk, h, hk, head_dim, dtype, seed=21), causal, variant=None,
            monkeypatch=monkeypatch, window=window)  # fmt: skip
 
 

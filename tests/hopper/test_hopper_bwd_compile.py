@@ -46,7 +46,7 @@ SPECS += [(name, d, causal, "bfloat16" if causal else "float16")
 # sliding windows (two-sided non-causal, left-bounded causal): the variants windowed calls run,
 # dense and packed, bfloat16
 SPECS += [(prefix + hb.variant_for(d, causal, bool(prefix)), d, causal, "bfloat16", "window")
-          for d in hb.covered_head_dims() for prefix in ("bwd:", compile_check.BWD_VARLEN_PREFIX)
+          for prefix in ("bwd:", compile_check.BWD_VARLEN_PREFIX) for d in hb.covered_head_dims(bool(prefix))
           for causal in (True, False)]  # fmt: skip
 # the softcap (the split-D d256 form only), with and without a window, dense and packed
 SPECS += [(prefix + hb.variant_for(256, causal, bool(prefix)), 256, causal, "bfloat16", features)
@@ -172,7 +172,7 @@ def test_backward_path_rejects_features(on_hopper, change):
     assert _path(_call(), **change) == "triton"
 
 
-@pytest.mark.parametrize("d", [32, 64, 80, 96, 192, 512])
+@pytest.mark.parametrize("d", [32, 80, 96, 192, 512])
 def test_backward_path_rejects_other_head_dims(on_hopper, d):
     assert _path(_call(d)) == "triton"
 
@@ -193,12 +193,18 @@ def test_backward_path_head_dim_256(on_hopper):
 
 
 def test_backward_head_dims_follow_default(on_hopper, monkeypatch):
-    """A head dim is covered exactly when DEFAULT names a variant for it (d64 has none: no
-    measured gain over the Triton backward)."""
-    assert _path(_call(64)) == "triton"
-    monkeypatch.setitem(hb.DEFAULT, (64, False), "kv2x64-m64-s2")
-    monkeypatch.setitem(hb.DEFAULT, (64, True), "kv2x64-m64-s2")
+    """A head dim is covered exactly when DEFAULT names a variant for it: dense d64 runs the
+    128-row form with lse/delta in shared memory; packed d64 calls (no VARLEN_DEFAULT entry) and
+    soft-capped ones keep the Triton backward."""
+    assert hb.variant_for(64, False) == hb.variant_for(64, True) == "kv2x64-m128-s2-dqwlds"
     assert _path(_call(64)) == "hopper"
+    assert _path(_call(64), causal=True, window_right=0) == "hopper"
+    assert _path(_call(64), window_left=16, window_right=4) == "hopper"
+    assert _path(_packed(d=64), varlen=True, causal=True, window_right=0) == "triton"
+    assert _path(_call(64), softcap=30.0) == "triton"
+    monkeypatch.delitem(hb.DEFAULT, (64, False))
+    monkeypatch.delitem(hb.DEFAULT, (64, True))
+    assert _path(_call(64)) == "triton"
 
 
 def test_backward_path_rejects_dtypes_and_layouts(on_hopper):

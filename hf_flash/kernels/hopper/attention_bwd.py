@@ -82,7 +82,8 @@ causal masking the key tiles that see the most queries start first (packed: the 
 the documents' key blocks in order). Addressing goes through TMA
 descriptors with the tensors' own strides (int64); lse/delta are read at an int64 (batch, head)
 offset plus int32 row offsets (their rows are unit-stride). The ``stats_smem`` variants (dense
-only, not dispatched) read them from shared memory instead: :func:`pack_stats` lays out each
+only; the d64 default ``kv2x64-m128-s2-dqwlds``, 128 query rows per step) read them from shared
+memory instead: :func:`pack_stats` lays out each
 (batch, head, query tile) as a [lse * log2 e | delta] row pair (+inf / 0 past the end), the
 producer loads the step's pair with its Q tile, and the consumers read it where they use it.
 """
@@ -253,11 +254,12 @@ VARIANTS = {
         # head dim 64 with FA3's 128 query rows per step and the ordered dQ inside: the per-column
         # lse/delta vectors of a 128-wide tile are what spilled that shape (420-1144 bytes, CPU
         # compile, session 24); through shared memory it builds with 12/16 bytes non-causal and
-        # 60/72 causal (session 26). Not dispatched: to be measured against the Triton backward
+        # 60/72 causal (session 26). The dense d64 DEFAULT (1.21-1.39x the Triton backward)
         Variant("kv2x64-m128-s2-dqwlds", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
                 head_dims=(64,)),
-        # the same with unordered dQ additions (what the ordering costs; a NONDETERMINISTIC candidate)
+        # the same with unordered dQ additions: 1.036x dqwlds in geometric mean but 0.95x at
+        # non-causal 32K (session 27), under the rule NONDETERMINISTIC entries meet; not dispatched
         Variant("kv2x64-m128-s2-dqwls", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, stats_smem=True, head_dims=(64,)),
         Variant("kv2x64-m64-s2-dqwlf", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
@@ -288,7 +290,7 @@ VARIANTS = {
 # ordered) against kv2x64-m64-s2 (Gluon dK/dV + Triton dQ, the default before): causal
 # 369/400/417/447 TFLOP/s against 370/383/411/412 at 4K/8K/16K/32K (1.00-1.08x), non-causal
 # 381/453/471/446 against 373/390/379/389 (1.02-1.24x). At d64 s2 was level with the Triton
-# backward (-4%..+10%, session 15), so d64 stays on Triton.
+# backward (-4%..+10%, session 15); d64 gained its own shape in session 27 (below).
 # Session 19 call 2 (3 rounds): dqwldf (fragment-order dQ, 1-D bulk reduce) against dqwld,
 # backward 1.016/1.081/1.066/1.062 causal and 1.048/1.029/0.994/0.998 non-causal at 4K-32K
 # (geometric mean 1.036, worst 0.994; the rule fixed before the run: >= 1.02, none below 0.98).
@@ -300,9 +302,15 @@ VARIANTS = {
 # 1.039, worst 0.991: the rule fixed before the run, >= 1.03 and none below 0.98, was met), and
 # 1.01-1.14x on MHA / small-batch shapes; but with dqwldfp as DEFAULT the activation-offload GPU
 # test (tests/training, the prefetch copies overlapping compute) failed three times in a row and
-# passed with dqwldf on the same machine (calls 6-9). The cause is not understood, so DEFAULT
-# stays dqwldf (.notes/hopper-bwd.md).
+# passed with dqwldf on the same machine (calls 6-9); session 27 call 1 found that test
+# host-bound at its 8K shape (kernels busy 41 of 182-208 ms of the profiled step, the same with
+# either variant), so a faster backward leaves the copies fewer kernels to run under.
+# Session 27 call 3 (3 rounds): d64 dqwlds (128 query rows, lse/delta from shared memory, ordered
+# dQ) against the Triton backward, 363/401/431/441 TFLOP/s causal and 399/451/454/460 non-causal
+# at 4K-32K against 288/311/343/357 and 330/346/327/352 (1.21-1.39x, geometric mean 1.28; the rule
+# fixed before the run: >= the Triton backward at every point, >= 1.05x in geometric mean).
 DEFAULT = {
+    (64, False): "kv2x64-m128-s2-dqwlds", (64, True): "kv2x64-m128-s2-dqwlds",
     (128, False): "kv2x64-m64-s2-dqwldf", (128, True): "kv2x64-m64-s2-dqwldf",
     (256, False): "kv64-m64-s2-splitd", (256, True): "kv64-m64-s2-splitd",
 }  # fmt: skip
