@@ -35,10 +35,11 @@ the result bitwise deterministic: one int32 counter per (batch, head, query tile
 adds into a tile only when its counter equals the program's key-block index (ascending: a
 program waits only on programs launched before it) and counts itself once its additions have
 completed (``cp.async.bulk.wait_group``, a step later, so the wait runs under the next step).
-``dq_frag`` (the dense default, ``kv2x64-m64-s2-dqwldf``) stores each dQ tile in the wgmma
-fragment's own order (conflict-free shared stores) into a flat accumulator added by 1-D bulk
-reduces; a small Triton kernel then writes dq in its layout. ``dq_parity``
-(``kv2x64-m64-s2-dqwldfp``) splits the writer into two warps taking alternate steps. Without dQ in the kernel (``kv2x64-m64-s2``),
+``dq_frag`` (``kv2x64-m64-s2-dqwldf``) stores each dQ tile in the wgmma fragment's own order
+(conflict-free shared stores) into a flat accumulator added by 1-D bulk reduces; a small Triton
+kernel then writes dq in its layout. ``dq_parity`` (``kv2x64-m64-s2-dqwldfp``, the dense d128
+non-causal default; with lse/delta from shared memory ``-dqwldfps``, the causal one) splits the
+writer into two warps taking alternate steps. Without dQ in the kernel (``kv2x64-m64-s2``),
 :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton dQ kernel beside this one
 (it recomputes S and dP: 7 products for the 5 counted).
 
@@ -240,8 +241,8 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldfp", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, head_dims=(128,)),
-        # lse/delta through shared memory (not dispatched: to be measured): the default's form, the
-        # two-writer form and the unordered one (NONDETERMINISTIC's non-causal choice)
+        # lse/delta through shared memory (session 27: dqwldfps is the d128 causal DEFAULT; dqwldfs
+        # 1.009x dqwldf, dqwlfs 0.64-0.73x dqwlf non-causal: not dispatched)
         Variant("kv2x64-m64-s2-dqwldfs", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 stats_smem=True, head_dims=(128,)),
@@ -304,14 +305,20 @@ VARIANTS = {
 # test (tests/training, the prefetch copies overlapping compute) failed three times in a row and
 # passed with dqwldf on the same machine (calls 6-9); session 27 call 1 found that test
 # host-bound at its 8K shape (kernels busy 41 of 182-208 ms of the profiled step, the same with
-# either variant), so a faster backward leaves the copies fewer kernels to run under.
+# either variant), so a faster backward left the copies fewer kernels to run under; at 32K
+# tokens (the test's shape since) 7/8 prefetches overlap compute with dqwldf and dqwldfps alike.
+# Session 27 call 5 (3 rounds), the confirming run of call 2's dqwldfps (dqwldfp's two writers
+# with lse/delta from shared memory) against dqwldf, causal: 418/457/469/464 TFLOP/s against
+# 374/425/453/460 at 4K-32K (1.118/1.075/1.035/1.009x, geometric mean 1.058; the rule fixed before
+# the run: >= 1.03 and none below 0.98). Non-causal it loses (0.79-0.93x: the stats forms lose
+# non-causal, most at 4K), so non-causal takes dqwldfp, whose s25 rule was met.
 # Session 27 call 3 (3 rounds): d64 dqwlds (128 query rows, lse/delta from shared memory, ordered
 # dQ) against the Triton backward, 363/401/431/441 TFLOP/s causal and 399/451/454/460 non-causal
 # at 4K-32K against 288/311/343/357 and 330/346/327/352 (1.21-1.39x, geometric mean 1.28; the rule
 # fixed before the run: >= the Triton backward at every point, >= 1.05x in geometric mean).
 DEFAULT = {
     (64, False): "kv2x64-m128-s2-dqwlds", (64, True): "kv2x64-m128-s2-dqwlds",
-    (128, False): "kv2x64-m64-s2-dqwldf", (128, True): "kv2x64-m64-s2-dqwldf",
+    (128, False): "kv2x64-m64-s2-dqwldfp", (128, True): "kv2x64-m64-s2-dqwldfps",
     (256, False): "kv64-m64-s2-splitd", (256, True): "kv64-m64-s2-splitd",
 }  # fmt: skip
 # (head dim, causal) -> the variant run when deterministic gradients are not required
@@ -323,7 +330,8 @@ DEFAULT = {
 # at every point), dqwl 0.78-0.94x (its programs drift apart at 32K).
 NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwlf"}
 # Packed (varlen, cu_seqlens) calls: (head dim, causal) -> variant, deterministic. Head dims
-# without an entry keep the Triton backward (d64: as for dense calls, no measured gain). H100,
+# without an entry keep the Triton backward (d64: the dense default reads lse/delta per query
+# tile from pack_stats' buffer, which has no packed layout; the 64-row forms gained nothing). H100,
 # 2026-11-24 (.notes/hopper-bwd.md, session 19 call 2; 12 documents in 16K tokens, Hq=32, Hkv=8,
 # bf16; backward alone, 3 rounds): causal, the ordered fused dQ (dqwld) ran 208 TFLOP/s against
 # the Triton backward's 263 (its per-tile ordering waits dominate on short documents; unordered
