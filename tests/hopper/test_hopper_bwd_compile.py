@@ -411,7 +411,8 @@ def test_stats_variant_launch_needs_its_buffer():
             hb.launch_args(q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, name), sem, wrong,
                            softmax_scale=0.1, causal=True, variant=name)  # fmt: skip
     assert not hb.varlen_builds(name)
-    other = hb.DEFAULT[(128, True)]
+    other = hb.DEFAULT[(128, False)]  # the non-causal d128 default reads lse/delta from global memory
+    assert not hb.VARIANTS[other].stats_smem
     _, args, kwargs = hb.launch_args(q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, other),
                                      sem, softmax_scale=0.1, causal=True, variant=other)  # fmt: skip
     assert kwargs["STATS_SMEM"] is False and args[7] is args[0]
