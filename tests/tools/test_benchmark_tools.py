@@ -66,3 +66,28 @@ def test_e2e_generate_interleaves_providers_and_records_errors(monkeypatch):
     rows, tokens = e2e_generate.run_interleaved(model, 1, 8, ["no_such_attn", "sdpa"], "dynamic",
                                                 4, 1)  # fmt: skip
     assert "error" in rows[0] and rows[1]["ms_per_step"] > 0 and set(tokens) == {"sdpa"}
+
+
+def test_wgmma_wait_order_counts_exponentials_around_the_dp_wait():
+    """benchmarks/diagnostics/wgmma_wait_order.py reads, per S^T/dP^T product pair in the SASS,
+    how many exponentials sit under the dP^T product (before the wait for all) and after it; the
+    dV/dK products (A from registers) and dQ products (A transposed) do not start a pair."""
+    from benchmarks.diagnostics.wgmma_wait_order import exp_placement
+
+    pair = [
+        "HGMMA.64x64x16.F32.BF16 R184, gdesc[UR48], R184, gsb0 ;",
+        "HGMMA.64x64x16.F32.BF16 R152, gdesc[UR52], R152, gsb0 ;",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x1 ;",
+    ]
+    tail = [
+        "HGMMA.64x128x16.F32.BF16 R88, R184, gdesc[UR4].tnspB, R88, gsb0 ;",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x1 ;",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+        "HGMMA.64x64x16.F32.BF16 R152, gdesc[UR16].tnspA.tnspB, R152, gsb0 ;",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+    ]
+    ex2 = "MUFU.EX2 R1, R1 ;"
+    text = "\n".join(pair + [ex2] * 3 + ["WARPGROUP.DEPBAR.LE gsb0, 0x0 ;"] + [ex2] * 29 + tail
+                     + pair + ["WARPGROUP.DEPBAR.LE gsb0, 0x0 ;"] + [ex2] * 32 + tail)  # fmt: skip
+    assert exp_placement(text) == [{"under_dp": 3, "after": 29}, {"under_dp": 0, "after": 32}]
+    assert exp_placement("\n".join(tail + [ex2])) == []

@@ -94,8 +94,9 @@ def _masks(features: str, causal: bool) -> dict:
     return opts
 
 
-def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat16, features: str = "") -> dict:
-    """Compile one variant and return its resource report. ``variant`` names an entry of
+def compile_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat16, features: str = ""):
+    """Compile one variant for sm_90a as its launcher would launch it: (the compiled kernel, its
+    variant record, rows per program, keys per block). ``variant`` names an entry of
     ``attention_fwd.VARIANTS`` (its packed form behind ``"varlen:"``), or of
     ``attention_bwd.VARIANTS`` behind ``"bwd:"`` (its packed form behind ``"bwd-varlen:"``);
     ``features`` a key of ``FEATURES`` (the masks compiled in)."""
@@ -151,6 +152,12 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
         )
         compiled = compile_sm90(attention_fwd._attn_fwd_kernel, args, kwargs)
         rows, block_n = var.rows, var.block_n
+    return compiled, var, rows, block_n
+
+
+def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat16, features: str = "") -> dict:
+    """Compile one variant (:func:`compile_variant`) and return its resource report."""
+    compiled, var, rows, block_n = compile_variant(variant, head_dim, causal, dtype, features)
     ptx = compiled.asm["ptx"]
     report = _ptxas_report(ptx)
     registers = int(re.search(r"Used (\d+) registers", report).group(1))

@@ -1,0 +1,114 @@
+"""Where ptxas puts the backward consumers' dP^T wait against the P exponentials (no GPU needed).
+
+    PYTHONPATH=. python benchmarks/diagnostics/wgmma_wait_order.py \\
+        [--variants kv2x64-m64-s2-dqwldfp kv2x64-m64-s2-dqwldfps] [--head-dim 128] [--json OUT]
+
+The Gluon backward's consumer issues S^T = K Q^T and dP^T = V dO^T back to back, waits for S^T
+alone (``warpgroup_mma_wait(1)``), computes P^T = exp2(S^T * scale - lse) and only then waits for
+dP^T (``warpgroup_mma_wait(0)``), so the exponentials run under the dP^T product. The PTX keeps
+that order, but ptxas schedules the SASS freely: it may move the wait for all products
+(``WARPGROUP.DEPBAR.LE gsb0, 0x0``) above the ``MUFU.EX2`` instructions, and then P is computed
+after dP^T has landed, not under it. This compiles each variant for sm_90a (as
+``hf_flash.kernels.hopper.compile_check`` does), disassembles the cubin with Triton's nvdisasm
+and, for each S^T/dP^T product pair in the SASS (one per consumer code path), counts the
+exponentials placed between the S^T wait and the wait for all (under dP^T) and after it.
+
+Found with it (session 27, Triton 3.6's ptxas): d128 causal builds without ``stats_smem`` keep all
+32 exponentials per thread under dP^T; non-causal builds keep them in one consumer's code path
+and none in the other's (dqwldfp: 1 and 0); every ``stats_smem`` build keeps 1-9. Tying P to the
+wait (``deps=(dpt, p_op)``) or reading lse before the S^T wait changed nothing or made it worse.
+Whether this explains the non-causal timings is for a profile to say; this only shows the SASS.
+
+Set TRITON_INTERPRET=0 (the tests' interpreter mode replaces Triton's kernels with Python objects).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from hf_flash.kernels.hopper import attention_bwd, compile_check  # noqa: E402
+
+DEFAULT_VARIANTS = ("kv2x64-m64-s2-dqwldf", "kv2x64-m64-s2-dqwldfp", "kv2x64-m64-s2-dqwldfps", "kv2x64-m64-s2-dqwlf")
+_EVENTS = (
+    ("ex2", re.compile(r"\bMUFU\.EX2\b")),
+    ("wait1", re.compile(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1\b")),
+    ("wait0", re.compile(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0\b")),
+    # S^T and dP^T: the products with A from shared memory, not transposed (dV and dK take P^T and
+    # dS^T from registers; dQ reads dS^T transposed)
+    ("pair_end", re.compile(r"HGMMA\.64x\d+x16\.F32\.\w+ R\d+, gdesc\[UR\d+\](?!\.tnsp)[^;]*\bgsb0\b")),
+)
+
+
+def sass(cubin: bytes) -> str:
+    nvdisasm = Path(compile_check.ptxas_path()).with_name("nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run([str(nvdisasm), "-c", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def exp_placement(text: str) -> list[dict]:
+    """Per S^T/dP^T product pair: exponentials between its S^T wait and its wait for all
+    (``under_dp``) and between that wait and the next product pair (``after``)."""
+    events = []
+    for line in text.splitlines():
+        for name, pattern in _EVENTS:
+            if pattern.search(line):
+                events.append(name)
+                break
+    pairs, i = [], 0
+    while i < len(events):
+        # a pair ends with the second product's gsb0 and is followed by its wait for S^T
+        if events[i] == "pair_end" and i + 1 < len(events) and events[i + 1] == "wait1":
+            under, after, j = 0, 0, i + 2
+            while j < len(events) and events[j] != "wait0":
+                under += events[j] == "ex2"
+                j += 1
+            j += 1
+            while j < len(events) and events[j] != "pair_end":
+                after += events[j] == "ex2"
+                j += 1
+            pairs.append({"under_dp": under, "after": after})
+            i = j
+        else:
+            i += 1
+    return pairs
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--json", type=Path, help="write the records here")
+    args = ap.parse_args(argv)
+    unknown = [v for v in args.variants if v not in attention_bwd.VARIANTS or attention_bwd.VARIANTS[v].split_d]
+    if unknown:
+        ap.error(f"not transposed-frame backward variants: {unknown}; choose from "
+                 f"{[n for n, v in attention_bwd.VARIANTS.items() if not v.split_d]}")  # fmt: skip
+    records = []
+    for name in args.variants:
+        if args.head_dim not in attention_bwd.VARIANTS[name].head_dims:
+            ap.error(f"{name} is built for head dims {attention_bwd.VARIANTS[name].head_dims}, not {args.head_dim}")
+        for causal in (False, True):
+            compiled, *_ = compile_check.compile_variant("bwd:" + name, args.head_dim, causal, torch.bfloat16)
+            pairs = exp_placement(sass(compiled.asm["cubin"]))
+            records.append({"variant": name, "head_dim": args.head_dim, "causal": causal, "pairs": pairs})
+            shown = ", ".join(f"{p['under_dp']} under dP^T / {p['after']} after" for p in pairs)
+            print(f"{name:28s} {'causal' if causal else 'full  '} exponentials per code path: {shown}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(records, indent=1))
+
+
+if __name__ == "__main__":
+    main()
