@@ -299,7 +299,9 @@ def attention_paths(
     of packed calls (``varlen=True``; q/k/v then (total, nheads, headdim)) at head dim 128
     (``HF_FLASH_HOPPER_VARLEN=0`` keeps those on Triton); the backward (dK, dV and dQ in one
     kernel; for causal packed calls dQ in Triton; the delta preprocess stays Triton) at head dim
-    128 for dense and packed calls alike (whichever forward ran), without softcap. Everything
+    128 for dense and packed calls alike (whichever forward ran) and at head dim 64 for dense
+    calls, without softcap; at head dim 256 a split-D dK/dV kernel (dQ in Triton), dense and
+    packed, softcap too. Everything
     else runs the portable Triton kernels.
     ``HF_FLASH_HOPPER=0`` keeps every call on Triton. The backward's answer assumes the incoming
     gradient is laid out like q (as autograd usually hands it); one TMA cannot address sends
