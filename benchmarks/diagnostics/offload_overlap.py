@@ -152,8 +152,7 @@ def run_variant(model, inputs, variant: str, sync_debug: bool) -> dict:
             path = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
             events = json.loads(path.read_text())["traceEvents"]
-        layer_bytes = inputs["input_ids"].shape[1] * case.HIDDEN * 2  # one bf16 layer input
-        result = {"variant": variant, **_trace_summary(events, layer_bytes)}
+        result = {"variant": variant, **_trace_summary(events, case.layer_bytes(inputs["input_ids"].shape[1]))}
         # the caching allocator during the profiled step: device mallocs/frees and its
         # synchronising paths (retries after a failed malloc, waits on every stream's events)
         result["allocator"] = {

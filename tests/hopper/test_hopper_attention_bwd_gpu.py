@@ -81,8 +81,6 @@ def _check(q, k, v, causal, scale=None, variant=None, monkeypatch=None, seed=0, 
     return grads
 
 
-
-
 CASES = [
     # batch, seqlen_q, seqlen_k, nheads, nheads_k
     pytest.param(2, 128, 128, 4, 4, id="mha-one-tile"),
@@ -102,16 +100,14 @@ CASES = [
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("batch,sq,sk,h,hk", CASES)
 def test_default_variant_matches_reference(batch, sq, sk, h, hk, head_dim, causal, dtype, monkeypatch):
-    _check(*_qkv(batch, sq, sk, h, hk, head_dim, dtype), causal, variant=None,
-           monkeypatch=monkeypatch)  # fmt: skip
+    _check(*_qkv(batch, sq, sk, h, hk, head_dim, dtype), causal, monkeypatch=monkeypatch)
 
 
 @needs_hopper
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_8191(head_dim, causal, monkeypatch):
-    _check(*_qkv(1, 8191, 8191, 2, 1, head_dim, torch.bfloat16, seed=4), causal, variant=None,
-           monkeypatch=monkeypatch)  # fmt: skip
+    _check(*_qkv(1, 8191, 8191, 2, 1, head_dim, torch.bfloat16, seed=4), causal, monkeypatch=monkeypatch)
 
 
 def _variant_head_dims():
@@ -520,8 +516,7 @@ WINDOW_SHAPES = [
 @pytest.mark.parametrize("batch,sq,sk,h,hk", WINDOW_SHAPES)
 def test_windows_match_reference(batch, sq, sk, h, hk, causal, window, head_dim, monkeypatch):
     dtype = torch.float16 if sq == 777 else torch.bfloat16
-    _check(*_qkv(batch, sq, sk, h, hk, head_dim, dtype, seed=21), causal, variant=None,
-           monkeypatch=monkeypatch, window=window)  # fmt: skip
+    _check(*_qkv(batch, sq, sk, h, hk, head_dim, dtype, seed=21), causal, monkeypatch=monkeypatch, window=window)
 
 
 @needs_hopper

@@ -19,12 +19,19 @@ from hf_flash.training import offload_checkpoints, tile_mlp, untile_mlp, unofflo
 pytestmark = pytest.mark.gpu
 
 LAYERS, HIDDEN, INTER, SEQ, VOCAB = 8, 1024, 2816, 8192, 1024
-LAYER_BYTES = SEQ * HIDDEN * 2  # one bf16 layer input
+
+
+def layer_bytes(seq):
+    """Bytes of one bf16 layer input of ``seq`` tokens (the size of each offload copy)."""
+    return seq * HIDDEN * 2
+
+
+LAYER_BYTES = layer_bytes(SEQ)
 # Copies can only run under compute when the GPU has work queued as the host issues them. At 8192
-# tokens the profiled step is host-bound (session 27: kernels busy 41 of 182-208 ms, the GPU idle
-# as each prefetch is issued), so whether a copy met a kernel depended on host timing and on how
-# fast the backward kernel was. At 32768 tokens attention alone is 16x the device time per layer
-# and the host runs ahead, which is the regime the overlap is for.
+# tokens the profiled step is host-bound (kernels busy ~41 of ~200 ms on an H100, the GPU idle as
+# each prefetch is issued), so whether a copy met a kernel depended on host timing and on how fast
+# the backward kernel was. At 32768 tokens attention alone is 16x the device time per layer and
+# the host runs ahead, which is the regime the overlap is for.
 OVERLAP_SEQ = 32768
 
 
@@ -109,7 +116,7 @@ def test_offload_copies_run_on_the_side_stream_and_overlap_compute(tmp_path):
     kernels = [e for e in events if e.get("cat") == "kernel"]
     copies = [
         e for e in events
-        if e.get("cat") == "gpu_memcpy" and e.get("args", {}).get("bytes") == OVERLAP_SEQ * HIDDEN * 2
+        if e.get("cat") == "gpu_memcpy" and e.get("args", {}).get("bytes") == layer_bytes(OVERLAP_SEQ)
     ]  # fmt: skip
     to_host = [e for e in copies if "DtoH" in e["name"]]
     to_device = [e for e in copies if "HtoD" in e["name"]]
