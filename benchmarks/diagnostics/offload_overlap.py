@@ -6,10 +6,10 @@ failed three times (its host-to-device prefetch copies had no kernel under them;
 ~330 us before each copy and resuming 1-17 us after it), and it passed with
 ``kv2x64-m64-s2-dqwldf`` on the same machine (session 25). This runs the test's own model and
 step (8 layers, ``--seq`` tokens, MHA d128, LoRA, offloaded checkpoints) once per named variant,
-in one process, and records what separates the hypotheses. Session 27 found the 8192-token step
-host-bound under the profiler with either variant (kernels busy 41 of 182-208 ms; every
-prefetch started ahead of its use, none on demand; no copy under compute with either), so the
-test now runs 32768 tokens (``OVERLAP_SEQ``). The records:
+in one process, and records what separates the hypotheses. Found with it (2026-11-28): the
+8192-token step is host-bound under the profiler with either variant (kernels busy 41 of
+182-208 ms; every prefetch started ahead of its use, none on demand; no copy under compute with
+either), so the test now runs 32768 tokens (``OVERLAP_SEQ``). The records:
 
 - prefetch decisions: for every ``_OffloadedInput.unpack`` (one per layer, in backward order),
   whether its copy had been started by the previous recomputation (a prefetch) or starts now
