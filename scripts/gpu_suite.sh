@@ -8,7 +8,9 @@
 #                  processes                            -> OUTDIR/gpu-tests.log
 #                  (TEST_K: a pytest -k expression; PYTEST_ARGS: more pytest arguments;
 #                  TEST_PART=k/m: part k (0-based) of m, so m calls run the whole suite: the
-#                  tests no longer fit one 600-second call; two parts do)
+#                  tests no longer fit one 600-second call; three parts do;
+#                  TEST_IDS=FILE: only the node ids listed in FILE, one per line, e.g. what
+#                  an earlier part left unrun)
 #   attention decode rope e2e_generate e2e_train e2e_finetune
 #                  benchmarks/<step>.py --out OUTDIR    -> OUTDIR/<step>-<gpu>.json
 #                  (steps whose script does not exist yet are skipped)
@@ -127,7 +129,7 @@ EOF
 if has_step tests; then
     # TEST_SHARDS pytest processes share the GPU: Triton and Inductor compile on the CPU, so the
     # shards overlap their compilation. Each shard logs outcomes as they happen (conftest.py).
-    export SHARDS=${TEST_SHARDS:-6} PY OUTDIR TEST_MARKERS TEST_K TEST_TIMEOUT_S PYTEST_ARGS
+    export SHARDS=${TEST_SHARDS:-6} PY OUTDIR TEST_MARKERS TEST_K TEST_TIMEOUT_S PYTEST_ARGS TEST_IDS
     PART=${TEST_PART:-0/1}
     export PART_INDEX=${PART%/*} PART_COUNT=${PART#*/}
     if ! [[ $PART_INDEX =~ ^[0-9]+$ && $PART_COUNT =~ ^[0-9]+$ ]] || ((PART_INDEX >= PART_COUNT)); then
@@ -136,7 +138,8 @@ if has_step tests; then
     fi
     : >"$OUTDIR/gpu-tests.log"
     run_tests() {
-        local extra=() pids=() i rc=0
+        local extra=() pids=() i rc=0 target=tests
+        if [ -n "${TEST_IDS:-}" ]; then target="@$TEST_IDS"; fi
         if $PY -c "import pytest_timeout" 2>/dev/null; then extra+=(--timeout "${TEST_TIMEOUT_S:-240}"); fi
         if [ -n "${TEST_K:-}" ]; then extra+=(-k "$TEST_K"); fi
         for ((i = 0; i < SHARDS; i++)); do
@@ -144,7 +147,7 @@ if has_step tests; then
             # shellcheck disable=SC2086  # PYTEST_ARGS is split into words on purpose
             HF_FLASH_SHARD="$((PART_INDEX * SHARDS + i))/$((PART_COUNT * SHARDS))" \
                 HF_FLASH_TEST_LOG="$OUTDIR/gpu-tests.log" \
-                $PY -m pytest tests -m "${TEST_MARKERS:-gpu or integration}" -q -p no:cacheprovider \
+                $PY -m pytest "$target" -m "${TEST_MARKERS:-gpu or integration}" -q -p no:cacheprovider \
                 "${extra[@]}" ${PYTEST_ARGS:-} >"$OUTDIR/.shard$i.out" 2>&1 &
             pids+=($!)
         done
