@@ -201,6 +201,12 @@ class Variant:
     # D / 2 of all the keys (:func:`_split_d_consumer`); dQ by the Triton kernel beside it, or with
     # dq_atomic (+ dq_shared) inside, unordered
     split_d: bool = False
+    # P^T's exponentials written in each arm of the step's mask branch (masked / not masked)
+    # instead of once after it: then ptxas keeps all of them under the dP^T product in every
+    # build (with one exp2 after the branch it moves the wait for dP^T above them in one
+    # consumer's code path of the non-causal builds and in most of the stats_smem builds:
+    # benchmarks/diagnostics/wgmma_wait_order.py). At 128 query rows (d64) it spills more
+    exp_per_branch: bool = False
 
     @property
     def keys(self) -> int:
@@ -251,6 +257,17 @@ VARIANTS = {
                 dq_parity=True, stats_smem=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwlfs", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_frag=True, stats_smem=True,
+                head_dims=(128,)),
+        # the exponentials in each arm of the mask branch (exp_per_branch): all 32 under dP^T in
+        # both consumers' code paths, mask or not, and fewer spills (CPU compile, session 28)
+        Variant("kv2x64-m64-s2-dqwldfpx", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, exp_per_branch=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfpsx", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, stats_smem=True, exp_per_branch=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwlfx", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_frag=True, exp_per_branch=True,
                 head_dims=(128,)),
         # head dim 64 with FA3's 128 query rows per step and the ordered dQ inside: the per-column
         # lse/delta vectors of a 128-wide tile are what spilled that shape (420-1144 bytes, CPU
@@ -604,6 +621,43 @@ def _masked_tiles(m_full, m_full_hi, n_m, q_len, key_tail, BLOCK_M: gl.constexpr
 
 
 @gluon.jit
+def _visible(keys, key_pos, rows, k_len, q_len, window_left, window_right, MASK_LEFT: gl.constexpr,
+             MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """Which (key, query row) entries of a masked step's [keys, rows] tile are visible: ``keys``
+    are the key positions shifted into the query frame (key j is visible to row i iff
+    j - shift <= i), ``key_pos`` the unshifted ones. Keys past the sequence's end
+    (``key_pos >= k_len``, i.e. ``keys >= q_len``) never are, nor (varlen) the rows of the next
+    document that a query tile crossing the document's end holds."""
+    if MASK_LEFT or RIGHT_WINDOW:
+        vis = gl.expand_dims(keys < q_len, 1)
+        # the row bounds through an opaque move in dense builds (as the forward's: otherwise a
+        # loop-invariant tile of differences may be hoisted and spilled); packed builds, whose
+        # document bounds are loaded values, spilled more with it (s2 causal 112/180 bytes
+        # against 88/148, CPU compile)
+        right = rows + window_right
+        left = rows - window_left
+        if not VARLEN:
+            right = _per_tile(right)
+            left = _per_tile(left)
+        if MASK_RIGHT:
+            vis = vis & (gl.expand_dims(keys, 1) <= gl.expand_dims(right, 0))
+        if MASK_LEFT:
+            vis = vis & (gl.expand_dims(keys, 1) >= gl.expand_dims(left, 0))
+        if VARLEN:
+            vis = vis & gl.expand_dims(rows < q_len, 0)
+    elif VARLEN:
+        if MASK_RIGHT:  # keys <= rows < q_len keeps the keys inside the document too
+            vis = (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0)) & gl.expand_dims(rows < q_len, 0)
+        else:
+            vis = gl.expand_dims(keys < q_len, 1) & gl.expand_dims(rows < q_len, 0)
+    elif MASK_RIGHT:  # causal
+        vis = (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0)) & gl.expand_dims(key_pos < k_len, 1)
+    else:
+        vis = gl.expand_dims(key_pos < k_len, 1)
+    return vis
+
+
+@gluon.jit
 def _consumer(
     q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
     ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc, dq_desc, Lse, Delta, stride_lb, stride_lh, stride_lm,
@@ -614,6 +668,7 @@ def _consumer(
     MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
     DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, STATS_SMEM: gl.constexpr,
+    EXP_PER_BRANCH: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -686,47 +741,26 @@ def _consumer(
         if STATS_SMEM:
             lse2 = stats.slice(0, BLOCK_M).load(col_layout)
         s2 = st * qk_scale
+        # the steps whose tile needs a mask (a runtime branch: most steps need none)
         if MASK_LEFT or RIGHT_WINDOW:
-            if (mt < m_unmasked_lo) | (mt >= m_unmasked_hi):
-                # keys past the sequence's end: key_pos >= k_len, i.e. keys >= q_len; varlen,
-                # the query tile that crosses the document's end holds the next document's rows:
-                # masked explicitly (P = 0, so dS = 0 and they add exactly 0 to dK, dV and dQ)
-                vis = gl.expand_dims(keys < q_len, 1)
-                # the row bounds through an opaque move in dense builds (as the forward's:
-                # otherwise a loop-invariant tile of differences may be hoisted and spilled);
-                # packed builds, whose document bounds are loaded values, spilled more with it
-                # (s2 causal 112/180 bytes against 88/148, CPU compile)
-                right = rows + window_right
-                left = rows - window_left
-                if not VARLEN:
-                    right = _per_tile(right)
-                    left = _per_tile(left)
-                if MASK_RIGHT:
-                    vis = vis & (gl.expand_dims(keys, 1) <= gl.expand_dims(right, 0))
-                if MASK_LEFT:
-                    vis = vis & (gl.expand_dims(keys, 1) >= gl.expand_dims(left, 0))
-                if VARLEN:
-                    vis = vis & gl.expand_dims(rows < q_len, 0)
-                s2 = gl.where(vis, s2, float("-inf"))
+            masked = (mt < m_unmasked_lo) | (mt >= m_unmasked_hi)
         elif VARLEN:
-            # the query tile that crosses the document's end holds the next document's rows:
-            # masked explicitly (P = 0, so dS = 0 and they add exactly 0 to dK, dV and dQ)
-            if (mt < m_mask) | (mt >= m_tail):
-                # keys past the document's end: key_pos >= k_len, i.e. keys >= q_len; causal,
-                # keys <= rows < q_len covers them
-                if MASK_RIGHT:
-                    vis = (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0)) & gl.expand_dims(rows < q_len, 0)
-                else:
-                    vis = gl.expand_dims(keys < q_len, 1) & gl.expand_dims(rows < q_len, 0)
-                s2 = gl.where(vis, s2, float("-inf"))
+            # the query tile that crosses the document's end holds the next document's rows
+            masked = (mt < m_mask) | (mt >= m_tail)
         elif MASK_RIGHT:  # causal
-            if (mt < m_full) | key_tail:
-                vis = (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0)) & gl.expand_dims(key_pos < k_len, 1)
-                s2 = gl.where(vis, s2, float("-inf"))
+            masked = (mt < m_full) | key_tail
         else:
-            if key_tail:
-                s2 = gl.where(gl.expand_dims(key_pos < k_len, 1), s2, float("-inf"))
-        pt = gl.exp2(s2 - gl.expand_dims(lse2, 0))
+            masked = key_tail
+        if masked:
+            # P = 0 where not visible, so dS = 0 and those entries add exactly 0 to dK, dV and dQ
+            s2 = gl.where(_visible(keys, key_pos, rows, k_len, q_len, window_left, window_right, MASK_LEFT,
+                                   MASK_RIGHT, RIGHT_WINDOW, VARLEN), s2, float("-inf"))  # fmt: skip
+            if EXP_PER_BRANCH:
+                pt = gl.exp2(s2 - gl.expand_dims(lse2, 0))
+        elif EXP_PER_BRANCH:
+            pt = gl.exp2(s2 - gl.expand_dims(lse2, 0))
+        if not EXP_PER_BRANCH:
+            pt = gl.exp2(s2 - gl.expand_dims(lse2, 0))
         p_op = gl.convert_layout(pt.to(dtype), op_layout)
         dpt = warpgroup_mma_wait(0, deps=(dpt,))
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
@@ -1025,7 +1059,7 @@ def _attn_bwd_dkdv_kernel(
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
-    SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr,
+    SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
     dtype: gl.constexpr = q_desc.dtype
@@ -1103,7 +1137,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1112,7 +1146,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1142,7 +1176,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1151,7 +1185,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1176,7 +1210,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1185,7 +1219,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1765,7 +1799,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
         DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead,
-        DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem,
+        DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
         SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
