@@ -1435,7 +1435,7 @@ def _attn_bwd_split_d_kernel(
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
-    SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr,
+    SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -1444,6 +1444,7 @@ def _attn_bwd_split_d_kernel(
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
     gl.static_assert(not (DQ_LAG or DQ_WRITER or DQ_ORDERED or DQ_FRAG), "dQ, if any, by unordered TMA reduces")
     gl.static_assert(not STATS_SMEM, "the split-D consumers read lse/delta per row from global memory")
+    gl.static_assert(not EXP_PER_BRANCH, "exp_per_branch is a transposed-frame (non-split-D) form")
     if not RIGHT_WINDOW:
         window_right = 0  # no right window or causal: a literal, as in the builds without windows
     if not MASK_LEFT:
