@@ -259,7 +259,8 @@ VARIANTS = {
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_frag=True, stats_smem=True,
                 head_dims=(128,)),
         # the exponentials in each arm of the mask branch (exp_per_branch): all 32 under dP^T in
-        # both consumers' code paths, mask or not, and fewer spills (CPU compile, session 28)
+        # both consumers' code paths, mask or not, and fewer spills (CPU compile, session 28);
+        # dqwldfpsx is the d128 causal DEFAULT, the others lost 6-8% non-causal (H200, call 3)
         Variant("kv2x64-m64-s2-dqwldfpx", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, exp_per_branch=True, head_dims=(128,)),
