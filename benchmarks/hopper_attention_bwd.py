@@ -78,9 +78,10 @@ def providers(q, k, v, dout, causal, variants, softcap=0.0):
 
 
 def dkdv_only(q, k, v, dout, causal, variant, softcap=0.0):
-    """A closure timing the Gluon kernel alone (delta and lse computed once before; for a
-    ``dq_atomic`` variant with its accumulator's zeroing and the final dQ copy)."""
-    from hf_flash.kernels import configs, flash_bwd, flash_fwd
+    """A closure timing the Gluon kernel alone (lse, delta and a ``stats_smem`` variant's
+    statistics buffer computed once before; for a ``dq_atomic`` variant with its accumulator's
+    zeroing and the final dQ copy)."""
+    from hf_flash.kernels import flash_bwd, flash_fwd
     from hf_flash.kernels.hopper import attention_bwd as hb
 
     scale = q.shape[-1] ** -0.5
@@ -92,17 +93,14 @@ def dkdv_only(q, k, v, dout, causal, variant, softcap=0.0):
         max_seqlen_k=k.shape[1], softmax_scale=scale, causal=causal, window_left=-1,
         window_right=0 if causal else -1, softcap=softcap, alibi_slopes=None, dropout_p=0.0, rng_state=None,
     )  # fmt: skip
-    delta = torch.empty_like(lse)
-    flash_bwd._bwd_preprocess[(configs.cdiv(q.shape[1], 64), q.shape[0] * q.shape[2])](
-        out, dout, None, delta, None, *flash_bwd._dense_or_varlen_strides(out, False),
-        *flash_bwd._dense_or_varlen_strides(dout, False), lse.stride(0), lse.stride(1), q.shape[1], q.shape[2],
-        HEAD_DIM=q.shape[-1], BLOCK_D=q.shape[-1], BLOCK_M=64, IS_VARLEN=False, HAS_DLSE=False,
-    )  # fmt: skip
+    var = hb.VARIANTS[variant]
+    delta, stats = flash_bwd.backward_preprocess(out, dout, None, lse, cu_seqlens_q=None, max_seqlen_q=q.shape[1],
+                                                 stats_m=var.block_m if var.stats_smem else 0)  # fmt: skip
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def run():
         hb.hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=scale, causal=causal,
-                                     variant=variant, softcap=softcap)  # fmt: skip
+                                     variant=variant, softcap=softcap, stats=stats)  # fmt: skip
 
     return run
 

@@ -68,12 +68,12 @@ def compile_kernel(kernel, cfg: dict, head_dim: int, varlen: bool, dtype: str = 
         HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg.get("BLOCK_N"),
         IS_VARLEN=varlen, MASK_LEFT=False, MASK_RIGHT=True, HAS_SOFTCAP=False, HAS_ALIBI=False,
         HAS_DROPOUT=False, REVERSE_M=True, DOT_FP32=False, PRECISION="tf32", HAS_DLSE=False,
-        HAS_SINKS=False, ROW_BOUNDS=False,
+        HAS_SINKS=False, ROW_BOUNDS=False, STATS_M=0,
     )
     flags.update(features or {})
     pointer_types = {"Lse": "*fp32", "Delta": "*fp32", "DLse": "*fp32", "Alibi": "*fp32",
                      "CuSeqlensQ": "*i32", "CuSeqlensK": "*i32", "Rng": "*i64", "Sinks": "*fp32",
-                     "KeyBounds": "*i32", "QueryRuns": "*i32"}
+                     "KeyBounds": "*i32", "QueryRuns": "*i32", "Stats": "*fp32"}
     signature, constants, attrs = {}, {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in flags:

@@ -3,7 +3,9 @@
 Three launches, none with atomics, so gradients are bitwise deterministic:
 
 1. ``_bwd_preprocess``: ``delta_i = rowsum(dO_i * O_i) - dlse_i`` per query row (the second
-   term carries gradients that flow into the returned log-sum-exp: d lse_i / d s_ij = P_ij).
+   term carries gradients that flow into the returned log-sum-exp: d lse_i / d s_ij = P_ij);
+   for the Gluon backward's ``stats_smem`` variants it also lays out lse (times log2 e) and
+   delta per query tile, the buffer their producer loads with each Q tile.
 2. ``_bwd_dkdv_kernel``: one program per key tile of one K/V head. It walks every query head of
    its GQA group and the query tiles that can see the keys, recomputing
    ``P = exp(S - lse)`` from the saved log-sum-exp, and accumulates
@@ -36,21 +38,28 @@ from .flash_fwd import _dense_or_varlen_strides, bounds_strides, kernel_flags
 
 @triton.jit
 def _bwd_preprocess(
-    Out, DOut, DLse, Delta, CuSeqlensQ,
+    Out, DOut, DLse, Lse, Delta, Stats, CuSeqlensQ,
     stride_ob, stride_om, stride_oh, stride_db, stride_dm, stride_dh,
     stride_lb, stride_lh,
     seqlen_q, nheads,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, STATS_M: tl.constexpr,
 ):  # fmt: skip
+    """delta of BLOCK_M query rows; with STATS_M > 0 (dense calls) also their part of the
+    statistics buffer: per (batch, head, STATS_M-row query tile), in that order, a row pair of
+    STATS_M floats, lse times log2 e then delta, with lse +inf (P = 0) and delta 0 past the
+    sequence's end (the grid then covers every tile's rows, past the end included)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // nheads
     h = bh % nheads
     q_start, q_len, _ks, _kl = seq_bounds(CuSeqlensQ, CuSeqlensQ, b, seqlen_q, seqlen_q, IS_VARLEN)
     m0 = pid_m * BLOCK_M
-    if m0 >= q_len:
-        return
+    if STATS_M == 0:
+        if m0 >= q_len:
+            return
+    else:
+        tl.static_assert(not IS_VARLEN and STATS_M % BLOCK_M == 0)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < q_len
@@ -72,6 +81,12 @@ def _bwd_preprocess(
         # +inf lse rows have dlse = 0 (nothing depends on them) but keep NaN out regardless
         delta = delta - tl.where(dlse == dlse, dlse, 0.0)
     tl.store(Delta + l_off, delta, mask=row_ok)
+    if STATS_M > 0:
+        lse = tl.load(Lse + l_off, mask=row_ok, other=float("inf"))
+        tile = bh.to(tl.int64) * tl.cdiv(seqlen_q, STATS_M) + m0 // STATS_M
+        out = Stats + tile * (2 * STATS_M) + m0 % STATS_M + tl.arange(0, BLOCK_M)
+        tl.store(out, lse * LOG2E)
+        tl.store(out + STATS_M, tl.where(row_ok, delta, 0.0))
 
 
 @triton.jit
@@ -523,37 +538,30 @@ def flash_attn_backward(
     flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p, key_bounds)
     block_d = configs.head_dim_block(head_dim)
     stride_ab = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0
-    if dlse is not None:
-        dlse = dlse.contiguous()
-    delta = torch.empty_like(lse)
-
-    pre_m = 64 if block_d <= 256 else 32  # out and dO tiles of pre_m x block_d in registers
-    _PREPROCESS(
-        (configs.cdiv(max_seqlen_q, pre_m), batch * nheads),
-        (out, dout, dlse, delta, cu_seqlens_q),
-        (*_dense_or_varlen_strides(out, varlen), *_dense_or_varlen_strides(dout, varlen),
-         stride_lb, stride_lh, seqlen_q, nheads),
-        (),
-        _PREPROCESS.meta_for(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m, IS_VARLEN=varlen,
-                             HAS_DLSE=dlse is not None),
-    )  # fmt: skip
-    if dsinks is not None:
-        _sink_grad(sinks, lse, delta, varlen, dsinks)
-    common = (seqlen_q, seqlen_k, int(max_seqlen_q), int(max_seqlen_k))
-    windows = (int(window_left), int(window_right))
-    scalars = (float(softmax_scale), float(softcap), float(dropout_p))
     path = backward_path(
         q, k, v, out, dout, dk, dv, varlen=varlen, causal=causal, window_left=window_left,
         window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
         softmax_scale=softmax_scale, sinks=sinks, key_bounds=key_bounds,
     )  # fmt: skip
+    variant, stats_m = None, 0
     if path == "hopper":
-        from .hopper.attention_bwd import hopper_attention_backward
+        from .hopper import attention_bwd as hopper
 
-        if hopper_attention_backward(
-            q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=softmax_scale, causal=causal,
+        variant = hopper.variant_for(head_dim, causal, varlen)
+        if hopper.VARIANTS[variant].stats_smem:
+            stats_m = hopper.VARIANTS[variant].block_m
+    delta, stats = backward_preprocess(out, dout, dlse, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                                       stats_m=stats_m)  # fmt: skip
+    if dsinks is not None:
+        _sink_grad(sinks, lse, delta, varlen, dsinks)
+    common = (seqlen_q, seqlen_k, int(max_seqlen_q), int(max_seqlen_k))
+    windows = (int(window_left), int(window_right))
+    scalars = (float(softmax_scale), float(softcap), float(dropout_p))
+    if path == "hopper":
+        if hopper.hopper_attention_backward(
+            q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=softmax_scale, causal=causal, variant=variant,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, window=(window_left, window_right),
-            softcap=softcap,
+            softcap=softcap, stats=stats,
         ):
             return  # the variant computed dQ too
     else:
@@ -602,6 +610,47 @@ def flash_attn_backward(
             **flags, **configs.launch_options(dq_cfg, varlen),
         ),
     )  # fmt: skip
+
+
+def backward_preprocess(out, dout, dlse, lse, *, cu_seqlens_q, max_seqlen_q, stats_m=0):
+    """The backward's first launch (:func:`_bwd_preprocess`), layouts as in
+    :func:`flash_attn_backward`: returns ``delta`` (lse's shape and strides) and, with ``stats_m``
+    > 0 (dense calls: the query rows per step of a Gluon ``stats_smem`` variant), the statistics
+    buffer that variant reads (per (batch, head, query tile) lse times log2 e, then delta), else
+    None."""
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        batch, seqlen_q = cu_seqlens_q.numel() - 1, 0
+        nheads, head_dim = out.shape[1], out.shape[2]
+        stride_lb, stride_lh = 0, lse.stride(0)
+    else:
+        batch, seqlen_q, nheads, head_dim = out.shape
+        stride_lb, stride_lh = lse.stride(0), lse.stride(1)
+    stats, rows = None, max_seqlen_q
+    if stats_m:
+        if varlen or lse.stride(-1) != 1 or stats_m % 64:
+            raise ValueError(f"backward_preprocess: a statistics buffer needs a dense call with lse unit-stride along "
+                             f"the rows and a multiple of 64 rows per tile (got varlen={varlen}, lse strides "
+                             f"{lse.stride()}, stats_m={stats_m})")  # fmt: skip
+        from .hopper.attention_bwd import stats_numel
+
+        stats = torch.empty(stats_numel(batch, nheads, seqlen_q, stats_m), device=lse.device, dtype=torch.float32)
+        rows = configs.cdiv(seqlen_q, stats_m) * stats_m  # every tile's rows, past the end included
+    if dlse is not None:
+        dlse = dlse.contiguous()
+    delta = torch.empty_like(lse)
+    block_d = configs.head_dim_block(head_dim)
+    pre_m = 64 if block_d <= 256 else 32  # out and dO tiles of pre_m x block_d in registers
+    _PREPROCESS(
+        (configs.cdiv(rows, pre_m), batch * nheads),
+        (out, dout, dlse, lse, delta, stats, cu_seqlens_q),
+        (*_dense_or_varlen_strides(out, varlen), *_dense_or_varlen_strides(dout, varlen),
+         stride_lb, stride_lh, seqlen_q, nheads),
+        (),
+        _PREPROCESS.meta_for(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m, IS_VARLEN=varlen,
+                             HAS_DLSE=dlse is not None, STATS_M=stats_m),
+    )  # fmt: skip
+    return delta, stats
 
 
 # cached launches (kernels/launch.py): ~100 us less host time per call than kernel[grid](...)

@@ -368,30 +368,54 @@ def test_dq_frag_postprocess_inverts_the_fragment_layout(device):
     assert torch.equal(dq.cpu(), want[:, :seqlen])
 
 
-def test_pack_stats_lays_out_lse_and_delta_per_query_tile(device):
+@pytest.mark.parametrize("seqlen,stats_m", [(97, 64), (97, 128), (50, 128), (256, 128)])
+@pytest.mark.parametrize("with_dlse", [False, True], ids=["", "dlse"])
+def test_preprocess_lays_out_lse_and_delta_per_query_tile(device, seqlen, stats_m, with_dlse):
     """The stats_smem variants read a step's lse (times log2 e) and delta as one row pair of
-    BLOCK_M floats per (batch, head, query tile), in that order, with lse +inf (P = 0) and delta 0
-    past the sequence's end: pack_stats writes exactly that from strided (B, H, Sq) views (Triton
-    kernel: runs in the interpreter on the CPU)."""
-    batch, heads, seqlen, block_m = 2, 3, 97, 64
-    n_m = configs.cdiv(seqlen, block_m)
-    g = torch.Generator().manual_seed(0)
-    lse = (torch.randn(batch, heads, seqlen + 11, generator=g) * 4).to(device)[..., :seqlen]
-    delta = torch.randn(batch, heads, seqlen + 11, generator=g).to(device)[..., :seqlen]
-    assert not lse.is_contiguous() and lse.stride() == delta.stride()
-    stats = hb.pack_stats(lse, delta, block_m)
-    assert stats.shape == (hb.stats_numel(batch, heads, seqlen, block_m),) == (batch * heads * n_m * 2 * block_m,)
-    got = stats.cpu().view(batch, heads, n_m, 2, block_m)
-    want_lse = torch.full((batch, heads, n_m * block_m), float("inf"))
+    stats_m floats per (batch, head, query tile), in that order, with lse +inf (P = 0) and delta 0
+    past the sequence's end, tiles the preprocess's row blocks do not reach included (50 rows in a
+    128-row tile): backward_preprocess writes exactly that beside delta (Triton kernel: runs in the
+    interpreter on the CPU)."""
+    batch, heads, head_dim = 2, 3, 64
+    n_m = configs.cdiv(seqlen, stats_m)
+    g = torch.Generator().manual_seed(seqlen + stats_m)
+    # out / dout as (B, S, H, D) views of (B, H, S, D) tensors, as the transformers layout gives
+    out, dout = (torch.randn(batch, heads, seqlen, head_dim, generator=g).to(torch.bfloat16).to(device).transpose(1, 2)
+                 for _ in range(2))  # fmt: skip
+    lse = (torch.randn(batch, heads, seqlen, generator=g) * 4).to(device)
+    dlse = torch.randn(batch, heads, seqlen, generator=g).to(device) if with_dlse else None
+    delta, stats = flash_bwd.backward_preprocess(out, dout, dlse, lse, cu_seqlens_q=None, max_seqlen_q=seqlen,
+                                                 stats_m=stats_m)  # fmt: skip
+    want_delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).cpu()
+    if with_dlse:
+        want_delta -= dlse.cpu()
+    torch.testing.assert_close(delta.cpu(), want_delta, rtol=1e-5, atol=1e-5)
+    assert stats.shape == (hb.stats_numel(batch, heads, seqlen, stats_m),) == (batch * heads * n_m * 2 * stats_m,)
+    got = stats.cpu().view(batch, heads, n_m, 2, stats_m)
+    want_lse = torch.full((batch, heads, n_m * stats_m), float("inf"))
     want_lse[..., :seqlen] = lse.cpu() * hb.LOG2E
-    want_delta = torch.zeros(batch, heads, n_m * block_m)
-    want_delta[..., :seqlen] = delta.cpu()
+    want_tile_delta = torch.zeros(batch, heads, n_m * stats_m)
+    want_tile_delta[..., :seqlen] = delta.cpu()
     torch.testing.assert_close(got[:, :, :, 0].reshape(batch, heads, -1), want_lse, rtol=1e-6, atol=0)
-    assert torch.equal(got[:, :, :, 1].reshape(batch, heads, -1), want_delta)
-    with pytest.raises(ValueError, match="delta must be"):
-        hb.pack_stats(lse, delta.contiguous(), block_m)
-    with pytest.raises(ValueError, match="lse must be"):
-        hb.pack_stats(lse.transpose(1, 2), delta.transpose(1, 2), block_m)
+    assert torch.equal(got[:, :, :, 1].reshape(batch, heads, -1), want_tile_delta)
+    none_delta, none_stats = flash_bwd.backward_preprocess(out, dout, dlse, lse, cu_seqlens_q=None,
+                                                           max_seqlen_q=seqlen)  # fmt: skip
+    assert none_stats is None and torch.equal(none_delta, delta)
+
+
+def test_preprocess_refuses_a_statistics_buffer_it_cannot_lay_out():
+    """Packed calls, lse with strided rows and tiles that are not whole 64-row blocks are refused
+    before any launch, with what was wrong."""
+    out = torch.empty(1, 97, 2, 64, dtype=torch.bfloat16)
+    lse = torch.empty(1, 2, 97)
+    with pytest.raises(ValueError, match="dense call"):
+        flash_bwd.backward_preprocess(out, out, None, torch.empty(1, 97, 2).transpose(1, 2), cu_seqlens_q=None,
+                                      max_seqlen_q=97, stats_m=64)  # fmt: skip
+    with pytest.raises(ValueError, match="stats_m=96"):
+        flash_bwd.backward_preprocess(out, out, None, lse, cu_seqlens_q=None, max_seqlen_q=97, stats_m=96)
+    with pytest.raises(ValueError, match="varlen=True"):
+        flash_bwd.backward_preprocess(out[0], out[0], None, lse[0], cu_seqlens_q=torch.tensor([0, 97], dtype=torch.int32),
+                                      max_seqlen_q=97, stats_m=64)  # fmt: skip
 
 
 def test_stats_variant_launch_needs_its_buffer():

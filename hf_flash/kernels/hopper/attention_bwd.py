@@ -84,7 +84,7 @@ the documents' key blocks in order). Addressing goes through TMA
 descriptors with the tensors' own strides (int64); lse/delta are read at an int64 (batch, head)
 offset plus int32 row offsets (their rows are unit-stride). The ``stats_smem`` variants (dense
 only; the d64 default ``kv2x64-m128-s2-dqwlds``, 128 query rows per step) read them from shared
-memory instead: :func:`pack_stats` lays out each
+memory instead: the backward preprocess (``flash_bwd.backward_preprocess``) lays out each
 (batch, head, query tile) as a [lse * log2 e | delta] row pair (+inf / 0 past the end), the
 producer loads the step's pair with its Q tile, and the consumers read it where they use it.
 """
@@ -189,7 +189,7 @@ class Variant:
     dq_parity: bool = False
     # the step's lse (times log2 e) and delta reach the consumers through shared memory (FA3):
     # the producer loads them with the step's Q tile, one TMA copy of a [2, block_m] tile from a
-    # per-query-tile buffer that :func:`pack_stats` fills (past the sequence's end lse is +inf and
+    # per-query-tile buffer the backward preprocess fills with delta (past the end lse is +inf and
     # delta 0, so the consumers mask nothing), and the consumers read them when they use them:
     # no global-load latency under the delta product, no lse vector live across the S^T product.
     # Dense calls only (the buffer is laid out per (batch, head, query tile))
@@ -353,7 +353,7 @@ DEFAULT = {
 NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwlf"}
 # Packed (varlen, cu_seqlens) calls: (head dim, causal) -> variant, deterministic. Head dims
 # without an entry keep the Triton backward (d64: the dense default reads lse/delta per query
-# tile from pack_stats' buffer, which has no packed layout; the 64-row forms gained nothing). H100,
+# tile from the preprocess's per-tile buffer, which has no packed layout; the 64-row forms gained nothing). H100,
 # 2026-11-24 (.notes/hopper-bwd.md, session 19 call 2; 12 documents in 16K tokens, Hq=32, Hkv=8,
 # bf16; backward alone, 3 rounds): causal, the ordered fused dQ (dqwld) ran 208 TFLOP/s against
 # the Triton backward's 263 (its per-tile ordering waits dominate on short documents; unordered
@@ -1619,51 +1619,10 @@ def dq_sem_count(q: torch.Tensor, variant: str, cu_seqlens_q=None) -> int:
     return q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m)
 
 
-@triton.jit
-def _pack_stats(Lse, Delta, Stats, stride_lb, stride_lh, seqlen, nheads, n_m, BLOCK_M: tl.constexpr):
-    """Row pair of query tile ``pid = (b * H + h) * n_m + mt`` of the statistics buffer: lse times
-    log2 e, then delta, of its BLOCK_M rows; rows past ``seqlen`` get lse +inf (P = 0) and delta 0."""
-    pid = tl.program_id(0)
-    mt = pid % n_m
-    bh = pid // n_m
-    base = (bh // nheads).to(tl.int64) * stride_lb + (bh % nheads).to(tl.int64) * stride_lh
-    rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)
-    inside = rows < seqlen
-    lse = tl.load(Lse + base + rows, mask=inside, other=float("inf"))
-    delta = tl.load(Delta + base + rows, mask=inside, other=0.0)
-    out = Stats + pid.to(tl.int64) * (2 * BLOCK_M) + tl.arange(0, BLOCK_M)
-    tl.store(out, lse * LOG2E_C)
-    tl.store(out + BLOCK_M, delta)
-
-
-_PACK_STATS = CachedLauncher(_pack_stats)
-_PACK_STATS_META: dict = {}
-
-
 def stats_numel(batch: int, nheads: int, seqlen_q: int, block_m: int) -> int:
     """Floats in the statistics buffer of a ``stats_smem`` variant: a row pair of ``block_m``
     floats per (batch, head, query tile)."""
     return batch * nheads * configs.cdiv(seqlen_q, block_m) * 2 * block_m
-
-
-def pack_stats(lse: torch.Tensor, delta: torch.Tensor, block_m: int) -> torch.Tensor:
-    """The statistics buffer a ``stats_smem`` variant reads (dense lse and delta (B, H, Sq),
-    float32, unit stride along the rows): per (batch, head, query tile), in that order, lse times
-    log2 e for the tile's ``block_m`` rows, then their delta (:func:`_pack_stats`)."""
-    if lse.dim() != 3 or lse.dtype != torch.float32 or lse.stride(-1) != 1:
-        raise ValueError(f"pack_stats: lse must be float32 (B, H, Sq) with unit stride along the rows, got "
-                         f"{lse.dtype} {tuple(lse.shape)} strides {lse.stride()}")  # fmt: skip
-    if delta.shape != lse.shape or delta.stride() != lse.stride() or delta.dtype != torch.float32:
-        raise ValueError("pack_stats: delta must be float32 with lse's shape and strides")
-    batch, nheads, seqlen = lse.shape
-    n_m = configs.cdiv(seqlen, block_m)
-    stats = torch.empty(stats_numel(batch, nheads, seqlen, block_m), device=lse.device, dtype=torch.float32)
-    meta = _PACK_STATS_META.get(block_m)
-    if meta is None:
-        meta = _PACK_STATS_META[block_m] = _PACK_STATS.meta(BLOCK_M=block_m, num_warps=2)
-    _PACK_STATS((batch * nheads * n_m,), (lse, delta, stats), (lse.stride(0), lse.stride(1), seqlen, nheads, n_m),
-                (), meta)  # fmt: skip
-    return stats
 
 
 def _descriptor_stats(stats: torch.Tensor, block_m: int) -> TensorDescriptor:
@@ -1713,7 +1672,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
     compile check, so both build the same kernel. ``dq_accum``: the float32 (B, Sq, H, D)
     accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller; :func:`dq_accum_for`);
     ``dq_sem``: the zeroed int32 counters of the ``dq_ordered`` variants (:func:`dq_sem_count`);
-    ``stats``: the ``stats_smem`` variants' statistics buffer (:func:`pack_stats`; its contents
+    ``stats``: the ``stats_smem`` variants' statistics buffer (``flash_bwd.backward_preprocess``; its contents
     do not matter to the compile check, only its size, :func:`stats_numel`).
     Packed (varlen) calls pass cu_seqlens: q/dout (Tq, H, D), k/v/dk/dv (Tk, Hk, D), lse/delta
     (H, Tq); programs = entries of ``sched`` (:func:`varlen_key_schedule`; the compile check passes
@@ -1759,7 +1718,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
             raise ValueError(f"variant {variant} has no packed (varlen) form")
         want = stats_numel(q.shape[0], nheads, q.shape[1], var.block_m)
         if stats is None or stats.dim() != 1 or stats.numel() != want or stats.dtype != torch.float32:
-            raise ValueError(f"variant {variant} needs a flat float32 stats buffer of {want} (pack_stats)")
+            raise ValueError(f"variant {variant} needs a flat float32 stats buffer of {want} (backward_preprocess)")
         if want // var.block_m >= 2**31:
             raise ValueError("too many query tiles for the statistics buffer's int32 TMA row coordinate")
         stats_desc = _descriptor_stats(stats, var.block_m)
@@ -1813,7 +1772,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
 
 def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale, causal,
                               variant=None, cu_seqlens_q=None, cu_seqlens_k=None, order=None,
-                              window=(-1, -1), softcap=0.0) -> bool:  # fmt: skip
+                              window=(-1, -1), softcap=0.0, stats=None) -> bool:  # fmt: skip
     """dK and dV (and, for the ``dq_atomic`` variants, dQ) on Hopper. Layouts as
     ``hf_flash.kernels.flash_bwd.flash_attn_backward``: dense q/dout/dq (B, Sq, H, D),
     k/v/dk/dv (B, Sk, Hk, D), lse (the forward's natural-log log-sum-exp) and delta
@@ -1824,9 +1783,10 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     the packed calls' program order (``VARLEN_ORDERS``; default ``VARLEN_ORDER``); ``window``
     (left, right) and ``softcap`` as in :func:`attention_fwd.mask_args` (the forward's). Packed
     rows outside every sequence: dK/dV not written, dQ (when written) 0; no host sync reads
-    cu_seqlens. A ``stats_smem`` variant first packs lse and delta (:func:`pack_stats`; dense
-    calls only: :func:`launch_args` refuses packed ones). Returns whether dq was written (else
-    the caller runs a dQ kernel)."""
+    cu_seqlens. A ``stats_smem`` variant (dense calls only: :func:`launch_args` refuses packed
+    ones) reads lse and delta from ``stats``, the buffer the backward preprocess writes with them
+    (``flash_bwd.backward_preprocess(..., stats_m=variant's block_m)``). Returns whether dq was
+    written (else the caller runs a dQ kernel)."""
     varlen = cu_seqlens_q is not None
     variant = variant or variant_for(q.shape[-1], causal, varlen)
     var = VARIANTS[variant]
@@ -1848,10 +1808,9 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     if var.dq_ordered:
         dq_sem = torch.zeros(dq_sem_count(q, variant, cu_seqlens_q), device=q.device, dtype=torch.int32)
     sched = varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, k.shape[0], variant, causal, order) if varlen else None
-    stats = None
-    if var.stats_smem and not varlen:  # (launch_args refuses the packed calls)
-        with torch.cuda.device(q.device):
-            stats = pack_stats(lse, delta, var.block_m)
+    if var.stats_smem and stats is None:
+        raise ValueError(f"variant {variant} reads lse/delta from the statistics buffer the backward preprocess "
+                         f"writes: pass stats (flash_bwd.backward_preprocess with stats_m={var.block_m})")  # fmt: skip
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, stats, softmax_scale=softmax_scale, causal=causal,
         variant=variant, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window,
@@ -1885,7 +1844,7 @@ def kernel_for(variant: str):
 
 __all__ = [
     "hopper_attention_backward", "supports", "launch_args", "kernel_for", "dq_accum_for", "dq_sem_count",
-    "dq_frag_to_bshd", "pack_stats", "stats_numel",
+    "dq_frag_to_bshd", "stats_numel",
     "variant_for", "covered_head_dims", "varlen_builds", "VARIANTS", "DEFAULT", "NONDETERMINISTIC", "VARLEN_DEFAULT",
     "VARLEN_NONDETERMINISTIC", "VARLEN_ORDERS",
 ]
