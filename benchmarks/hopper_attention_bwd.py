@@ -93,9 +93,8 @@ def dkdv_only(q, k, v, dout, causal, variant, softcap=0.0):
         max_seqlen_k=k.shape[1], softmax_scale=scale, causal=causal, window_left=-1,
         window_right=0 if causal else -1, softcap=softcap, alibi_slopes=None, dropout_p=0.0, rng_state=None,
     )  # fmt: skip
-    var = hb.VARIANTS[variant]
     delta, stats = flash_bwd.backward_preprocess(out, dout, None, lse, cu_seqlens_q=None, max_seqlen_q=q.shape[1],
-                                                 stats_m=var.block_m if var.stats_smem else 0)  # fmt: skip
+                                                 stats_m=hb.VARIANTS[variant].stats_rows)  # fmt: skip
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def run():

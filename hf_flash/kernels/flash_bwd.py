@@ -548,8 +548,7 @@ def flash_attn_backward(
         from .hopper import attention_bwd as hopper
 
         variant = hopper.variant_for(head_dim, causal, varlen)
-        if hopper.VARIANTS[variant].stats_smem:
-            stats_m = hopper.VARIANTS[variant].block_m
+        stats_m = hopper.VARIANTS[variant].stats_rows
     delta, stats = backward_preprocess(out, dout, dlse, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                                        stats_m=stats_m)  # fmt: skip
     if dsinks is not None:

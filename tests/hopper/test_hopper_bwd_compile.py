@@ -434,6 +434,10 @@ def test_stats_variant_launch_needs_its_buffer():
         with pytest.raises(ValueError, match="stats buffer"):
             hb.launch_args(q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, name), sem, wrong,
                            softmax_scale=0.1, causal=True, variant=name)  # fmt: skip
+    with pytest.raises(ValueError, match="pass stats"):  # before anything is allocated or launched
+        hb.hopper_attention_backward(q, k, v, dout, lse, torch.empty_like(lse), torch.empty_like(q), dk, dv,
+                                     softmax_scale=0.1, causal=True, variant=name)  # fmt: skip
+    assert var.stats_rows == var.block_m and hb.VARIANTS[hb.DEFAULT[(128, False)]].stats_rows == 0
     assert not hb.varlen_builds(name)
     other = hb.DEFAULT[(128, False)]  # the non-causal d128 default reads lse/delta from global memory
     assert not hb.VARIANTS[other].stats_smem

@@ -212,6 +212,12 @@ class Variant:
     def keys(self) -> int:
         return self.block_n if self.split_d else self.block_n * self.consumers
 
+    @property
+    def stats_rows(self) -> int:
+        """Query rows per tile of the statistics buffer the variant reads (its ``block_m``;
+        0 for the variants that read lse/delta from global memory)."""
+        return self.block_m if self.stats_smem else 0
+
 
 # Every variant the package compiles and tests (CPU compile report, H100 timings in
 # .notes/hopper-bwd.md). dqa (one dQ tile per consumer) is the reference point of the dQ
@@ -756,6 +762,8 @@ def _consumer(
             masked = (mt < m_full) | key_tail
         else:
             masked = key_tail
+        # EXP_PER_BRANCH: the same exp2 written in both arms, not after the branch, so that ptxas
+        # keeps the exponentials under the dP^T product (see Variant.exp_per_branch)
         if masked:
             # P = 0 where not visible, so dS = 0 and those entries add exactly 0 to dK, dV and dQ
             s2 = gl.where(_visible(keys, key_pos, rows, k_len, q_len, window_left, window_right, MASK_LEFT,
@@ -1790,6 +1798,9 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     varlen = cu_seqlens_q is not None
     variant = variant or variant_for(q.shape[-1], causal, varlen)
     var = VARIANTS[variant]
+    if var.stats_rows and stats is None:  # (launch_args refuses packed calls of these variants)
+        raise ValueError(f"variant {variant} reads lse/delta from the statistics buffer the backward preprocess "
+                         f"writes: pass stats (flash_bwd.backward_preprocess with stats_m={var.stats_rows})")  # fmt: skip
     if varlen:
         if q.shape[0] == 0 or k.shape[0] == 0 or cu_seqlens_q.numel() < 2:
             dk.zero_()
@@ -1808,9 +1819,6 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     if var.dq_ordered:
         dq_sem = torch.zeros(dq_sem_count(q, variant, cu_seqlens_q), device=q.device, dtype=torch.int32)
     sched = varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, k.shape[0], variant, causal, order) if varlen else None
-    if var.stats_smem and stats is None:
-        raise ValueError(f"variant {variant} reads lse/delta from the statistics buffer the backward preprocess "
-                         f"writes: pass stats (flash_bwd.backward_preprocess with stats_m={var.block_m})")  # fmt: skip
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, stats, softmax_scale=softmax_scale, causal=causal,
         variant=variant, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window,
