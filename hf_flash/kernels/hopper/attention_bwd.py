@@ -207,6 +207,11 @@ class Variant:
     # consumer's code path of the non-causal builds and in most of the stats_smem builds:
     # benchmarks/diagnostics/wgmma_wait_order.py). At 128 query rows (d64) it spills more
     exp_per_branch: bool = False
+    # delta (global memory) loaded with lse at the start of the step, so both loads run under the
+    # S^T and dP^T products; otherwise it is loaded after the dV product is issued and the dS
+    # line right after it waits for it (ncu, d128 non-causal 8K: that wait was ~4% of the
+    # stall samples of dqwldfp, 2% of dqwldfpx). Costs delta's registers across the products
+    delta_early: bool = False
 
     @property
     def keys(self) -> int:
@@ -276,6 +281,12 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwlfx", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_frag=True, exp_per_branch=True,
                 head_dims=(128,)),
+        # delta loaded with lse before the products (delta_early; session 29). CPU compile: spills
+        # 76/96 bytes non-causal, 204/252 causal; with exp_per_branch too 60/76 and 380/532 (over
+        # the bound of the compile tests: not built)
+        Variant("kv2x64-m64-s2-dqwldfpe", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, delta_early=True, head_dims=(128,)),
         # head dim 64 with FA3's 128 query rows per step and the ordered dQ inside: the per-column
         # lse/delta vectors of a 128-wide tile are what spilled that shape (420-1144 bytes, CPU
         # compile, session 24); through shared memory it builds with 12/16 bytes non-causal and
@@ -679,7 +690,7 @@ def _consumer(
     MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
     DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, STATS_SMEM: gl.constexpr,
-    EXP_PER_BRANCH: gl.constexpr,
+    EXP_PER_BRANCH: gl.constexpr, DELTA_EARLY: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -742,6 +753,8 @@ def _consumer(
             else:
                 l_base = b64 * stride_lb + h.to(gl.int64) * stride_lh
             lse2 = gl.load(Lse + l_base + rows, mask=rows < q_len, other=float("inf")) * LOG2E_C
+            if DELTA_EARLY:
+                delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
         q_tile = q_smem.index(slot)
         do_tile = do_smem.index(slot)
         mbarrier.wait(q_ready.index(slot), phase)
@@ -778,9 +791,10 @@ def _consumer(
         dpt = warpgroup_mma_wait(0, deps=(dpt,))
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
         # delta is read here, under the dV product, to keep it out of the registers before
+        # (DELTA_EARLY: with lse, before the products)
         if STATS_SMEM:
             delta = stats.slice(BLOCK_M, BLOCK_M).load(col_layout)
-        else:
+        elif not DELTA_EARLY:
             delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
         dst = pt * (dpt - gl.expand_dims(delta, 0))
         ds = dst.to(dtype)
@@ -1073,6 +1087,7 @@ def _attn_bwd_dkdv_kernel(
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr,
+    DELTA_EARLY: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
     dtype: gl.constexpr = q_desc.dtype
@@ -1150,7 +1165,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, DELTA_EARLY)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1159,7 +1174,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, DELTA_EARLY)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1189,7 +1204,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, DELTA_EARLY)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1198,7 +1213,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, DELTA_EARLY)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1223,7 +1238,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, DELTA_EARLY)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1232,7 +1247,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, DELTA_EARLY)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1445,6 +1460,7 @@ def _attn_bwd_split_d_kernel(
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr,
+    DELTA_EARLY: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -1454,6 +1470,7 @@ def _attn_bwd_split_d_kernel(
     gl.static_assert(not (DQ_LAG or DQ_WRITER or DQ_ORDERED or DQ_FRAG), "dQ, if any, by unordered TMA reduces")
     gl.static_assert(not STATS_SMEM, "the split-D consumers read lse/delta per row from global memory")
     gl.static_assert(not EXP_PER_BRANCH, "exp_per_branch is a transposed-frame (non-split-D) form")
+    gl.static_assert(not DELTA_EARLY, "delta_early is a transposed-frame (non-split-D) form")
     if not RIGHT_WINDOW:
         window_right = 0  # no right window or causal: a literal, as in the builds without windows
     if not MASK_LEFT:
@@ -1772,7 +1789,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
         DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead,
-        DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
+        DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch, DELTA_EARLY=var.delta_early,
         SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
