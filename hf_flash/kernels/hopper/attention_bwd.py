@@ -207,11 +207,14 @@ class Variant:
     # consumer's code path of the non-causal builds and in most of the stats_smem builds:
     # benchmarks/diagnostics/wgmma_wait_order.py). At 128 query rows (d64) it spills more
     exp_per_branch: bool = False
-    # delta (global memory) loaded with lse at the start of the step, so both loads run under the
-    # S^T and dP^T products; otherwise it is loaded after the dV product is issued and the dS
-    # line right after it waits for it (ncu, d128 non-causal 8K: that wait was ~4% of the
-    # stall samples of dqwldfp, 2% of dqwldfpx). Costs delta's registers across the products
-    delta_early: bool = False
+    # dq_ordered, dense calls without a mask: the producer holds its program back while the
+    # program with the next key block of the same (batch, K/V head) is running and has not yet
+    # added into the query tile of LEAD_BOUND steps before (FA3 has no such bound). The ordered
+    # turns keep a block from passing the one below it, but nothing keeps the one below from
+    # running ahead: where the blocks of a head group drift apart, the Q/dO tiles and the dQ
+    # accumulator lines they share fall out of L2 between them (ncu, non-causal 8K: L2 read hits
+    # 22% with lse/delta from shared memory against 74% without). 0: no bound
+    lead_bound: int = 0
 
     @property
     def keys(self) -> int:
@@ -281,12 +284,13 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwlfx", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_frag=True, exp_per_branch=True,
                 head_dims=(128,)),
-        # delta loaded with lse before the products (delta_early; session 29). CPU compile: spills
-        # 76/96 bytes non-causal, 204/252 causal; with exp_per_branch too 60/76 and 380/532 (over
-        # the bound of the compile tests: not built)
-        Variant("kv2x64-m64-s2-dqwldfpe", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+        # dqwldfp / dqwldfps with the producer's lead bound (8 steps) on unmasked dense calls
+        Variant("kv2x64-m64-s2-dqwldfpb", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, delta_early=True, head_dims=(128,)),
+                dq_parity=True, lead_bound=8, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfpsb", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, stats_smem=True, lead_bound=8, head_dims=(128,)),
         # head dim 64 with FA3's 128 query rows per step and the ordered dQ inside: the per-column
         # lse/delta vectors of a 128-wide tile are what spilled that shape (420-1144 bytes, CPU
         # compile, session 24); through shared memory it builds with 12/16 bytes non-causal and
@@ -522,12 +526,23 @@ def _producer(
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
-    TILES_DOWN: gl.constexpr, STATS_SMEM: gl.constexpr,
+    TILES_DOWN: gl.constexpr, STATS_SMEM: gl.constexpr, Sem, LEAD_BOUND: gl.constexpr,
 ):  # fmt: skip
     b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
         window_right, BLOCK_N * CONSUMERS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN,
     )  # fmt: skip
+    # LEAD_BOUND (dense, unmasked: every key block of a head group walks the same steps): the
+    # program's flag, after the dQ counters, says it runs; the next key block's is read below
+    LEAD: gl.constexpr = LEAD_BOUND if not (MASK_LEFT or MASK_RIGHT or VARLEN) else 0
+    if LEAD > 0:
+        lane = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+        flags = Sem + (n_bhk * group * n_m).to(gl.int64)  # one int32 per program
+        follower = gl.program_id(0) + n_bhk  # the next key block of this (batch, K/V head)
+        has_follower = follower < gl.num_programs(0)
+        gl.store(flags + gl.program_id(0) + lane * 0, lane * 0 + 1, mask=lane == 0)
+        # the follower's count in a tile once it has added there (no left bound: first block 0)
+        need = n0 // (BLOCK_N * CONSUMERS) + 2
     # varlen: key rows past the document's end (and query rows past it, below) are the next
     # document's; the consumers mask them and never store them
     mbarrier.expect(kv_bar, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
@@ -546,6 +561,17 @@ def _producer(
         # a fresh barrier counts as having completed the phase before 0: the first pass through
         # the ring does not wait
         phase = ((it // STAGES) & 1) ^ 1
+        if LEAD > 0:
+            if has_follower & (it >= LEAD):
+                # wait while the follower runs and has not added into the tile of step it - LEAD
+                # (it waits only on additions of steps this program has loaded: no cycle)
+                h_b, mt_b = _step_tile(it - LEAD, kv_h, group, m_hi, m_lo, TILES_DOWN)
+                counter = _dq_counter(Sem, b, h_b, mt_b, nheads_k * group, n_m, 0, 0, lane, False)
+                go = 0
+                while go == 0:
+                    running = gl.max(_load_relaxed(flags + follower + lane * 0), axis=0)
+                    seen = gl.max(_load_relaxed(counter), axis=0)
+                    go = ((running == 0) | (seen >= need)).to(gl.int32)
         mbarrier.wait(q_empty.index(slot), phase)
         if STATS_SMEM:
             # the step's lse and delta ride on the Q tile's barrier and slot: tile (b, h, mt) of
@@ -690,7 +716,7 @@ def _consumer(
     MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
     DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, STATS_SMEM: gl.constexpr,
-    EXP_PER_BRANCH: gl.constexpr, DELTA_EARLY: gl.constexpr,
+    EXP_PER_BRANCH: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -753,8 +779,6 @@ def _consumer(
             else:
                 l_base = b64 * stride_lb + h.to(gl.int64) * stride_lh
             lse2 = gl.load(Lse + l_base + rows, mask=rows < q_len, other=float("inf")) * LOG2E_C
-            if DELTA_EARLY:
-                delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
         q_tile = q_smem.index(slot)
         do_tile = do_smem.index(slot)
         mbarrier.wait(q_ready.index(slot), phase)
@@ -791,10 +815,9 @@ def _consumer(
         dpt = warpgroup_mma_wait(0, deps=(dpt,))
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
         # delta is read here, under the dV product, to keep it out of the registers before
-        # (DELTA_EARLY: with lse, before the products)
         if STATS_SMEM:
             delta = stats.slice(BLOCK_M, BLOCK_M).load(col_layout)
-        elif not DELTA_EARLY:
+        else:
             delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
         dst = pt * (dpt - gl.expand_dims(delta, 0))
         ds = dst.to(dtype)
@@ -932,6 +955,14 @@ def _load_acquire(ptrs):
     """``ld.acquire.gpu`` of int32 counters, one per lane (a plain load: an atomic would queue in
     L2's atomic units behind the dQ reduce traffic)."""
     return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptrs], dtype=gl.int32,
+                                     is_pure=False, pack=1)  # fmt: skip
+
+
+@gluon.jit
+def _load_relaxed(ptrs):
+    """``ld.relaxed.gpu`` of int32 values written by other programs, one per lane: no ordering
+    and no L1 invalidation (the lead bound only paces the producer; the turns order the data)."""
+    return gl.inline_asm_elementwise("ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", [ptrs], dtype=gl.int32,
                                      is_pure=False, pack=1)  # fmt: skip
 
 
@@ -1086,8 +1117,7 @@ def _attn_bwd_dkdv_kernel(
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
-    SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr,
-    DELTA_EARLY: gl.constexpr,
+    SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
     dtype: gl.constexpr = q_desc.dtype
@@ -1153,6 +1183,7 @@ def _attn_bwd_dkdv_kernel(
 
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
     gl.static_assert(DQ_WRITER or not DQ_PARITY, "two dQ writers need the writer form")
+    gl.static_assert(DQ_ORDERED or LEAD_BOUND == 0, "the lead bound reads the ordered dQ counters")
     # (Gluon takes the partitions as a literal list: the forms differ by the dQ writers)
     if DQ_PARITY:
         gl.warp_specialize(
@@ -1165,7 +1196,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, DELTA_EARLY)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1174,12 +1205,12 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, DELTA_EARLY)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             VARLEN, TILES_DOWN, STATS_SMEM)),
+                             VARLEN, TILES_DOWN, STATS_SMEM, Sem, LEAD_BOUND)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
@@ -1204,7 +1235,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, DELTA_EARLY)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1213,12 +1244,12 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, DELTA_EARLY)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             VARLEN, TILES_DOWN, STATS_SMEM)),
+                             VARLEN, TILES_DOWN, STATS_SMEM, Sem, LEAD_BOUND)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
@@ -1238,7 +1269,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, DELTA_EARLY)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1247,12 +1278,12 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, DELTA_EARLY)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             VARLEN, TILES_DOWN, STATS_SMEM)),
+                             VARLEN, TILES_DOWN, STATS_SMEM, Sem, LEAD_BOUND)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -1459,8 +1490,7 @@ def _attn_bwd_split_d_kernel(
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
-    SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr,
-    DELTA_EARLY: gl.constexpr,
+    SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -1470,7 +1500,7 @@ def _attn_bwd_split_d_kernel(
     gl.static_assert(not (DQ_LAG or DQ_WRITER or DQ_ORDERED or DQ_FRAG), "dQ, if any, by unordered TMA reduces")
     gl.static_assert(not STATS_SMEM, "the split-D consumers read lse/delta per row from global memory")
     gl.static_assert(not EXP_PER_BRANCH, "exp_per_branch is a transposed-frame (non-split-D) form")
-    gl.static_assert(not DELTA_EARLY, "delta_early is a transposed-frame (non-split-D) form")
+    gl.static_assert(LEAD_BOUND == 0, "lead_bound: the transposed-frame ordered forms only")
     if not RIGHT_WINDOW:
         window_right = 0  # no right window or causal: a literal, as in the builds without windows
     if not MASK_LEFT:
@@ -1529,7 +1559,7 @@ def _attn_bwd_split_d_kernel(
                          kv_bar, q_ready, do_ready, q_empty, do_empty,
                          n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                          window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, 1, MASK_LEFT, MASK_RIGHT,
-                         VARLEN, TILES_DOWN, False)),
+                         VARLEN, TILES_DOWN, False, Sem, 0)),
         ],
         [CONSUMER_WARPS, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -1634,14 +1664,21 @@ def dq_frag_to_bshd(dq_accum: torch.Tensor, dq: torch.Tensor, block_m: int = 64,
     _DQ_FRAG_TO_BSHD((b * h * n_m,), (dq_accum, dq), (*dq.stride(), s, h, n_m), (), meta)
 
 
-def dq_sem_count(q: torch.Tensor, variant: str, cu_seqlens_q=None) -> int:
+def dq_sem_count(q: torch.Tensor, variant: str, cu_seqlens_q=None, k: torch.Tensor | None = None) -> int:
     """How many int32 dQ counters a ``dq_ordered`` variant needs: one per (batch, head, query
     tile), packed calls one per (head, slot) with Tq // block_m + batch slots per head (query tile
     i of sequence d at slot cu_seqlens_q[d] // block_m + d + i)."""
     var = VARIANTS[variant]
     if cu_seqlens_q is not None:
         return q.shape[1] * schedule_slots(q.shape[0], cu_seqlens_q.numel() - 1, var.block_m)
-    return q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m)
+    count = q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m)
+    if var.lead_bound:
+        # then one flag per program (batch, K/V head, key block; ``k`` gives their count): the
+        # producer's lead bound reads whether the next key block's program runs
+        if k is None:
+            raise ValueError(f"variant {variant} (lead_bound) needs k to count its programs")
+        count += k.shape[0] * k.shape[2] * configs.cdiv(k.shape[1], var.keys)
+    return count
 
 
 def stats_numel(batch: int, nheads: int, seqlen_q: int, block_m: int) -> int:
@@ -1732,7 +1769,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
             raise ValueError(f"variant {variant} needs a float32 dq_accum shaped like q")
         dq_desc = _descriptor(dq_accum, var.block_m, head_dim // var.consumers if var.dq_shared else head_dim)
     if var.dq_ordered:
-        want = dq_sem_count(q, variant, cu_seqlens_q)
+        want = dq_sem_count(q, variant, cu_seqlens_q, k)
         if dq_sem is None or dq_sem.numel() < want:
             raise ValueError(f"variant {variant} needs a zeroed int32 dq_sem of {want} counters (dq_sem_count)")
     if not var.dq_atomic:
@@ -1789,7 +1826,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
         DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead,
-        DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch, DELTA_EARLY=var.delta_early,
+        DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch, LEAD_BOUND=var.lead_bound,
         SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
@@ -1834,7 +1871,7 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     dq_accum = dq_accum_for(q, variant) if var.dq_atomic else None
     dq_sem = None
     if var.dq_ordered:
-        dq_sem = torch.zeros(dq_sem_count(q, variant, cu_seqlens_q), device=q.device, dtype=torch.int32)
+        dq_sem = torch.zeros(dq_sem_count(q, variant, cu_seqlens_q, k), device=q.device, dtype=torch.int32)
     sched = varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, k.shape[0], variant, causal, order) if varlen else None
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, stats, softmax_scale=softmax_scale, causal=causal,
