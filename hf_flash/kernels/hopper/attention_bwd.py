@@ -208,8 +208,9 @@ class Variant:
     # benchmarks/diagnostics/wgmma_wait_order.py). At 128 query rows (d64) it spills more
     exp_per_branch: bool = False
     # dq_ordered, dense calls without a mask: the producer holds its program back while the
-    # program with the next key block of the same (batch, K/V head) is running and has not yet
-    # added into the query tile of LEAD_BOUND steps before (FA3 has no such bound). The ordered
+    # program with the next key block of the same (batch, K/V head) is close behind (it has added
+    # into the query tile of 3 * LEAD_BOUND steps before) but has not yet added into the tile of
+    # LEAD_BOUND steps before (FA3 has no such bound). The ordered
     # turns keep a block from passing the one below it, but nothing keeps the one below from
     # running ahead: where the blocks of a head group drift apart, the Q/dO tiles and the dQ
     # accumulator lines they share fall out of L2 between them (ncu, non-causal 8K: L2 read hits
@@ -284,11 +285,14 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwlfx", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_frag=True, exp_per_branch=True,
                 head_dims=(128,)),
-        # dqwldfps with the producer's lead bound on unmasked dense calls (session 29): a bound of
-        # 8 steps measured 0.48-0.78x non-causal (0.75-0.93x on dqwldfp), so it is 32 here
+        # dqwldfps with the producer's lead bound on unmasked dense calls (session 29). Its first
+        # form waited on any running follower: 0.48-0.78x non-causal at a bound of 8 steps,
+        # 0.23-0.67x at 32 (a block then waits for the next key block's program that starts a
+        # wave later, hundreds of steps behind). Now only a follower already close behind is
+        # waited for; built for measurement, not yet run on a GPU
         Variant("kv2x64-m64-s2-dqwldfpsb", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, lead_bound=32, head_dims=(128,)),
+                dq_parity=True, stats_smem=True, lead_bound=16, head_dims=(128,)),
         # head dim 64 with FA3's 128 query rows per step and the ordered dQ inside: the per-column
         # lse/delta vectors of a 128-wide tile are what spilled that shape (420-1144 bytes, CPU
         # compile, session 24); through shared memory it builds with 12/16 bytes non-causal and
@@ -531,15 +535,12 @@ def _producer(
         window_right, BLOCK_N * CONSUMERS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN,
     )  # fmt: skip
     # LEAD_BOUND (dense, unmasked: every key block of a head group walks the same steps): the
-    # program's flag, after the dQ counters, says it runs; the next key block's is read below
+    # count the next key block of this (batch, K/V head) leaves in a tile once it has added there
+    # (no left bound: the turns start at block 0)
     LEAD: gl.constexpr = LEAD_BOUND if not (MASK_LEFT or MASK_RIGHT or VARLEN) else 0
+    FAR: gl.constexpr = 3 * LEAD
     if LEAD > 0:
         lane = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
-        flags = Sem + (n_bhk * group * n_m).to(gl.int64)  # one int32 per program
-        follower = gl.program_id(0) + n_bhk  # the next key block of this (batch, K/V head)
-        has_follower = follower < gl.num_programs(0)
-        gl.store(flags + gl.program_id(0) + lane * 0, lane * 0 + 1, mask=lane == 0)
-        # the follower's count in a tile once it has added there (no left bound: first block 0)
         need = n0 // (BLOCK_N * CONSUMERS) + 2
     # varlen: key rows past the document's end (and query rows past it, below) are the next
     # document's; the consumers mask them and never store them
@@ -560,16 +561,21 @@ def _producer(
         # the ring does not wait
         phase = ((it // STAGES) & 1) ^ 1
         if LEAD > 0:
-            if has_follower & (it >= LEAD):
-                # wait while the follower runs and has not added into the tile of step it - LEAD
-                # (it waits only on additions of steps this program has loaded: no cycle)
-                h_b, mt_b = _step_tile(it - LEAD, kv_h, group, m_hi, m_lo, TILES_DOWN)
-                counter = _dq_counter(Sem, b, h_b, mt_b, nheads_k * group, n_m, 0, 0, lane, False)
-                go = 0
-                while go == 0:
-                    running = gl.max(_load_relaxed(flags + follower + lane * 0), axis=0)
+            if it >= FAR:
+                # the follower (the program of the next key block) close behind (it has added
+                # into the tile of step it - FAR) but not within LEAD steps: wait until it is. A
+                # follower further back (not launched yet, or launched a wave later) is not waited
+                # for, nor a program without one (no count reaches `need`). The wait is only on
+                # additions of steps this program has loaded already: no cycle
+                h_f, mt_f = _step_tile(it - FAR, kv_h, group, m_hi, m_lo, TILES_DOWN)
+                far = gl.max(_load_relaxed(_dq_counter(Sem, b, h_f, mt_f, nheads_k * group, n_m, 0, 0, lane,
+                                                       False)), axis=0)  # fmt: skip
+                if far >= need:
+                    h_b, mt_b = _step_tile(it - LEAD, kv_h, group, m_hi, m_lo, TILES_DOWN)
+                    counter = _dq_counter(Sem, b, h_b, mt_b, nheads_k * group, n_m, 0, 0, lane, False)
                     seen = gl.max(_load_relaxed(counter), axis=0)
-                    go = ((running == 0) | (seen >= need)).to(gl.int32)
+                    while seen < need:
+                        seen = gl.max(_load_relaxed(counter), axis=0)
         mbarrier.wait(q_empty.index(slot), phase)
         if STATS_SMEM:
             # the step's lse and delta ride on the Q tile's barrier and slot: tile (b, h, mt) of
@@ -1662,21 +1668,14 @@ def dq_frag_to_bshd(dq_accum: torch.Tensor, dq: torch.Tensor, block_m: int = 64,
     _DQ_FRAG_TO_BSHD((b * h * n_m,), (dq_accum, dq), (*dq.stride(), s, h, n_m), (), meta)
 
 
-def dq_sem_count(q: torch.Tensor, variant: str, cu_seqlens_q=None, k: torch.Tensor | None = None) -> int:
+def dq_sem_count(q: torch.Tensor, variant: str, cu_seqlens_q=None) -> int:
     """How many int32 dQ counters a ``dq_ordered`` variant needs: one per (batch, head, query
     tile), packed calls one per (head, slot) with Tq // block_m + batch slots per head (query tile
     i of sequence d at slot cu_seqlens_q[d] // block_m + d + i)."""
     var = VARIANTS[variant]
     if cu_seqlens_q is not None:
         return q.shape[1] * schedule_slots(q.shape[0], cu_seqlens_q.numel() - 1, var.block_m)
-    count = q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m)
-    if var.lead_bound:
-        # then one flag per program (batch, K/V head, key block; ``k`` gives their count): the
-        # producer's lead bound reads whether the next key block's program runs
-        if k is None:
-            raise ValueError(f"variant {variant} (lead_bound) needs k to count its programs")
-        count += k.shape[0] * k.shape[2] * configs.cdiv(k.shape[1], var.keys)
-    return count
+    return q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m)
 
 
 def stats_numel(batch: int, nheads: int, seqlen_q: int, block_m: int) -> int:
@@ -1767,7 +1766,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
             raise ValueError(f"variant {variant} needs a float32 dq_accum shaped like q")
         dq_desc = _descriptor(dq_accum, var.block_m, head_dim // var.consumers if var.dq_shared else head_dim)
     if var.dq_ordered:
-        want = dq_sem_count(q, variant, cu_seqlens_q, k)
+        want = dq_sem_count(q, variant, cu_seqlens_q)
         if dq_sem is None or dq_sem.numel() < want:
             raise ValueError(f"variant {variant} needs a zeroed int32 dq_sem of {want} counters (dq_sem_count)")
     if not var.dq_atomic:
@@ -1869,7 +1868,7 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     dq_accum = dq_accum_for(q, variant) if var.dq_atomic else None
     dq_sem = None
     if var.dq_ordered:
-        dq_sem = torch.zeros(dq_sem_count(q, variant, cu_seqlens_q, k), device=q.device, dtype=torch.int32)
+        dq_sem = torch.zeros(dq_sem_count(q, variant, cu_seqlens_q), device=q.device, dtype=torch.int32)
     sched = varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, k.shape[0], variant, causal, order) if varlen else None
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, stats, softmax_scale=softmax_scale, causal=causal,

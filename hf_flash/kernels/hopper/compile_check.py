@@ -128,7 +128,7 @@ def compile_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloa
         _, args, kwargs = attention_bwd.launch_args(
             q, k, v, out, lse, torch.empty_like(lse), torch.empty_like(k), torch.empty_like(k),
             attention_bwd.dq_accum_for(q, var.name) if var.dq_atomic else None,
-            torch.zeros(attention_bwd.dq_sem_count(q, var.name, k=k), dtype=torch.int32), stats,
+            torch.zeros(attention_bwd.dq_sem_count(q, var.name), dtype=torch.int32), stats,
             softmax_scale=head_dim**-0.5, causal=causal, variant=var.name, **masks,
         )  # fmt: skip
         compiled = compile_sm90(attention_bwd.kernel_for(var.name), args, kwargs)
