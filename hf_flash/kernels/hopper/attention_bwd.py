@@ -575,7 +575,8 @@ def _producer(
                     counter = _dq_counter(Sem, b, h_b, mt_b, nheads_k * group, n_m, 0, 0, lane, False)
                     seen = gl.max(_load_relaxed(counter), axis=0)
                     while seen < need:
-                        seen = gl.max(_load_relaxed(counter), axis=0)
+                        # a pause between reads: the writers poll and reduce into these lines
+                        seen = gl.max(_load_relaxed(_pause(counter)), axis=0)
         mbarrier.wait(q_empty.index(slot), phase)
         if STATS_SMEM:
             # the step's lse and delta ride on the Q tile's barrier and slot: tile (b, h, mt) of
@@ -968,6 +969,13 @@ def _load_relaxed(ptrs):
     and no L1 invalidation (the lead bound only paces the producer; the turns order the data)."""
     return gl.inline_asm_elementwise("ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", [ptrs], dtype=gl.int32,
                                      is_pure=False, pack=1)  # fmt: skip
+
+
+@gluon.jit
+def _pause(ptrs):
+    """``nanosleep`` of ~256 ns, then ``ptrs`` unchanged (a spinning warp's back-off)."""
+    return gl.inline_asm_elementwise("nanosleep.u32 256;\n\tmov.b64 $0, $1;", "=l,l", [ptrs], dtype=gl.int64,
+                                     is_pure=False, pack=1).to(gl.pointer_type(gl.int32))  # fmt: skip
 
 
 @gluon.jit
