@@ -210,11 +210,11 @@ class Variant:
     # dq_ordered, dense calls without a mask: the producer holds its program back while the
     # program with the next key block of the same (batch, K/V head) is close behind (it has added
     # into the query tile of 3 * LEAD_BOUND steps before) but has not yet added into the tile of
-    # LEAD_BOUND steps before (FA3 has no such bound). The ordered
-    # turns keep a block from passing the one below it, but nothing keeps the one below from
-    # running ahead: where the blocks of a head group drift apart, the Q/dO tiles and the dQ
-    # accumulator lines they share fall out of L2 between them (ncu, non-causal 8K: L2 read hits
-    # 22% with lse/delta from shared memory against 74% without). 0: no bound
+    # LEAD_BOUND steps before (FA3 has no such bound). The ordered turns keep a block from passing
+    # the one below it, but nothing keeps the one below from running ahead: where the blocks of a
+    # head group drift apart, the Q/dO tiles and the dQ accumulator lines they share fall out of
+    # L2 between them (ncu, non-causal 8K: L2 read hits 22% with lse/delta from shared memory
+    # against 74% without). 0: no bound
     lead_bound: int = 0
 
     @property
@@ -1831,7 +1831,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
         DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead,
-        DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch, LEAD_BOUND=var.lead_bound,
+        DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
+        LEAD_BOUND=var.lead_bound,
         SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
