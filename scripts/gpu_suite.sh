@@ -8,8 +8,7 @@
 #                  processes                            -> OUTDIR/gpu-tests.log
 #                  (TEST_K: a pytest -k expression; PYTEST_ARGS: more pytest arguments;
 #                  TEST_PART=k/m: part k (0-based) of m, so m calls run the whole suite: the
-#                  tests no longer fit one 600-second call, nor two (part 0 of 2 ran past
-#                  its step limit on 2026-11-28): use three;
+#                  tests no longer fit one 600-second call, nor two: use three;
 #                  TEST_IDS=FILE: only the node ids listed in FILE, one per line, e.g. what
 #                  an earlier part left unrun)
 #   attention decode rope e2e_generate e2e_train e2e_finetune

@@ -611,6 +611,12 @@ def flash_attn_backward(
     )  # fmt: skip
 
 
+def stats_numel(batch: int, nheads: int, seqlen_q: int, block_m: int) -> int:
+    """Floats in the statistics buffer :func:`_bwd_preprocess` writes for a Gluon ``stats_smem``
+    variant: a row pair of ``block_m`` floats per (batch, head, query tile)."""
+    return batch * nheads * configs.cdiv(seqlen_q, block_m) * 2 * block_m
+
+
 def backward_preprocess(out, dout, dlse, lse, *, cu_seqlens_q, max_seqlen_q, stats_m=0):
     """The backward's first launch (:func:`_bwd_preprocess`), layouts as in
     :func:`flash_attn_backward`: returns ``delta`` (lse's shape and strides) and, with ``stats_m``
@@ -631,8 +637,6 @@ def backward_preprocess(out, dout, dlse, lse, *, cu_seqlens_q, max_seqlen_q, sta
             raise ValueError(f"backward_preprocess: a statistics buffer needs a dense call with lse unit-stride along "
                              f"the rows and a multiple of 64 rows per tile (got varlen={varlen}, lse strides "
                              f"{lse.stride()}, stats_m={stats_m})")  # fmt: skip
-        from .hopper.attention_bwd import stats_numel
-
         stats = torch.empty(stats_numel(batch, nheads, seqlen_q, stats_m), device=lse.device, dtype=torch.float32)
         rows = configs.cdiv(seqlen_q, stats_m) * stats_m  # every tile's rows, past the end included
     if dlse is not None:

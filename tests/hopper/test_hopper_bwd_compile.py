@@ -414,8 +414,8 @@ def test_preprocess_refuses_a_statistics_buffer_it_cannot_lay_out():
     with pytest.raises(ValueError, match="stats_m=96"):
         flash_bwd.backward_preprocess(out, out, None, lse, cu_seqlens_q=None, max_seqlen_q=97, stats_m=96)
     with pytest.raises(ValueError, match="varlen=True"):
-        flash_bwd.backward_preprocess(out[0], out[0], None, lse[0], cu_seqlens_q=torch.tensor([0, 97], dtype=torch.int32),
-                                      max_seqlen_q=97, stats_m=64)  # fmt: skip
+        cu = torch.tensor([0, 97], dtype=torch.int32)
+        flash_bwd.backward_preprocess(out[0], out[0], None, lse[0], cu_seqlens_q=cu, max_seqlen_q=97, stats_m=64)
 
 
 def test_stats_variant_launch_needs_its_buffer():

@@ -111,6 +111,7 @@ from triton._C.libtriton import ir as _ir
 from triton.experimental.gluon.language._core import builtin as _builtin
 
 from .. import configs
+from ..flash_bwd import stats_numel  # the buffer's layout is the preprocess's (re-exported)
 from ..launch import CachedLauncher
 from .attention_fwd import (
     LOG2E, _descriptor, _mma_layout, _per_tile, _tanh, mask_args, schedule_entry, schedule_slots,
@@ -375,8 +376,9 @@ DEFAULT = {
 # at every point), dqwl 0.78-0.94x (its programs drift apart at 32K).
 NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwlf"}
 # Packed (varlen, cu_seqlens) calls: (head dim, causal) -> variant, deterministic. Head dims
-# without an entry keep the Triton backward (d64: the dense default reads lse/delta per query
-# tile from the preprocess's per-tile buffer, which has no packed layout; the 64-row forms gained nothing). H100,
+# without an entry keep the Triton backward (d64: the dense default reads lse/delta from the
+# preprocess's per-query-tile buffer, which has no packed layout; the 64-row forms gained
+# nothing). H100,
 # 2026-11-24 (.notes/hopper-bwd.md, session 19 call 2; 12 documents in 16K tokens, Hq=32, Hkv=8,
 # bf16; backward alone, 3 rounds): causal, the ordered fused dQ (dqwld) ran 208 TFLOP/s against
 # the Triton backward's 263 (its per-tile ordering waits dominate on short documents; unordered
@@ -1686,12 +1688,6 @@ def dq_sem_count(q: torch.Tensor, variant: str, cu_seqlens_q=None) -> int:
     return q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m)
 
 
-def stats_numel(batch: int, nheads: int, seqlen_q: int, block_m: int) -> int:
-    """Floats in the statistics buffer of a ``stats_smem`` variant: a row pair of ``block_m``
-    floats per (batch, head, query tile)."""
-    return batch * nheads * configs.cdiv(seqlen_q, block_m) * 2 * block_m
-
-
 def _descriptor_stats(stats: torch.Tensor, block_m: int) -> TensorDescriptor:
     """The statistics buffer as (tiles * 2, block_m) float32, one [2, block_m] box (no swizzle)
     per (batch, head, query tile)."""
@@ -1739,8 +1735,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
     compile check, so both build the same kernel. ``dq_accum``: the float32 (B, Sq, H, D)
     accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller; :func:`dq_accum_for`);
     ``dq_sem``: the zeroed int32 counters of the ``dq_ordered`` variants (:func:`dq_sem_count`);
-    ``stats``: the ``stats_smem`` variants' statistics buffer (``flash_bwd.backward_preprocess``; its contents
-    do not matter to the compile check, only its size, :func:`stats_numel`).
+    ``stats``: the ``stats_smem`` variants' statistics buffer (``flash_bwd.backward_preprocess``;
+    its contents do not matter to the compile check, only its size, :func:`stats_numel`).
     Packed (varlen) calls pass cu_seqlens: q/dout (Tq, H, D), k/v/dk/dv (Tk, Hk, D), lse/delta
     (H, Tq); programs = entries of ``sched`` (:func:`varlen_key_schedule`; the compile check passes
     an unwritten tensor of ``attention_fwd.schedule_slots`` entries) x K/V heads. ``window`` as in
@@ -1859,8 +1855,9 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     variant = variant or variant_for(q.shape[-1], causal, varlen)
     var = VARIANTS[variant]
     if var.stats_rows and stats is None:  # (launch_args refuses packed calls of these variants)
-        raise ValueError(f"variant {variant} reads lse/delta from the statistics buffer the backward preprocess "
-                         f"writes: pass stats (flash_bwd.backward_preprocess with stats_m={var.stats_rows})")  # fmt: skip
+        raise ValueError(f"variant {variant} reads lse/delta from the statistics buffer the backward "
+                         f"preprocess writes: pass stats (flash_bwd.backward_preprocess with "
+                         f"stats_m={var.stats_rows})")  # fmt: skip
     if varlen:
         if q.shape[0] == 0 or k.shape[0] == 0 or cu_seqlens_q.numel() < 2:
             dk.zero_()
