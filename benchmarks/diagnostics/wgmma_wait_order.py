@@ -53,6 +53,10 @@ _EVENTS = (
     # S^T and dP^T: the products with A from shared memory, not transposed (dV and dK take P^T and
     # dS^T from registers; dQ reads dS^T transposed)
     ("pair_end", re.compile(r"HGMMA\.64x\d+x16\.F32\.\w+ R\d+, gdesc\[UR\d+\](?!\.tnsp)[^;]*\bgsb0\b")),
+    # the first k-step of a product with A from shared memory (zero accumulator)
+    ("start", re.compile(r"HGMMA\.64x\d+x16\.F32\.\w+ R\d+, gdesc\[UR\d+\](?!\.tnsp), RZ, !UPT")),
+    # shared loads into registers (the stats_smem forms' lse/delta; not LDSM)
+    ("lds", re.compile(r"\bLDS(\.[A-Z0-9]+)* R")),
 )
 
 
@@ -65,8 +69,9 @@ def sass(cubin: bytes) -> str:
 
 
 def exp_placement(text: str) -> list[dict]:
-    """Per S^T/dP^T product pair: exponentials between its S^T wait and its wait for all
-    (``under_dp``) and between that wait and the next product pair (``after``)."""
+    """Per S^T/dP^T product pair: shared loads issued between the pair's first k-step and its
+    S^T wait (``lds_under_st``: in flight while the products run), exponentials between its S^T wait and
+    its wait for all (``under_dp``) and between that wait and the next product pair (``after``)."""
     events = []
     for line in text.splitlines():
         for name, pattern in _EVENTS:
@@ -76,8 +81,18 @@ def exp_placement(text: str) -> list[dict]:
     pairs, i = [], 0
     while i < len(events):
         # a pair ends with the second product's gsb0 and is followed by its wait for S^T
-        if events[i] == "pair_end" and i + 1 < len(events) and events[i + 1] == "wait1":
-            under, after, j = 0, 0, i + 2
+        # (shared loads may sit between the two)
+        k = i + 1
+        while events[i] == "pair_end" and k < len(events) and events[k] == "lds":
+            k += 1
+        if events[i] == "pair_end" and k < len(events) and events[k] == "wait1":
+            # the shared loads issued since the pair's first product started
+            starts, b = 0, i - 1
+            while b >= 0 and starts < 2:
+                starts += events[b] == "start"
+                b -= 1
+            lds = events[b + 1:k].count("lds")
+            under, after, j = 0, 0, k + 1
             while j < len(events) and events[j] != "wait0":
                 under += events[j] == "ex2"
                 j += 1
@@ -85,7 +100,7 @@ def exp_placement(text: str) -> list[dict]:
             while j < len(events) and events[j] != "pair_end":
                 after += events[j] == "ex2"
                 j += 1
-            pairs.append({"under_dp": under, "after": after})
+            pairs.append({"lds_under_st": lds, "under_dp": under, "after": after})
             i = j
         else:
             i += 1
@@ -110,7 +125,8 @@ def main(argv=None) -> None:
             compiled, *_ = compile_check.compile_variant("bwd:" + name, args.head_dim, causal, torch.bfloat16)
             pairs = exp_placement(sass(compiled.asm["cubin"]))
             records.append({"variant": name, "head_dim": args.head_dim, "causal": causal, "pairs": pairs})
-            shown = ", ".join(f"{p['under_dp']} under dP^T / {p['after']} after" for p in pairs)
+            shown = ", ".join(f"{p['under_dp']} under dP^T / {p['after']} after (shared loads before the S^T "
+                              f"wait: {p['lds_under_st']})" for p in pairs)
             print(f"{name:28s} {'causal' if causal else 'full  '} exponentials per code path: {shown}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(records, indent=1))

@@ -27,6 +27,9 @@ SPILL_BYTES_VARLEN_DQ = {128: 512}
 # causal and not (dqwldf 108/140 causal); d64 with 128 query rows per step (dqwlds) 60/72 causal
 # (420-1144 with the vectors in registers)
 SPILL_BYTES_STATS = {64: 96, 128: 32}
+# with lse and delta read before the S^T wait (stats_early=2: 32 registers live across the
+# products), CPU compile, session 30: causal 64/72 (exp_per_branch) and 136/160 bytes
+SPILL_BYTES_STATS_EARLY2 = {128: 160}
 
 def _variant(spec_name):
     for prefix in (compile_check.BWD_VARLEN_PREFIX, "bwd:"):
@@ -71,6 +74,8 @@ def test_bwd_variant_builds_for_sm90a(reports, spec):
         bound = SPILL_BYTES[head_dim]
     if var.stats_smem:
         bound = SPILL_BYTES_STATS[head_dim]  # no lse/delta vectors or their addresses in registers
+        if var.stats_early >= 2:
+            bound = SPILL_BYTES_STATS_EARLY2[head_dim]
     assert r["spill_store_bytes"] <= bound and r["spill_load_bytes"] <= bound, r
     assert r["shared_bytes"] <= SHARED_LIMIT, r
     # per consumer: S^T = K Q^T and dP^T = V dO^T have D/16 k-steps each, dV += P^T dO and
@@ -437,10 +442,10 @@ def test_stats_variant_launch_needs_its_buffer():
     with pytest.raises(ValueError, match="pass stats"):  # before anything is allocated or launched
         hb.hopper_attention_backward(q, k, v, dout, lse, torch.empty_like(lse), torch.empty_like(q), dk, dv,
                                      softmax_scale=0.1, causal=True, variant=name)  # fmt: skip
-    assert var.stats_rows == var.block_m and hb.VARIANTS[hb.DEFAULT[(128, False)]].stats_rows == 0
     assert not hb.varlen_builds(name)
-    other = hb.DEFAULT[(128, False)]  # the non-causal d128 default reads lse/delta from global memory
-    assert not hb.VARIANTS[other].stats_smem
+    # a variant that reads lse/delta from global memory passes q's descriptor in that place
+    other = "kv2x64-m64-s2-dqwldfp"
+    assert var.stats_rows == var.block_m and not hb.VARIANTS[other].stats_smem and hb.VARIANTS[other].stats_rows == 0
     _, args, kwargs = hb.launch_args(q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, other),
                                      sem, softmax_scale=0.1, causal=True, variant=other)  # fmt: skip
     assert kwargs["STATS_SMEM"] is False and args[7] is args[0]
