@@ -224,10 +224,20 @@ class Variant:
     # behind the products' operand reads in the shared-memory pipe (ncu, dqwldfpsb non-causal 8K:
     # the first use of lse waits on its load in 3.8% of all stall samples)
     stats_early: int = 0
+    # dq_lag + dq_writer: a consumer's dS and dQ tiles are stored without waiting for the stores
+    # to complete, and handed on (fence + mbarrier arrive) a phase later: dS after the dV and dK
+    # waits (its dQ product runs a step later anyway), dQ once the next step's S^T and dP^T
+    # products are issued (its writer has two steps per slot). After the store the fence waits
+    # for the stores to drain behind the products' operand reads: ncu, dqwldfpsb non-causal 8K,
+    # 6.4% of all stall samples at the fences, 2.0% in each consumer at the one that holds the
+    # next step's products back
+    defer_arrive: bool = False
 
     def __post_init__(self):
         if self.stats_early not in (0, 1, 2) or (self.stats_early and not self.stats_smem):
             raise ValueError(f"variant {self.name}: stats_early is 0, 1 or 2 and needs stats_smem")
+        if self.defer_arrive and not (self.dq_lag and self.dq_writer):
+            raise ValueError(f"variant {self.name}: defer_arrive needs dq_lag and dq_writer")
 
     @property
     def keys(self) -> int:
@@ -319,6 +329,17 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldfpsbrr", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, lead_bound=16, stats_early=2, head_dims=(128,)),
+        # dS and dQ tiles handed on a phase after their stores (defer_arrive; session 30)
+        Variant("kv2x64-m64-s2-dqwldfpsbrra", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, stats_smem=True, lead_bound=16, stats_early=2, defer_arrive=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfpsxa", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, stats_smem=True, exp_per_branch=True, defer_arrive=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfpsxrra", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, stats_smem=True, exp_per_branch=True, stats_early=2, defer_arrive=True,
+                head_dims=(128,)),
         # head dim 64 with FA3's 128 query rows per step and the ordered dQ inside: the per-column
         # lse/delta vectors of a 128-wide tile are what spilled that shape (420-1144 bytes, CPU
         # compile, session 24); through shared memory it builds with 12/16 bytes non-causal and
@@ -632,11 +653,12 @@ def _producer(
 @gluon.jit
 def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
             INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr,
-            DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr):  # fmt: skip
+            DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr, DEFER_ARRIVE: gl.constexpr = False):  # fmt: skip
     """This consumer's (scaled) dQ tile of step ``j`` (query rows from ``q_row`` of head h):
     DQ_WRITER hands it to the writer partition
     through slot (j % 2, INDEX) and goes on; otherwise it is staged and added by TMA reduce here.
-    DQ_FRAG: the slot holds the tile in fragment order (:func:`_dq_frag_layout`)."""
+    DQ_FRAG: the slot holds the tile in fragment order (:func:`_dq_frag_layout`). DEFER_ARRIVE: the
+    slot is stored only; the caller fences and hands it on later (:func:`_hand_on`)."""
     if DQ_WRITER:
         slot = (j % 2) * CONSUMERS + INDEX
         mbarrier.wait(dq_empty.index(slot), ((j // 2) & 1) ^ 1)  # the writer is done with step j - 2
@@ -644,8 +666,9 @@ def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
             dq_smem.index(slot)._reinterpret(gl.float32, [BLOCK_M, DQ_N], _dq_frag_layout(BLOCK_M, DQ_N)).store(dq)
         else:
             dq_smem.index(slot).store(dq)
-        fence_async_shared()
-        mbarrier.arrive(dq_full.index(slot))
+        if not DEFER_ARRIVE:
+            fence_async_shared()
+            mbarrier.arrive(dq_full.index(slot))
     else:
         dq_tile = dq_smem.index(INDEX)
         # the previous reduce must have read the staging tile before it is rewritten
@@ -658,7 +681,8 @@ def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
 @gluon.jit
 def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full, dq_empty, dq_desc, dq_zero,
                     sm_scale, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr,
-                    DQ_N: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr):  # fmt: skip
+                    DQ_N: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr,
+                    DEFER_ARRIVE: gl.constexpr = False):  # fmt: skip
     """dQ[rows q_row.. of head h, this consumer's DQ_N columns] += sum over the consumers c of
     dS_c K_c[:, columns], for step ``j`` (its dS tiles in buffer j % 2), added by TMA reduce."""
     par = j % 2
@@ -672,7 +696,15 @@ def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free,
     dq = warpgroup_mma_wait(0, deps=(dq_tok,))
     mbarrier.arrive(ds_free.index(par))
     _dq_out(j, dq * sm_scale, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N,
-            DQ_WRITER, DQ_FRAG)  # fmt: skip
+            DQ_WRITER, DQ_FRAG, DEFER_ARRIVE)  # fmt: skip
+
+
+@gluon.jit
+def _hand_on(bar):
+    """Make this partition's shared-memory stores so far visible to the async proxy (the wgmma
+    and TMA reads of the other partitions) and arrive on ``bar``."""
+    fence_async_shared()
+    mbarrier.arrive(bar)
 
 
 @gluon.jit
@@ -753,7 +785,7 @@ def _consumer(
     MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
     DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, STATS_SMEM: gl.constexpr,
-    EXP_PER_BRANCH: gl.constexpr, STATS_EARLY: gl.constexpr,
+    EXP_PER_BRANCH: gl.constexpr, STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -827,6 +859,11 @@ def _consumer(
             lse2 = stats.slice(0, BLOCK_M).load(col_layout)
         if STATS_EARLY >= 2:
             delta = stats.slice(BLOCK_M, BLOCK_M).load(col_layout)
+        if DEFER_ARRIVE:
+            # the dQ tile of step it - 2 (stored at the end of the step before) goes to its writer
+            # now that the products of this step are issued (Variant.defer_arrive)
+            if it >= 2:
+                _hand_on(dq_full.index((it % 2) * CONSUMERS + INDEX))
         st = warpgroup_mma_wait(1, deps=(st,))
         if STATS_SMEM and STATS_EARLY == 0:
             lse2 = stats.slice(0, BLOCK_M).load(col_layout)
@@ -869,17 +906,20 @@ def _consumer(
             par = it % 2
             mbarrier.wait(ds_free.index(par), ((it // 2) & 1) ^ 1)  # all dQ products of step it - 2 ran
             ds_smem.index(par * CONSUMERS + INDEX).store(ds)
-            fence_async_shared()
-            mbarrier.arrive(ds_ready.index(par))
+            if not DEFER_ARRIVE:
+                _hand_on(ds_ready.index(par))
             dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
             mbarrier.arrive(do_empty.index(slot))
             dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
             mbarrier.arrive(q_empty.index(slot))
+            if DEFER_ARRIVE:
+                # the dS stores have drained under the dV and dK products
+                _hand_on(ds_ready.index(par))
             if it > 0:
                 _dq_shared_step(it - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
                                 ds_free, dq_full,
                                 dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
-                                DQ_WRITER, DQ_FRAG)  # fmt: skip
+                                DQ_WRITER, DQ_FRAG, DEFER_ARRIVE)  # fmt: skip
             prev_h = h
             prev_mt = mt
         elif DQ_SHARED:
@@ -931,6 +971,10 @@ def _consumer(
 
     n_steps = group * per_head
     if DQ_LAG:
+        if DEFER_ARRIVE:
+            # the dQ tile of step n_steps - 2, stored in the loop's last step
+            if n_steps >= 2:
+                _hand_on(dq_full.index((n_steps % 2) * CONSUMERS + INDEX))
         if n_steps > 0:
             _dq_shared_step(n_steps - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
                             ds_free, dq_full,
@@ -1167,7 +1211,7 @@ def _attn_bwd_dkdv_kernel(
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
     dtype: gl.constexpr = q_desc.dtype
@@ -1246,7 +1290,8 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
+                             DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1255,7 +1300,8 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
+                             DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1285,7 +1331,8 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
+                             DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1294,7 +1341,8 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
+                             DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1319,7 +1367,8 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
+                             DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1328,7 +1377,8 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY)),
+                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
+                             DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1541,7 +1591,7 @@ def _attn_bwd_split_d_kernel(
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -1553,6 +1603,7 @@ def _attn_bwd_split_d_kernel(
     gl.static_assert(not EXP_PER_BRANCH, "exp_per_branch is a transposed-frame (non-split-D) form")
     gl.static_assert(LEAD_BOUND == 0, "lead_bound: the transposed-frame ordered forms only")
     gl.static_assert(STATS_EARLY == 0, "stats_early: a stats_smem form")
+    gl.static_assert(not DEFER_ARRIVE, "defer_arrive: the dq_lag writer forms")
     if not RIGHT_WINDOW:
         window_right = 0  # no right window or causal: a literal, as in the builds without windows
     if not MASK_LEFT:
@@ -1866,7 +1917,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
         DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead,
         DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
-        LEAD_BOUND=var.lead_bound, STATS_EARLY=var.stats_early,
+        LEAD_BOUND=var.lead_bound, STATS_EARLY=var.stats_early, DEFER_ARRIVE=var.defer_arrive,
         SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
