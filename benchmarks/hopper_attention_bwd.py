@@ -199,12 +199,13 @@ def main(argv=None) -> None:
     ap.add_argument("--head-dims", nargs="+", type=int, default=[128, 64])
     ap.add_argument("--rounds", type=int, default=1, help="timings per provider and point (median)")
     ap.add_argument("--softcap", type=float, default=0.0, help="soft-capped calls (no SDPA row)")
+    ap.add_argument("--masks", nargs="+", choices=["causal", "full"], default=["causal", "full"])
     args = ap.parse_args(argv)
     meta = env_info()
     print(json.dumps(meta), flush=True)
     rows = []
     for d in args.head_dims:
-        for causal in (True, False):
+        for causal in [m == "causal" for m in args.masks]:
             for s in args.seqlens:
                 point = run_point(d, causal, s, args.variants, args.rounds, args.softcap)
                 rows += point
