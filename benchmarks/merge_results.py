@@ -30,7 +30,9 @@ def merge(old: dict, new: dict, keys: list[str], note: str) -> dict:
     rows += list(incoming.values())
     meta = dict(old.get("meta", {}))
     runs = meta.get("runs", "")
-    meta["runs"] = (runs + "; " if runs else "") + f"{stamp}: {note} ({len(new['rows'])} rows)"
+    entry = f"{stamp}: {note} ({len(new['rows'])} rows)"
+    # a file written whole by a benchmark keeps its runs as a list
+    meta["runs"] = [*runs, entry] if isinstance(runs, list) else (runs + "; " if runs else "") + entry
     return {**old, "env": new.get("env", old.get("env")), "meta": meta, "rows": rows}
 
 

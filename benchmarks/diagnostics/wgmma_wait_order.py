@@ -21,6 +21,9 @@ the S^T wait changed nothing or made it worse. The ``exp_per_branch`` variants (
 arm of the branch) keep all of them under dP^T in both paths; both arms lie between the two
 waits, so they count 64 (32 per arm). Timed on an H200, that order gains causal (the stats form)
 and loses 6-8% non-causal; this tool shows the SASS, the timings live in .notes/hopper-bwd.md.
+It also counts the shared loads (LDS) issued between a pair's first k-step and its S^T wait: 0 in
+the ``stats_smem`` builds that read lse after that wait, 16 (lse and delta, LDS.64 each) in the
+``stats_early`` ones, whose loads then complete under the products.
 
 Set TRITON_INTERPRET=0 (the tests' interpreter mode replaces Triton's kernels with Python objects).
 """
@@ -44,7 +47,7 @@ from hf_flash.kernels.hopper import attention_bwd, compile_check  # noqa: E402
 
 DEFAULT_VARIANTS = (
     "kv2x64-m64-s2-dqwldf", "kv2x64-m64-s2-dqwldfp", "kv2x64-m64-s2-dqwldfps", "kv2x64-m64-s2-dqwldfpsx",
-    "kv2x64-m64-s2-dqwlf",
+    "kv2x64-m64-s2-dqwlf", "kv2x64-m64-s2-dqwldfpsbrr", "kv2x64-m64-s2-dqwldfpsxa",
 )
 _EVENTS = (
     ("ex2", re.compile(r"\bMUFU\.EX2\b")),

@@ -217,13 +217,13 @@ class Variant:
     # L2 between them (ncu, non-causal 8K: L2 read hits 22% with lse/delta from shared memory
     # against 74% without). 0: no bound
     lead_bound: int = 0
-    # stats_smem with the step's statistics read from shared memory right after the S^T and dP^T
-    # products are issued, while they run: 1 lse (instead of after the S^T wait), 2 lse and delta
-    # (delta instead of under the dV product). 16 registers each live across the products, but
-    # the reads no longer wait where their values are needed: after the S^T wait they queue
-    # behind the products' operand reads in the shared-memory pipe (ncu, dqwldfpsb non-causal 8K:
-    # the first use of lse waits on its load in 3.8% of all stall samples)
-    stats_early: int = 0
+    # stats_smem with the step's lse and delta read from shared memory right after the S^T and
+    # dP^T products are issued, while they run (instead of lse after the S^T wait and delta
+    # under the dV product). 32 registers live across the products, but the reads no longer wait
+    # where their values are needed: after the S^T wait they queue behind the products' operand
+    # reads in the shared-memory pipe (ncu, dqwldfpsb non-causal 8K: the first use of lse waits
+    # on its load in 3.8% of all stall samples, FADDs on short scoreboard 8.6%)
+    stats_early: bool = False
     # dq_lag + dq_writer: a consumer's dS and dQ tiles are stored without waiting for the stores
     # to complete, and handed on (fence + mbarrier arrive) a phase later: dS after the dV and dK
     # waits (its dQ product runs a step later anyway), dQ once the next step's S^T and dP^T
@@ -234,8 +234,8 @@ class Variant:
     defer_arrive: bool = False
 
     def __post_init__(self):
-        if self.stats_early not in (0, 1, 2) or (self.stats_early and not self.stats_smem):
-            raise ValueError(f"variant {self.name}: stats_early is 0, 1 or 2 and needs stats_smem")
+        if self.stats_early and not self.stats_smem:
+            raise ValueError(f"variant {self.name}: stats_early needs stats_smem")
         if self.defer_arrive and not (self.dq_lag and self.dq_writer):
             raise ValueError(f"variant {self.name}: defer_arrive needs dq_lag and dq_writer")
 
@@ -311,47 +311,24 @@ VARIANTS = {
         # form waited on any running follower: 0.48-0.78x non-causal at a bound of 8 steps,
         # 0.23-0.67x at 32 (a block then waits for the next key block's program that starts a
         # wave later, hundreds of steps behind). Now only a follower already close behind is
-        # waited for; built for measurement, not yet run on a GPU
+        # waited for: 0.93-1.05x dqwldfps non-causal (H200, session 30 call 1; L2 read hits 46%
+        # against 22%)
         Variant("kv2x64-m64-s2-dqwldfpsb", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, lead_bound=16, head_dims=(128,)),
-        # the statistics read under the S^T and dP^T products (stats_early; session 30): r lse,
-        # rr lse and delta; the causal default's and the bound's forms
-        Variant("kv2x64-m64-s2-dqwldfpsxr", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, exp_per_branch=True, stats_early=1, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsxrr", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, exp_per_branch=True, stats_early=2, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsbr", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, lead_bound=16, stats_early=1, head_dims=(128,)),
+        # lse and delta read under the S^T and dP^T products (stats_early): the non-causal d128
+        # DEFAULT. H200, session 30 call 2: lse alone read early measured 1.02-1.05x dqwldfpsb
+        # non-causal, both 1.04-1.13x; causal either 0.99-1.03x dqwldfpsx (not kept)
         Variant("kv2x64-m64-s2-dqwldfpsbrr", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, lead_bound=16, stats_early=2, head_dims=(128,)),
-        # dS and dQ tiles handed on a phase after their stores (defer_arrive; session 30)
-        Variant("kv2x64-m64-s2-dqwldfpsbrra", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, lead_bound=16, stats_early=2, defer_arrive=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsba", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, lead_bound=16, defer_arrive=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsbra", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, lead_bound=16, stats_early=1, defer_arrive=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsxba", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, exp_per_branch=True, lead_bound=16, defer_arrive=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsxbra", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, exp_per_branch=True, lead_bound=16, stats_early=1, defer_arrive=True, head_dims=(128,)),
+                dq_parity=True, stats_smem=True, lead_bound=16, stats_early=True, head_dims=(128,)),
+        # dS and dQ tiles handed on a phase after their stores (defer_arrive): the causal d128
+        # DEFAULT. H200, session 30 calls 3-4: causal 1.00-1.03x dqwldfpsx; non-causal it lifts
+        # dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17% (spills 56/64 bytes) and, on the builds
+        # that do not spill (with the bound, with lse read early, with both), 0.87-1.02x it
         Variant("kv2x64-m64-s2-dqwldfpsxa", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, exp_per_branch=True, defer_arrive=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsxrra", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, exp_per_branch=True, stats_early=2, defer_arrive=True,
-                head_dims=(128,)),
         # head dim 64 with FA3's 128 query rows per step and the ordered dQ inside: the per-column
         # lse/delta vectors of a 128-wide tile are what spilled that shape (420-1144 bytes, CPU
         # compile, session 24); through shared memory it builds with 12/16 bytes non-causal and
@@ -873,10 +850,9 @@ def _consumer(
         st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         mbarrier.wait(do_ready.index(slot), phase)
         dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        if STATS_EARLY >= 1:
+        if STATS_EARLY:
             # the shared loads run under the products (Variant.stats_early)
             lse2 = stats.slice(0, BLOCK_M).load(col_layout)
-        if STATS_EARLY >= 2:
             delta = stats.slice(BLOCK_M, BLOCK_M).load(col_layout)
         if DEFER_ARRIVE:
             # the dQ tile of step it - 2 (stored at the end of the step before) goes to its writer
@@ -884,7 +860,7 @@ def _consumer(
             if it >= 2:
                 _hand_on(dq_full.index((it % 2) * CONSUMERS + INDEX))
         st = warpgroup_mma_wait(1, deps=(st,))
-        if STATS_SMEM and STATS_EARLY == 0:
+        if STATS_SMEM and not STATS_EARLY:
             lse2 = stats.slice(0, BLOCK_M).load(col_layout)
         s2 = st * qk_scale
         # the steps whose tile needs a mask (a runtime branch: most steps need none)
@@ -915,7 +891,7 @@ def _consumer(
         # delta is read here, under the dV product, to keep it out of the registers before
         if not STATS_SMEM:
             delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
-        elif STATS_EARLY < 2:
+        elif not STATS_EARLY:
             delta = stats.slice(BLOCK_M, BLOCK_M).load(col_layout)
         dst = pt * (dpt - gl.expand_dims(delta, 0))
         ds = dst.to(dtype)
@@ -1621,7 +1597,7 @@ def _attn_bwd_split_d_kernel(
     gl.static_assert(not STATS_SMEM, "the split-D consumers read lse/delta per row from global memory")
     gl.static_assert(not EXP_PER_BRANCH, "exp_per_branch is a transposed-frame (non-split-D) form")
     gl.static_assert(LEAD_BOUND == 0, "lead_bound: the transposed-frame ordered forms only")
-    gl.static_assert(STATS_EARLY == 0, "stats_early: a stats_smem form")
+    gl.static_assert(not STATS_EARLY, "stats_early: a stats_smem form")
     gl.static_assert(not DEFER_ARRIVE, "defer_arrive: the dq_lag writer forms")
     if not RIGHT_WINDOW:
         window_right = 0  # no right window or causal: a literal, as in the builds without windows
