@@ -224,20 +224,27 @@ class Variant:
     # reads in the shared-memory pipe (ncu, dqwldfpsb non-causal 8K: the first use of lse waits
     # on its load in 3.8% of all stall samples, FADDs on short scoreboard 8.6%)
     stats_early: bool = False
-    # dq_lag + dq_writer: a consumer's dS and dQ tiles are stored without waiting for the stores
-    # to complete, and handed on (fence + mbarrier arrive) a phase later: dS after the dV and dK
-    # waits (its dQ product runs a step later anyway), dQ once the next step's S^T and dP^T
-    # products are issued (its writer has two steps per slot). After the store the fence waits
-    # for the stores to drain behind the products' operand reads: ncu, dqwldfpsb non-causal 8K,
-    # 6.4% of all stall samples at the fences, 2.0% in each consumer at the one that holds the
-    # next step's products back
-    defer_arrive: bool = False
+    # dq_lag + dq_writer: a consumer's dS (defer_ds) and dQ (defer_dq) tiles are stored without
+    # waiting for the stores to complete, and handed on (fence + mbarrier arrive) a phase later:
+    # dS after the dV and dK waits (its dQ product runs a step later anyway), dQ once the next
+    # step's S^T and dP^T products are issued (its writer has two steps per slot). After the
+    # store the fence waits for the stores to drain behind the products' operand reads: ncu,
+    # dqwldfpsb non-causal 8K, 6.4% of all stall samples at the fences, 2.0% in each consumer at
+    # the one that holds the next step's products back. Deferring dQ's costs dqwldfpsbrr 36-40
+    # bytes of spills (CPU compile); dS's costs none
+    defer_ds: bool = False
+    defer_dq: bool = False
 
     def __post_init__(self):
         if self.stats_early and not self.stats_smem:
             raise ValueError(f"variant {self.name}: stats_early needs stats_smem")
-        if self.defer_arrive and not (self.dq_lag and self.dq_writer):
-            raise ValueError(f"variant {self.name}: defer_arrive needs dq_lag and dq_writer")
+        if (self.defer_ds or self.defer_dq) and not (self.dq_lag and self.dq_writer):
+            raise ValueError(f"variant {self.name}: defer_ds / defer_dq need dq_lag and dq_writer")
+
+    @property
+    def defer_arrive(self) -> int:
+        """The deferred hand-ons as the kernel's DEFER_ARRIVE bits: 1 dS, 2 dQ."""
+        return int(self.defer_ds) | 2 * int(self.defer_dq)
 
     @property
     def keys(self) -> int:
@@ -322,13 +329,19 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldfpsbrr", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, lead_bound=16, stats_early=True, head_dims=(128,)),
-        # dS and dQ tiles handed on a phase after their stores (defer_arrive): the causal d128
+        # dS and dQ tiles handed on a phase after their stores (defer_ds, defer_dq): the causal d128
         # DEFAULT. H200, session 30 calls 3-4: causal 1.00-1.03x dqwldfpsx; non-causal it lifts
         # dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17% (spills 56/64 bytes) and, on the builds
         # that do not spill (with the bound, with lse read early, with both), 0.87-1.02x it
         Variant("kv2x64-m64-s2-dqwldfpsxa", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, exp_per_branch=True, defer_arrive=True, head_dims=(128,)),
+                dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
+                head_dims=(128,)),
+        # dqwldfpsbrr with only the dS hand-on deferred (its spills stay 20/24 and 136/160 bytes;
+        # both deferred: 56/64 and 152/176, 0.83-0.94x). Built for measurement (session 30, CPU)
+        Variant("kv2x64-m64-s2-dqwldfpsbrr-dsa", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, stats_smem=True, lead_bound=16, stats_early=True, defer_ds=True, head_dims=(128,)),
         # head dim 64 with FA3's 128 query rows per step and the ordered dQ inside: the per-column
         # lse/delta vectors of a 128-wide tile are what spilled that shape (420-1144 bytes, CPU
         # compile, session 24); through shared memory it builds with 12/16 bytes non-causal and
@@ -405,7 +418,7 @@ VARIANTS = {
 # Session 30 call 3 (an H200, 3 rounds): dqwldfpsxa (dqwldfpsx with the dS/dQ hand-on deferred)
 # against dqwldfpsx, causal: 441/474/488/501 TFLOP/s against 441/466/483/487 (1.000/1.017/1.010/
 # 1.029x, geometric mean 1.014; the rule fixed before the run: >= 1.01 and none below 0.98).
-# Non-causal the deferral cost dqwldfpsbrr 6-17% (dqwldfpsbrra; its spills rose to 56/64 bytes).
+# Non-causal the deferral cost dqwldfpsbrr 6-17% (with it, brr's spills rose to 56/64 bytes).
 DEFAULT = {
     (64, False): "kv2x64-m128-s2-dqwlds", (64, True): "kv2x64-m128-s2-dqwlds",
     (128, False): "kv2x64-m64-s2-dqwldfpsbrr", (128, True): "kv2x64-m64-s2-dqwldfpsxa",
@@ -649,12 +662,12 @@ def _producer(
 @gluon.jit
 def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
             INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr,
-            DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr, DEFER_ARRIVE: gl.constexpr = False):  # fmt: skip
+            DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr, DEFER_DQ: gl.constexpr = False):  # fmt: skip
     """This consumer's (scaled) dQ tile of step ``j`` (query rows from ``q_row`` of head h):
     DQ_WRITER hands it to the writer partition
     through slot (j % 2, INDEX) and goes on; otherwise it is staged and added by TMA reduce here.
-    DQ_FRAG: the slot holds the tile in fragment order (:func:`_dq_frag_layout`). DEFER_ARRIVE: the
-    slot is stored only; the caller fences and hands it on later (:func:`_hand_on`)."""
+    DQ_FRAG: the slot holds the tile in fragment order (:func:`_dq_frag_layout`). DEFER_DQ: the slot
+    is stored only; the caller fences and hands it on later (:func:`_hand_on`)."""
     if DQ_WRITER:
         slot = (j % 2) * CONSUMERS + INDEX
         mbarrier.wait(dq_empty.index(slot), ((j // 2) & 1) ^ 1)  # the writer is done with step j - 2
@@ -662,7 +675,7 @@ def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
             dq_smem.index(slot)._reinterpret(gl.float32, [BLOCK_M, DQ_N], _dq_frag_layout(BLOCK_M, DQ_N)).store(dq)
         else:
             dq_smem.index(slot).store(dq)
-        if not DEFER_ARRIVE:
+        if not DEFER_DQ:
             fence_async_shared()
             mbarrier.arrive(dq_full.index(slot))
     else:
@@ -678,7 +691,7 @@ def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
 def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full, dq_empty, dq_desc, dq_zero,
                     sm_scale, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr,
                     DQ_N: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr,
-                    DEFER_ARRIVE: gl.constexpr = False):  # fmt: skip
+                    DEFER_DQ: gl.constexpr = False):  # fmt: skip
     """dQ[rows q_row.. of head h, this consumer's DQ_N columns] += sum over the consumers c of
     dS_c K_c[:, columns], for step ``j`` (its dS tiles in buffer j % 2), added by TMA reduce."""
     par = j % 2
@@ -692,7 +705,7 @@ def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free,
     dq = warpgroup_mma_wait(0, deps=(dq_tok,))
     mbarrier.arrive(ds_free.index(par))
     _dq_out(j, dq * sm_scale, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N,
-            DQ_WRITER, DQ_FRAG, DEFER_ARRIVE)  # fmt: skip
+            DQ_WRITER, DQ_FRAG, DEFER_DQ)  # fmt: skip
 
 
 @gluon.jit
@@ -854,9 +867,9 @@ def _consumer(
             # the shared loads run under the products (Variant.stats_early)
             lse2 = stats.slice(0, BLOCK_M).load(col_layout)
             delta = stats.slice(BLOCK_M, BLOCK_M).load(col_layout)
-        if DEFER_ARRIVE:
+        if DEFER_ARRIVE & 2:
             # the dQ tile of step it - 2 (stored at the end of the step before) goes to its writer
-            # now that the products of this step are issued (Variant.defer_arrive)
+            # now that the products of this step are issued (Variant.defer_dq)
             if it >= 2:
                 _hand_on(dq_full.index((it % 2) * CONSUMERS + INDEX))
         st = warpgroup_mma_wait(1, deps=(st,))
@@ -901,20 +914,20 @@ def _consumer(
             par = it % 2
             mbarrier.wait(ds_free.index(par), ((it // 2) & 1) ^ 1)  # all dQ products of step it - 2 ran
             ds_smem.index(par * CONSUMERS + INDEX).store(ds)
-            if not DEFER_ARRIVE:
+            if not DEFER_ARRIVE & 1:
                 _hand_on(ds_ready.index(par))
             dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
             mbarrier.arrive(do_empty.index(slot))
             dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
             mbarrier.arrive(q_empty.index(slot))
-            if DEFER_ARRIVE:
-                # the dS stores have drained under the dV and dK products
+            if DEFER_ARRIVE & 1:
+                # the dS stores have drained under the dV and dK products (Variant.defer_ds)
                 _hand_on(ds_ready.index(par))
             if it > 0:
                 _dq_shared_step(it - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
                                 ds_free, dq_full,
                                 dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
-                                DQ_WRITER, DQ_FRAG, DEFER_ARRIVE)  # fmt: skip
+                                DQ_WRITER, DQ_FRAG, DEFER_ARRIVE & 2)  # fmt: skip
             prev_h = h
             prev_mt = mt
         elif DQ_SHARED:
@@ -966,10 +979,11 @@ def _consumer(
 
     n_steps = group * per_head
     if DQ_LAG:
-        if DEFER_ARRIVE:
+        if DEFER_ARRIVE & 2:
             # the dQ tile of step n_steps - 2, stored in the loop's last step
             if n_steps >= 2:
                 _hand_on(dq_full.index((n_steps % 2) * CONSUMERS + INDEX))
+        # the last step's dQ tile is handed on at once (no step follows to hide the fence under)
         if n_steps > 0:
             _dq_shared_step(n_steps - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
                             ds_free, dq_full,
@@ -1598,7 +1612,7 @@ def _attn_bwd_split_d_kernel(
     gl.static_assert(not EXP_PER_BRANCH, "exp_per_branch is a transposed-frame (non-split-D) form")
     gl.static_assert(LEAD_BOUND == 0, "lead_bound: the transposed-frame ordered forms only")
     gl.static_assert(not STATS_EARLY, "stats_early: a stats_smem form")
-    gl.static_assert(not DEFER_ARRIVE, "defer_arrive: the dq_lag writer forms")
+    gl.static_assert(DEFER_ARRIVE == 0, "defer_ds / defer_dq: the dq_lag writer forms")
     if not RIGHT_WINDOW:
         window_right = 0  # no right window or causal: a literal, as in the builds without windows
     if not MASK_LEFT:
