@@ -466,3 +466,17 @@ def test_packed_longest_order_keeps_key_blocks_ascending():
         assert [t for e, t in got if e == d] == list(range(-(-lens[d] // 128)))
     first_empty = next(i for i, (d, _) in enumerate(got) if d < 0)
     assert all(d < 0 for d, _ in got[first_empty:])
+
+
+def test_variant_refuses_forms_it_has_no_code_for():
+    """stats_early needs the statistics in shared memory, the deferred hand-ons the dQ writer's
+    lagged form; the kernel's DEFER_ARRIVE bits say which hand-ons are deferred."""
+    base = dict(block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240)
+    with pytest.raises(ValueError, match="stats_early needs stats_smem"):
+        hb.Variant("x", stats_early=True, **base)
+    for flag in ("defer_ds", "defer_dq"):
+        with pytest.raises(ValueError, match="need dq_lag and dq_writer"):
+            hb.Variant("x", dq_atomic=True, dq_shared=True, **{flag: True}, **base)
+    writer = dict(dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, **base)
+    assert [hb.Variant("x", defer_ds=ds, defer_dq=dq, **writer).defer_arrive
+            for ds, dq in ((False, False), (True, False), (False, True), (True, True))] == [0, 1, 2, 3]
