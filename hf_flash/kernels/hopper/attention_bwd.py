@@ -37,9 +37,12 @@ program waits only on programs launched before it) and counts itself once its ad
 completed (``cp.async.bulk.wait_group``, a step later, so the wait runs under the next step).
 ``dq_frag`` (``kv2x64-m64-s2-dqwldf``) stores each dQ tile in the wgmma fragment's own order
 (conflict-free shared stores) into a flat accumulator added by 1-D bulk reduces; a small Triton
-kernel then writes dq in its layout. ``dq_parity`` (``kv2x64-m64-s2-dqwldfp``, the dense d128
-non-causal default; with lse/delta from shared memory ``-dqwldfps``, the causal one) splits the
-writer into two warps taking alternate steps. Without dQ in the kernel (``kv2x64-m64-s2``),
+kernel then writes dq in its layout. ``dq_parity`` (``kv2x64-m64-s2-dqwldfp``) splits the
+writer into two warps taking alternate steps. The dense d128 defaults add to that lse/delta
+from shared memory (``stats_smem``), read while the S^T and dP^T products run (``stats_early``)
+and a bound on how far a block runs ahead of the next (``lead_bound``) non-causal
+(``-dqwldfpsbrr``); P's exponentials pinned under dP^T (``exp_per_branch``) and the dS/dQ
+hand-on deferred (``defer_ds``, ``defer_dq``) causal (``-dqwldfpsxa``). Without dQ in the kernel (``kv2x64-m64-s2``),
 :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton dQ kernel beside this one
 (it recomputes S and dP: 7 products for the 5 counted).
 
@@ -51,8 +54,8 @@ there, adds P^T dO and dS^T Q into half of dV's and dK's columns over all the ke
 the Triton kernel, or (``dq_atomic``, d128, measured only) from dS K with unordered reduce-adds.
 It also takes the softcap (the tanh tile kept over the dP product for dS's 1 - tanh^2
 factor). The other dQ variants add in whatever
-order the reduces land (``NONDETERMINISTIC`` picks one once deterministic gradients are not
-required).
+order the reduces land (``NONDETERMINISTIC`` / ``VARLEN_NONDETERMINISTIC`` pick one where it
+measured faster, once deterministic gradients are not required).
 
 Masking: causal attention and sliding windows are bottom-right aligned (query row i sits at key
 position ``i + seqlen_k - seqlen_q`` and sees keys ``pos - window_left <= j <= pos +
