@@ -70,13 +70,29 @@ def test_e2e_generate_interleaves_providers_and_records_errors(monkeypatch):
 
 def test_wgmma_wait_order_counts_exponentials_around_the_dp_wait():
     """benchmarks/diagnostics/wgmma_wait_order.py reads, per S^T/dP^T product pair in the SASS,
-    how many exponentials sit under the dP^T product (before the wait for all) and after it; the
+    how many exponentials sit under the dP^T product (before the wait for all) and after it, and
+    how many shared loads were issued between the pair's first k-step and its S^T wait; the
     dV/dK products (A from registers) and dQ products (A transposed) do not start a pair."""
     from benchmarks.diagnostics.wgmma_wait_order import exp_placement
 
+    lds = "LDS.64 R220, [R9+0x38000] ;"
+    # a pair whose shared load comes after the S^T wait (not counted), then one with three
+    # shared loads among the products' k-steps and between the last one and the wait
     pair = [
+        "HGMMA.64x64x16.F32.BF16 R184, gdesc[UR48], RZ, !UPT ;",
         "HGMMA.64x64x16.F32.BF16 R184, gdesc[UR48], R184, gsb0 ;",
+        "HGMMA.64x64x16.F32.BF16 R152, gdesc[UR52], RZ, !UPT ;",
         "HGMMA.64x64x16.F32.BF16 R152, gdesc[UR52], R152, gsb0 ;",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x1 ;",
+        lds,
+    ]
+    early = [
+        "HGMMA.64x64x16.F32.BF16 R184, gdesc[UR48], RZ, !UPT ;",
+        "HGMMA.64x64x16.F32.BF16 R184, gdesc[UR48], R184, gsb0 ;",
+        "HGMMA.64x64x16.F32.BF16 R152, gdesc[UR52], RZ, !UPT ;",
+        lds, lds,
+        "HGMMA.64x64x16.F32.BF16 R152, gdesc[UR52], R152, gsb0 ;",
+        lds,
         "WARPGROUP.DEPBAR.LE gsb0, 0x1 ;",
     ]
     tail = [
@@ -88,6 +104,7 @@ def test_wgmma_wait_order_counts_exponentials_around_the_dp_wait():
     ]
     ex2 = "MUFU.EX2 R1, R1 ;"
     text = "\n".join(pair + [ex2] * 3 + ["WARPGROUP.DEPBAR.LE gsb0, 0x0 ;"] + [ex2] * 29 + tail
-                     + pair + ["WARPGROUP.DEPBAR.LE gsb0, 0x0 ;"] + [ex2] * 32 + tail)  # fmt: skip
-    assert exp_placement(text) == [{"under_dp": 3, "after": 29}, {"under_dp": 0, "after": 32}]
+                     + early + ["WARPGROUP.DEPBAR.LE gsb0, 0x0 ;"] + [ex2] * 32 + tail)  # fmt: skip
+    assert exp_placement(text) == [{"lds_under_st": 0, "under_dp": 3, "after": 29},
+                                   {"lds_under_st": 3, "under_dp": 0, "after": 32}]
     assert exp_placement("\n".join(tail + [ex2])) == []
