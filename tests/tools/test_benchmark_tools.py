@@ -108,3 +108,22 @@ def test_wgmma_wait_order_counts_exponentials_around_the_dp_wait():
     assert exp_placement(text) == [{"lds_under_st": 0, "under_dp": 3, "after": 29},
                                    {"lds_under_st": 3, "under_dp": 0, "after": 32}]
     assert exp_placement("\n".join(tail + [ex2])) == []
+
+
+def test_dq_turns_model_counts_the_waits_of_the_ordered_additions():
+    """benchmarks/diagnostics/dq_turns_model.py on a case counted by hand: 512 causal queries, 4
+    key blocks of 128 (8, 6, 4 and 2 query tiles per head), 2 heads, 4 SMs (all concurrent).
+    Ascending turns, tiles upwards head by head: block k re-waits at each head boundary and ends
+    at step 15 + k, so 19 steps for 40 steps of work; tiles downwards with the heads inside, block
+    k trails block k - 1 by one step and block 0 (16 steps) ends last; without turns the longest
+    program sets the time; one round of descending turns never waits."""
+    from benchmarks.diagnostics.dq_turns_model import simulate
+
+    shape = dict(sms=4, kv_heads=1, group=2)
+    assert simulate(512, 1, "ascending", **shape) == (19, 10.0)
+    assert simulate(512, 1, "tiles_down", **shape) == (16, 10.0)
+    assert simulate(512, 1, "none", **shape) == (16, 10.0)
+    assert simulate(512, 1, "rounds_desc", **shape) == (16, 10.0)
+    # two SMs: the programs run in two waves
+    span, ideal = simulate(512, 1, "ascending", sms=2, kv_heads=1, group=2)
+    assert ideal == 20.0 and span > simulate(512, 1, "none", sms=2, kv_heads=1, group=2)[0]

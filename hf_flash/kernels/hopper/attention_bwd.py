@@ -340,6 +340,22 @@ VARIANTS = {
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
                 head_dims=(128,)),
+        # the causal default with the tiles walked from the last down, heads inside
+        # (tiles_down): the step-count model of the ordered turns (dq_turns_model.py) gives it a
+        # 0.99 busy share against 0.89-0.94 for the upward walk; measured in session 20 on the
+        # global-statistics form it lost L2 reuse on dense calls (0.78-1.02x). Built for
+        # measurement (session 30, CPU)
+        Variant("kv2x64-m64-s2-dqwldfpsxa-dn", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
+                tiles_down=True, head_dims=(128,)),
+        # the causal default's form with unordered dQ additions, a NONDETERMINISTIC candidate for
+        # causal calls (the model: 0.99+ busy without turns; dqwlf measured 1.05-1.07x dqwldfp
+        # causal in session 30). Built for measurement (session 30, CPU)
+        Variant("kv2x64-m64-s2-dqwlfpsxa", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_frag=True,
+                dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
+                head_dims=(128,)),
         # dqwldfpsbrr with only the dS hand-on deferred (its spills stay 20/24 and 136/160 bytes;
         # both deferred: 56/64 and 152/176, 0.83-0.94x). Built for measurement (session 30, CPU)
         Variant("kv2x64-m64-s2-dqwldfpsbrr-dsa", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,

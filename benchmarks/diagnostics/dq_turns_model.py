@@ -1,0 +1,136 @@
+"""A step-count model of the Gluon backward's ordered dQ additions under causal masking (no GPU).
+
+    python benchmarks/diagnostics/dq_turns_model.py [--sms 132] [--group 4] [--kv-heads 8]
+
+The deterministic backward adds each (batch, head, 64-row query tile) of dQ in a fixed order of
+the key blocks (128 keys per program): a program's writer waits until every block before it in
+that order has added the tile. This counts what those waits cost, with every step (one query
+tile of one head) taking one unit of time and an addition landing at the end of its step:
+programs take the SMs in launch order (one per SM, the next one as an SM frees up), each walks
+its query tiles in its order and, at a tile, waits until its turn has come. The model ignores
+everything else (masking, the dQ writer's lag, memory); it says how much of the work the turns
+alone leave idle, for the walks and turn orders below:
+
+- ``ascending``: the kernel's order (turns by ascending key block, tiles upwards head by head);
+  under causal masking a block has two tiles per head fewer than the block below it and waits
+  for it at every head boundary.
+- ``tiles_down``: the same turns, tiles from the last down with the heads inside each tile
+  (``Variant.tiles_down``).
+- ``rounds_desc``: a persistent form: 132 programs each taking every 132nd item, turns ordered
+  by round and, inside a round, by descending key block.
+- ``none``: no turns (the unordered additions of the non-deterministic variants).
+
+Found with it (bar shapes, Hq=32, Hkv=8, 132 SMs): ``ascending`` keeps 0.89-0.94 of the work
+busy at 4K-32K, ``none`` 0.99+; ``tiles_down`` 0.99 (measured on dense calls in session 20 it
+lost L2 reuse instead); ``rounds_desc`` does not help (0.89-0.94: its rounds wait on the
+previous round's longest blocks). The ascending turns' idle is about the causal backward's
+gap to cuDNN (.notes/hopper-bwd.md, session 30).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+from collections import defaultdict
+
+ORDERS = ("ascending", "tiles_down", "rounds_desc", "none")
+SHAPES = ((4096, 4), (8192, 2), (16384, 1), (32768, 1))  # (S, B): 16K tokens per batch below 32K
+
+
+def programs(seqlen, batch, kv_heads, group, tiles_down=False, block_m=64, keys=128):
+    """(bhk, key block, walk) in launch order (key block slowest); walk = [(head, tile), ...]."""
+    n_tiles = seqlen // block_m
+    out = []
+    for kb in range(seqlen // keys):
+        first = kb * keys // block_m  # causal: the first query tile that sees the block's keys
+        if tiles_down:
+            walk = [(h, t) for t in range(n_tiles - 1, first - 1, -1) for h in range(group)]
+        else:
+            walk = [(h, t) for h in range(group) for t in range(first, n_tiles)]
+        out += [(bhk, kb, walk) for bhk in range(batch * kv_heads)]
+    return out
+
+
+def _rounds_desc_ranks(progs, sms, n_bhk, keys_per_tile=2):
+    """rank(i, tile): the additions to that tile before program i's, ordered by (round, key
+    block descending)."""
+    rnd = [i // sms for i in range(len(progs))]
+
+    def rank(i, tile):
+        bhk, kb, _ = progs[i]
+        top = tile // keys_per_tile  # the highest key block whose keys the tile sees
+        same = [k for k in range(top + 1) if rnd[k * n_bhk + bhk] == rnd[i]]
+        return sum(1 for k in range(top + 1) if rnd[k * n_bhk + bhk] < rnd[i]) + sum(1 for k in same if k > kb)
+
+    return rank
+
+
+def simulate(seqlen, batch, order, sms=132, kv_heads=8, group=4):
+    """(makespan in steps, the work divided by the SMs)."""
+    progs = programs(seqlen, batch, kv_heads, group, tiles_down=order == "tiles_down")
+    work = sum(len(w) for _, _, w in progs)
+    if order == "none":
+        free = [0] * sms
+        end = 0
+        for _, _, walk in progs:
+            start = heapq.heappop(free)
+            heapq.heappush(free, start + len(walk))
+            end = max(end, start + len(walk))
+        return end, work / sms
+    if order == "rounds_desc":
+        rank = _rounds_desc_ranks(progs, sms, batch * kv_heads)
+        queues = [list(range(c, len(progs), sms)) for c in range(sms)]
+    else:
+        rank = lambda i, tile: progs[i][1]  # noqa: E731  (ascending key blocks, no left window)
+        queues = None
+    counter = defaultdict(int)
+    pos = [0] * len(progs)
+    running = [None] * sms
+    launched = 0
+    ranks = {}
+    steps = 0
+    while True:
+        for s in range(sms):
+            if running[s] is None:
+                if queues is not None:
+                    running[s] = queues[s].pop(0) if queues[s] else None
+                elif launched < len(progs):
+                    running[s], launched = launched, launched + 1
+        if all(r is None for r in running):
+            return steps, work / sms
+        added = []
+        for s in range(sms):
+            i = running[s]
+            if i is None:
+                continue
+            bhk, _, walk = progs[i]
+            h, tile = walk[pos[i]]
+            if (i, tile) not in ranks:
+                ranks[(i, tile)] = rank(i, tile)
+            if counter[(bhk, h, tile)] == ranks[(i, tile)]:
+                added.append((bhk, h, tile))
+                pos[i] += 1
+                if pos[i] == len(walk):
+                    running[s] = None
+        for key in added:
+            counter[key] += 1
+        steps += 1
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--group", type=int, default=4, help="query heads per K/V head")
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--orders", nargs="+", choices=ORDERS, default=list(ORDERS))
+    args = ap.parse_args(argv)
+    for seqlen, batch in SHAPES:
+        cells = []
+        for order in args.orders:
+            span, ideal = simulate(seqlen, batch, order, args.sms, args.kv_heads, args.group)
+            cells.append(f"{order} {ideal / span:.3f}")
+        print(f"causal S={seqlen:5d} B={batch}: busy share " + ", ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
