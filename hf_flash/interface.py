@@ -355,8 +355,9 @@ def flash_attn_func(
         deterministic: bool. Accepted for compatibility and ignored: hf_flash's backward is
             bitwise deterministic unless ``HF_FLASH_DETERMINISTIC=0`` (or
             ``kernels.configs.use_deterministic(False)``) lets the Hopper backward add dQ
-            in any order where that measured faster (packed d128 non-causal calls). It is a process-wide switch because flash-attn's default here (False)
-            would otherwise make every call non-deterministic.
+            in any order where that measured faster (packed d128 non-causal calls). It is a
+            process-wide switch because flash-attn's default here (False) would otherwise make
+            every call non-deterministic.
         return_attn_probs: bool. If True, also return the softmax log-sum-exp and, with dropout,
             the probabilities (see Return).
         learnable_sink: (nheads,) floating point, or None. One more logit per query head in

@@ -679,6 +679,14 @@ def _producer(
 
 
 @gluon.jit
+def _hand_on(bar):
+    """Make this partition's shared-memory stores so far visible to the async proxy (the wgmma
+    and TMA reads of the other partitions) and arrive on ``bar``."""
+    fence_async_shared()
+    mbarrier.arrive(bar)
+
+
+@gluon.jit
 def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
             INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr,
             DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr, DEFER_DQ: gl.constexpr = False):  # fmt: skip
@@ -695,8 +703,7 @@ def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
         else:
             dq_smem.index(slot).store(dq)
         if not DEFER_DQ:
-            fence_async_shared()
-            mbarrier.arrive(dq_full.index(slot))
+            _hand_on(dq_full.index(slot))
     else:
         dq_tile = dq_smem.index(INDEX)
         # the previous reduce must have read the staging tile before it is rewritten
@@ -725,14 +732,6 @@ def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free,
     mbarrier.arrive(ds_free.index(par))
     _dq_out(j, dq * sm_scale, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N,
             DQ_WRITER, DQ_FRAG, DEFER_DQ)  # fmt: skip
-
-
-@gluon.jit
-def _hand_on(bar):
-    """Make this partition's shared-memory stores so far visible to the async proxy (the wgmma
-    and TMA reads of the other partitions) and arrive on ``bar``."""
-    fence_async_shared()
-    mbarrier.arrive(bar)
 
 
 @gluon.jit
@@ -956,8 +955,7 @@ def _consumer(
             dph = (it // 2) & 1
             mbarrier.wait(ds_free.index(par), dph ^ 1)  # both consumers are done with step it - 2
             ds_smem.index(par * CONSUMERS + INDEX).store(ds)
-            fence_async_shared()
-            mbarrier.arrive(ds_ready.index(par))
+            _hand_on(ds_ready.index(par))
             dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
             mbarrier.arrive(do_empty.index(slot))
             mbarrier.wait(ds_ready.index(par), dph)
@@ -1535,8 +1533,7 @@ def _split_d_consumer(
         mbarrier.wait(ds_free.index(par), dph ^ 1)
         pt_smem.index(par).slice(INDEX * HALF_N, HALF_N, dim=0).store(gl.permute(p.to(dtype), (1, 0)))
         dst_smem.index(par).slice(INDEX * HALF_N, HALF_N, dim=0).store(gl.permute(ds.to(dtype), (1, 0)))
-        fence_async_shared()
-        mbarrier.arrive(ds_ready.index(par))
+        _hand_on(ds_ready.index(par))
         mbarrier.wait(ds_ready.index(par), dph)  # the other consumer's half is in too
         dv_tok = warpgroup_mma(pt_smem.index(par), do_tile.slice(INDEX * HALF_D, HALF_D, dim=1), dv, is_async=True)
         dk_tok = warpgroup_mma(dst_smem.index(par), q_tile.slice(INDEX * HALF_D, HALF_D, dim=1), dk, is_async=True)
