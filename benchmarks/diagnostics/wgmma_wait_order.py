@@ -47,7 +47,7 @@ from hf_flash.kernels.hopper import attention_bwd, compile_check  # noqa: E402
 
 DEFAULT_VARIANTS = (
     "kv2x64-m64-s2-dqwldf", "kv2x64-m64-s2-dqwldfp", "kv2x64-m64-s2-dqwldfps", "kv2x64-m64-s2-dqwldfpsx",
-    "kv2x64-m64-s2-dqwlf", "kv2x64-m64-s2-dqwldfpsbrr", "kv2x64-m64-s2-dqwldfpsxa",
+    "kv2x64-m64-s2-dqwlf", "kv2x64-m64-s2-dqwldfpsbrr", "kv2x64-m64-s2-dqwldfpsxa", "kv2x64-m64-s2-dqwldfpsxa-dn",
 )
 _EVENTS = (
     ("ex2", re.compile(r"\bMUFU\.EX2\b")),

@@ -42,7 +42,8 @@ writer into two warps taking alternate steps. The dense d128 defaults add to tha
 from shared memory (``stats_smem``), read while the S^T and dP^T products run (``stats_early``)
 and a bound on how far a block runs ahead of the next (``lead_bound``) non-causal
 (``-dqwldfpsbrr``); P's exponentials pinned under dP^T (``exp_per_branch``) and the dS/dQ
-hand-on deferred (``defer_ds``, ``defer_dq``) causal (``-dqwldfpsxa``). Without dQ in the kernel (``kv2x64-m64-s2``),
+hand-on deferred (``defer_ds``, ``defer_dq``) and each program's query tiles walked from the last
+down, the group's heads inside each tile (``tiles_down``) causal (``-dqwldfpsxa-dn``). Without dQ in the kernel (``kv2x64-m64-s2``),
 :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton dQ kernel beside this one
 (it recomputes S and dP: 7 products for the 5 counted).
 
@@ -333,34 +334,22 @@ VARIANTS = {
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, lead_bound=16, stats_early=True, head_dims=(128,)),
         # dS and dQ tiles handed on a phase after their stores (defer_ds, defer_dq): the causal d128
-        # DEFAULT. H200, session 30 calls 3-4: causal 1.00-1.03x dqwldfpsx; non-causal it lifts
+        # default of session 30 (below: its tiles-down walk). H200, session 30 calls 3-4: causal 1.00-1.03x dqwldfpsx; non-causal it lifts
         # dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17% (spills 56/64 bytes) and, on the builds
         # that do not spill (with the bound, with lse read early, with both), 0.87-1.02x it
         Variant("kv2x64-m64-s2-dqwldfpsxa", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
                 head_dims=(128,)),
-        # the causal default with the tiles walked from the last down, heads inside
-        # (tiles_down): the step-count model of the ordered turns (dq_turns_model.py) gives it a
-        # 0.99 busy share against 0.89-0.94 for the upward walk; measured in session 20 on the
-        # global-statistics form it lost L2 reuse on dense calls (0.78-1.02x). Built for
-        # measurement (session 30, CPU)
+        # the same with the query tiles walked from the last down, heads inside (tiles_down): the
+        # causal d128 DEFAULT. The step-count model of the ordered turns (dq_turns_model.py) gives it a
+        # 0.99 busy share against 0.89-0.94 for the upward walk. H200, session 31 call 2 (3
+        # rounds): 1.052/1.026/1.041/1.008x dqwldfpsxa causal (L2 held with the stats form; on
+        # the global-statistics form in session 20 the walk lost L2 reuse, 0.78-1.02x)
         Variant("kv2x64-m64-s2-dqwldfpsxa-dn", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
                 tiles_down=True, head_dims=(128,)),
-        # the causal default's form with unordered dQ additions, a NONDETERMINISTIC candidate for
-        # causal calls (the model: 0.99+ busy without turns; dqwlf measured 1.05-1.07x dqwldfp
-        # causal in session 30). Built for measurement (session 30, CPU)
-        Variant("kv2x64-m64-s2-dqwlfpsxa", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
-                head_dims=(128,)),
-        # dqwldfpsbrr with only the dS hand-on deferred (its spills stay 20/24 and 136/160 bytes;
-        # both deferred: 56/64 and 152/176, 0.83-0.94x). Built for measurement (session 30, CPU)
-        Variant("kv2x64-m64-s2-dqwldfpsbrr-dsa", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, lead_bound=16, stats_early=True, defer_ds=True, head_dims=(128,)),
         # head dim 64 with FA3's 128 query rows per step and the ordered dQ inside: the per-column
         # lse/delta vectors of a 128-wide tile are what spilled that shape (420-1144 bytes, CPU
         # compile, session 24); through shared memory it builds with 12/16 bytes non-causal and
@@ -438,9 +427,13 @@ VARIANTS = {
 # against dqwldfpsx, causal: 441/474/488/501 TFLOP/s against 441/466/483/487 (1.000/1.017/1.010/
 # 1.029x, geometric mean 1.014; the rule fixed before the run: >= 1.01 and none below 0.98).
 # Non-causal the deferral cost dqwldfpsbrr 6-17% (with it, brr's spills rose to 56/64 bytes).
+# Session 31 call 2 (an H200, 3 rounds): dqwldfpsxa-dn (the same, tiles walked downwards) against
+# dqwldfpsxa, causal: 447/475/510/507 TFLOP/s against 425/463/490/503 (1.052/1.026/1.041/1.008x,
+# geometric mean 1.032; the rule fixed before the run: >= 1.01 and none below 0.98). dS deferred
+# alone on dqwldfpsbrr measured 0.967-0.996x it non-causal (dropped).
 DEFAULT = {
     (64, False): "kv2x64-m128-s2-dqwlds", (64, True): "kv2x64-m128-s2-dqwlds",
-    (128, False): "kv2x64-m64-s2-dqwldfpsbrr", (128, True): "kv2x64-m64-s2-dqwldfpsxa",
+    (128, False): "kv2x64-m64-s2-dqwldfpsbrr", (128, True): "kv2x64-m64-s2-dqwldfpsxa-dn",
     (256, False): "kv64-m64-s2-splitd", (256, True): "kv64-m64-s2-splitd",
 }  # fmt: skip
 # (head dim, causal) -> the variant run when deterministic gradients are not required
@@ -453,6 +446,8 @@ DEFAULT = {
 # 3 rounds): the deterministic default dqwldfpsbrr outran dqwlf non-causal (dqwlf 0.947-0.971x,
 # geometric mean 0.959; the rule fixed before the run removed the entry below 1.03x): dense calls
 # have no entry now, unordered dQ is no faster than the ordered default anywhere measured.
+# Session 31 call 2: the causal default's form with unordered dQ additions (dqwlfpsxa) ran
+# 0.996/1.019/1.000/1.024x the tiles-down default (rule: >= 1.03 at every point; dropped).
 NONDETERMINISTIC: dict = {}
 # Packed (varlen, cu_seqlens) calls: (head dim, causal) -> variant, deterministic. Head dims
 # without an entry keep the Triton backward (d64: the dense default reads lse/delta from the
