@@ -7,7 +7,9 @@
 #   bash benchmarks/hopper_bwd_ncu_device_run.sh OUT_DIR "VARIANT ..." [POINT ARGS ...]
 #
 # POINT ARGS go to benchmarks/diagnostics/hopper_bwd_ncu.py (default: d128 causal S=16K); with
-# HOPPER_NCU_TARGET=fwd the forward kernel is profiled instead (the target's --forward). Writes
+# HOPPER_NCU_TARGET=fwd the forward kernel is profiled instead (the target's --forward);
+# HOPPER_NCU_KERNEL replaces the kernel filter (e.g. regex:flash_fprop for the variant sdpa:
+# cuDNN's forward kernel). Writes
 # OUT_DIR/ncu$HOPPER_NCU_TAG.tar.gz (reports, text exports and the log) and prints a summary. Clocks are left as found
 # (--clock-control none).
 set -u
@@ -21,6 +23,7 @@ if [ "${HOPPER_NCU_TARGET:-bwd}" = fwd ]; then
   kernel=regex:_attn_fwd_kernel
   set -- --forward "$@"
 fi
+kernel=${HOPPER_NCU_KERNEL:-$kernel}
 work=$(mktemp -d)
 log="$work/ncu.log"
 mkdir -p "$out"

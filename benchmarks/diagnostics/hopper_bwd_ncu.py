@@ -14,7 +14,8 @@ and launches the kernel of ``VARIANT`` twice (the first launch compiles it); pro
 * ``VARIANT`` ``sdpa`` or ``hf_flash``: a whole backward (SDPA with no backend forced, or
   hf_flash.flash_attn_func, its forward once before), so every kernel of it shows with ``ncu
   --launch-count N`` (autograd launches the backward from its own thread, so an NVTX range
-  pushed here would not cover it); ``--time`` over 5 products.
+  pushed here would not cover it); ``--time`` over 5 products. With ``--forward``, their forward
+  alone (cuDNN's kernel: ``-k regex:flash_fprop``); ``--time`` over 2 products.
 
 benchmarks/hopper_bwd_ncu_device_run.sh drives it (HOPPER_NCU_TARGET=fwd: ``--forward``). GPU: yes.
 """
@@ -53,8 +54,30 @@ def _whole_backward(q, k, v, dout, causal, provider):
     return lambda: torch.autograd.grad(out, (qh, kh, vh), grad, retain_graph=True)
 
 
+def _whole_forward(q, k, v, causal, provider):
+    """A closure running one forward of ``provider`` (SDPA with no backend forced, or
+    hf_flash.flash_attn_func), without autograd."""
+    import torch.nn.functional as F
+
+    from hf_flash import flash_attn_func
+
+    if provider == "sdpa":
+        qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # (B, H, S, D), as the benchmarks
+        call = lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, enable_gqa=True)  # noqa: E731
+    else:
+        call = lambda: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+
+    def run():
+        with torch.no_grad():
+            call()
+
+    return run
+
+
 def _forward(q, k, v, causal, variant):
     """A closure launching the Gluon forward ``variant``."""
+    if variant in WHOLE:
+        return _whole_forward(q, k, v, causal, variant)
     from hf_flash.kernels.hopper import attention_fwd as hk
 
     out = torch.empty_like(q)

@@ -43,9 +43,9 @@ from shared memory (``stats_smem``), read while the S^T and dP^T products run (`
 and a bound on how far a block runs ahead of the next (``lead_bound``) non-causal
 (``-dqwldfpsbrr``); P's exponentials pinned under dP^T (``exp_per_branch``) and the dS/dQ
 hand-on deferred (``defer_ds``, ``defer_dq``) and each program's query tiles walked from the last
-down, the group's heads inside each tile (``tiles_down``) causal (``-dqwldfpsxa-dn``). Without dQ in the kernel (``kv2x64-m64-s2``),
-:func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton dQ kernel beside this one
-(it recomputes S and dP: 7 products for the 5 counted).
+down, the group's heads inside each tile (``tiles_down``) causal (``-dqwldfpsxa-dn``). Without dQ
+in the kernel (``kv2x64-m64-s2``), :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its
+Triton dQ kernel beside this one (it recomputes S and dP: 7 products for the 5 counted).
 
 Split-D (``Variant.split_d``, :func:`_attn_bwd_split_d_kernel`; the d256 default, where dK and dV
 of 64 keys in the transposed frame would take 256 registers per thread): the program's BLOCK_N
@@ -334,9 +334,10 @@ VARIANTS = {
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, lead_bound=16, stats_early=True, head_dims=(128,)),
         # dS and dQ tiles handed on a phase after their stores (defer_ds, defer_dq): the causal d128
-        # default of session 30 (below: its tiles-down walk). H200, session 30 calls 3-4: causal 1.00-1.03x dqwldfpsx; non-causal it lifts
-        # dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17% (spills 56/64 bytes) and, on the builds
-        # that do not spill (with the bound, with lse read early, with both), 0.87-1.02x it
+        # default of session 30 (below: its tiles-down walk). H200, session 30 calls 3-4: causal
+        # 1.00-1.03x dqwldfpsx; non-causal it lifts dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17%
+        # (spills 56/64 bytes) and, on the builds that do not spill (with the bound, with lse read
+        # early, with both), 0.87-1.02x it
         Variant("kv2x64-m64-s2-dqwldfpsxa", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
