@@ -42,6 +42,9 @@ Timing (``harness.bench_ms``: CUDA events, L2 flushed, median with p20/p80):
   fwd      the forward under ``torch.no_grad()`` (prefill);
   bwd      ``torch.autograd.grad`` of an output whose graph is retained (backward kernels only);
   fwd+bwd  forward with autograd, then ``torch.autograd.grad``.
+With ``--rounds N`` every shape's providers take turns N times and each row holds a provider's
+median round (``rounds_ms``: every round's time), so a drift of the GPU's clock over the run
+lands in the spread, not in one provider's number (default 1 for the grid).
 
 FlexAttention is compiled once (``--flex-compile dynamic``, the default: one graph per mask,
 pass and head dim serves every S, which keeps the full grid inside ~5 minutes) or per shape
@@ -375,6 +378,16 @@ def time_passes(attn, leaves, dout, passes, timing) -> dict:
     return res
 
 
+def median_round(runs: list[dict]) -> dict:
+    """One provider's result for one pass over several rounds: the round with the median time,
+    with every timed round's ms in ``rounds_ms``; the last round's error when none was timed."""
+    ok = [x for x in runs if "ms" in x]
+    if not ok:
+        return runs[-1]
+    mid = sorted(ok, key=lambda x: x["ms"])[len(ok) // 2]
+    return {**mid, "rounds_ms": [x["ms"] for x in ok]}
+
+
 def spot_check(built: dict) -> tuple[Optional[float], Optional[str]]:
     """max |hf_flash - sdpa| of the forward outputs, in (B, S, H, D)."""
     if "hf_flash" not in built or "sdpa" not in built:
@@ -409,15 +422,27 @@ def run_shape(head_dim, mask, seqlen, args, build, timing) -> list[dict]:
             info[name] = {"error": _error(e)}
     diff, diff_error = spot_check(built)
     _free()
-    for name in args.providers:
-        if name in built:
+    # providers take turns over the rounds (drift between them shows as spread, not as bias);
+    # each provider is freed after its last round
+    rounds = args.rounds or 1
+    timed: dict = {name: {} for name in built}
+    for r in range(rounds):
+        for name in args.providers:
+            if name not in built:
+                continue
             attn, leaves, dout_p, _, *context = built[name]
             with (context[0] if context else contextlib.nullcontext)():
-                times[name] = time_passes(attn, leaves, dout_p, args.passes, timing)
+                res = time_passes(attn, leaves, dout_p, args.passes, timing)
+            for p, x in res.items():
+                timed[name].setdefault(p, []).append(x)
+            if r == rounds - 1:
+                built.pop(name)
+                _free()
+    for name in args.providers:
+        if name in timed:
+            times[name] = {p: median_round(runs) for p, runs in timed[name].items()}
         else:
             times[name] = {p: dict(info[name]) for p in args.passes}
-        built.pop(name, None)
-        _free()
     del q, k, v, dout
     _free()
 
@@ -662,6 +687,7 @@ def _sweep_head_dim(args, timing, head_dim: int, sweep: dict) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 PACKED_DOCS = 12
+PACKED_ROUNDS = 3  # --rounds' default for the packed rows (the grid's: 1)
 PACKED_PROVIDERS = ("hf_flash", "hf_flash_gluon_varlen", "hf_flash_triton", "hf_flash_triton_bwd",
                     "hf_flash_gluon_varlen_triton_bwd", "gluon_longest", "gluon_docorder", "gluon_ws2x4", "flex",
                     "flex_static", "sdpa_dense")  # fmt: skip
@@ -830,7 +856,7 @@ def run_packed(args, timing) -> list[dict]:
                 except Exception as e:
                     info[name]["host_error"] = _error(e)
         times = {name: {} for name in built}
-        for r in range(args.rounds):
+        for r in range(args.rounds or PACKED_ROUNDS):
             for name, (attn, leaves, dout, _, passes, _, *switch) in built.items():
                 with (switch[0] if switch else contextlib.nullcontext)():
                     res = time_passes(attn, leaves, dout, [p for p in passes], timing)
@@ -842,14 +868,13 @@ def run_packed(args, timing) -> list[dict]:
                 runs = times[name].get(p)
                 if not runs:
                     continue
-                ok = [x["ms"] for x in runs if "ms" in x]
-                if not ok:
-                    results[name] = runs[-1]
+                res = median_round(runs)
+                if "ms" not in res:
+                    results[name] = res
                     continue
-                ms = sorted(ok)[len(ok) // 2]
                 flops = b[5] * PASS_FACTOR[p]
-                tflops[name] = flops / (ms * 1e-3) / 1e12
-                results[name] = {"ms": ms, "rounds_ms": ok, "tflops": tflops[name], "flops": flops, **info[name]}
+                tflops[name] = flops / (res["ms"] * 1e-3) / 1e12
+                results[name] = {**res, "tflops": tflops[name], "flops": flops, **info[name]}
             for name, i in info.items():
                 if "error" in i:
                     results[name] = i
@@ -920,7 +945,9 @@ def parse_args(argv=None):
     p.add_argument("--rep-ms", type=float, default=40.0)
     p.add_argument("--packed", action="store_true",
                    help="instead of the grid: the packed rows (12 documents in 16K tokens, causal)")
-    p.add_argument("--rounds", type=int, default=3, help="packed rows: rounds, providers taking turns")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds per shape, providers taking turns; rows hold each provider's median "
+                        f"round and every round's time (default: {PACKED_ROUNDS} packed, 1 grid)")  # fmt: skip
     p.add_argument("--packed-providers", nargs="+", choices=PACKED_PROVIDERS, default=None,
                    help="packed rows: only these providers (default: all)")
     p.add_argument("--sweep-configs", action="store_true",
@@ -982,7 +1009,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     if args.packed:
         rows = run_packed(args, timing)
-        path = write_results("attention_packed", rows, args.out, timing=timing, rounds=args.rounds,
+        path = write_results("attention_packed", rows, args.out, timing=timing, rounds=args.rounds or PACKED_ROUNDS,
                              flex_compile=args.flex_compile, docs=PACKED_DOCS, tokens=TOKENS,
                              flops="fwd = 4*Hq*D*sum(L_i^2)/2; fwd+bwd = 3.5x fwd")  # fmt: skip
         print_packed(rows)
@@ -1002,7 +1029,7 @@ def main(argv=None) -> int:
         "flex_compile": args.flex_compile, "quick": args.quick,
         "flops": "fwd = 4*B*Hq*D*pairs (S^2 full, S^2/2 causal, exact for window); "
                  "bwd = 2.5x fwd; fwd+bwd = 3.5x fwd",
-        "fwd_timing": "torch.no_grad forward",
+        "fwd_timing": "torch.no_grad forward", "rounds": args.rounds or 1,
     }  # fmt: skip
     build = builders(args.flex_compile)
     rows: list[dict] = []

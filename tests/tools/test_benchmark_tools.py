@@ -127,3 +127,55 @@ def test_dq_turns_model_counts_the_waits_of_the_ordered_additions():
     # two SMs: the programs run in two waves
     span, ideal = simulate(512, 1, "ascending", sms=2, kv_heads=1, group=2)
     assert ideal == 20.0 and span > simulate(512, 1, "none", sms=2, kv_heads=1, group=2)[0]
+
+
+def test_attention_grid_rounds_alternate_providers_and_keep_the_median(monkeypatch):
+    """benchmarks/attention.py --rounds on the dense grid: providers take turns round by round, each
+    row holds a provider's median round with every round's time, and a provider is freed only
+    after its last round. The timing itself is replaced (no GPU): what is checked is the bookkeeping."""
+    import argparse
+
+    import torch
+
+    from benchmarks import attention
+
+    monkeypatch.setattr(attention, "DEVICE", "cpu")
+    monkeypatch.setattr(attention, "_free", lambda: None)
+    calls = []
+    scripted = {"hf_flash": iter([3.0, 1.0, 2.0]), "sdpa": iter([4.0, 6.0, 5.0])}
+
+    def fake_time_passes(attn, leaves, dout, passes, timing):
+        name = attn.__name__
+        calls.append(name)
+        ms = next(scripted[name])
+        return {"fwd": {"ms": ms, "p20_ms": ms - 0.5, "p80_ms": ms + 0.5}}
+
+    monkeypatch.setattr(attention, "time_passes", fake_time_passes)
+
+    def provider(name, layout):
+        def build(shape, q, k, v, dout):
+            def attn():
+                return torch.zeros(layout(q.shape))
+
+            attn.__name__ = name
+            return attn, (), None, {"built": name}
+
+        return build
+
+    build = {"hf_flash": provider("hf_flash", lambda s: s),
+             "sdpa": provider("sdpa", lambda s: (s[0], s[2], s[1], s[3]))}  # fmt: skip
+    args = argparse.Namespace(providers=["hf_flash", "sdpa"], passes=["fwd"], rounds=3)
+    (row,) = attention.run_shape(64, "causal", 16384, args, build, {})
+    assert calls == ["hf_flash", "sdpa"] * 3
+    hf, sd = row["results"]["hf_flash"], row["results"]["sdpa"]
+    assert (hf["ms"], hf["p20_ms"], hf["rounds_ms"]) == (2.0, 1.5, [3.0, 1.0, 2.0])
+    assert (sd["ms"], sd["rounds_ms"]) == (5.0, [4.0, 6.0, 5.0])
+    assert row["ratio"]["sdpa"] == 5.0 / 2.0  # TFLOP/s ratio = inverse time ratio
+    assert row["max_abs_diff_vs_sdpa"] == 0.0, row["spot_check_error"]
+
+
+def test_median_round_reports_the_error_when_no_round_was_timed():
+    from benchmarks.attention import median_round
+
+    assert median_round([{"error": "a"}, {"error": "b"}]) == {"error": "b"}
+    assert median_round([{"error": "a"}, {"ms": 2.0}])["rounds_ms"] == [2.0]
