@@ -130,9 +130,9 @@ def test_dq_turns_model_counts_the_waits_of_the_ordered_additions():
 
 
 def test_attention_grid_rounds_alternate_providers_and_keep_the_median(monkeypatch):
-    """benchmarks/attention.py --rounds on the dense grid: providers take turns round by round, each
-    row holds a provider's median round with every round's time, and a provider is freed only
-    after its last round. The timing itself is replaced (no GPU): what is checked is the bookkeeping."""
+    """benchmarks/attention.py --rounds on the dense grid: providers take turns round by round and
+    each row holds a provider's median round with every round's time. The timing itself is
+    replaced (no GPU): what is checked is the bookkeeping."""
     import argparse
 
     import torch
