@@ -1,6 +1,7 @@
-"""A step-count model of the Gluon backward's ordered dQ additions under causal masking (no GPU).
+"""A step-count model of the Gluon backward's ordered dQ additions, causal or unmasked (no GPU).
 
     python benchmarks/diagnostics/dq_turns_model.py [--sms 132] [--group 4] [--kv-heads 8]
+        [--masks causal full]
 
 The deterministic backward adds each (batch, head, 64-row query tile) of dQ in a fixed order of
 the key blocks (128 keys per program): a program's writer waits until every block before it in
@@ -21,10 +22,14 @@ alone leave idle, for the walks and turn orders below:
 - ``none``: no turns (the unordered additions of the non-deterministic variants).
 
 Found with it (bar shapes, Hq=32, Hkv=8, 132 SMs): ``ascending`` keeps 0.89-0.94 of the work
-busy at 4K-32K, ``none`` 0.99+; ``tiles_down`` 0.99 (measured on dense calls in session 20 it
-lost L2 reuse instead); ``rounds_desc`` does not help (0.89-0.94: its rounds wait on the
-previous round's longest blocks). The ascending turns' idle is about the causal backward's
-gap to cuDNN (.notes/hopper-bwd.md, session 30).
+busy at 4K-32K, ``none`` 0.99+; ``tiles_down`` 0.99 (on the global-statistics form, session 20,
+that walk lost L2 reuse instead; on the stats form, session 31, it gained 1-5% and is the causal
+default); ``rounds_desc`` does not help (0.89-0.94: its rounds wait on the previous round's
+longest blocks).
+
+Without masking (``--masks full``) every block walks every tile: the turns cost ~0.1%
+(0.968-0.969 against 0.970 without turns at 4K-32K); what idles is the last wave (1,024 or 2,048
+equal programs on 132 SMs: 7.8 or 15.5 waves).
 """
 
 from __future__ import annotations
@@ -37,12 +42,13 @@ ORDERS = ("ascending", "tiles_down", "rounds_desc", "none")
 SHAPES = ((4096, 4), (8192, 2), (16384, 1), (32768, 1))  # (S, B): 16K tokens per batch below 32K
 
 
-def programs(seqlen, batch, kv_heads, group, tiles_down=False, block_m=64, keys=128):
+def programs(seqlen, batch, kv_heads, group, tiles_down=False, block_m=64, keys=128, causal=True):
     """(bhk, key block, walk) in launch order (key block slowest); walk = [(head, tile), ...]."""
     n_tiles = seqlen // block_m
     out = []
     for kb in range(seqlen // keys):
-        first = kb * keys // block_m  # causal: the first query tile that sees the block's keys
+        # causal: the first query tile that sees the block's keys; otherwise every tile
+        first = kb * keys // block_m if causal else 0
         if tiles_down:
             walk = [(h, t) for t in range(n_tiles - 1, first - 1, -1) for h in range(group)]
         else:
@@ -65,9 +71,9 @@ def _rounds_desc_ranks(progs, sms, n_bhk, keys_per_tile=2):
     return rank
 
 
-def simulate(seqlen, batch, order, sms=132, kv_heads=8, group=4):
+def simulate(seqlen, batch, order, sms=132, kv_heads=8, group=4, causal=True):
     """(makespan in steps, the work divided by the SMs)."""
-    progs = programs(seqlen, batch, kv_heads, group, tiles_down=order == "tiles_down")
+    progs = programs(seqlen, batch, kv_heads, group, tiles_down=order == "tiles_down", causal=causal)
     work = sum(len(w) for _, _, w in progs)
     if order == "none":
         free = [0] * sms
@@ -78,6 +84,8 @@ def simulate(seqlen, batch, order, sms=132, kv_heads=8, group=4):
             end = max(end, start + len(walk))
         return end, work / sms
     if order == "rounds_desc":
+        if not causal:
+            raise ValueError("rounds_desc models causal programs only (its ranks assume causal tiles)")
         rank = _rounds_desc_ranks(progs, sms, batch * kv_heads)
         queues = [list(range(c, len(progs), sms)) for c in range(sms)]
     else:
@@ -122,14 +130,19 @@ def main(argv=None) -> None:
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--group", type=int, default=4, help="query heads per K/V head")
     ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--orders", nargs="+", choices=ORDERS, default=list(ORDERS))
+    ap.add_argument("--orders", nargs="+", choices=ORDERS, default=None,
+                    help="default: all for causal, ascending and none for full")  # fmt: skip
+    ap.add_argument("--masks", nargs="+", choices=("causal", "full"), default=["causal"])
     args = ap.parse_args(argv)
-    for seqlen, batch in SHAPES:
-        cells = []
-        for order in args.orders:
-            span, ideal = simulate(seqlen, batch, order, args.sms, args.kv_heads, args.group)
-            cells.append(f"{order} {ideal / span:.3f}")
-        print(f"causal S={seqlen:5d} B={batch}: busy share " + ", ".join(cells), flush=True)
+    for mask in args.masks:
+        causal = mask == "causal"
+        orders = args.orders or (list(ORDERS) if causal else ["ascending", "none"])
+        for seqlen, batch in SHAPES:
+            cells = []
+            for order in orders:
+                span, ideal = simulate(seqlen, batch, order, args.sms, args.kv_heads, args.group, causal)
+                cells.append(f"{order} {ideal / span:.3f}")
+            print(f"{mask} S={seqlen:5d} B={batch}: busy share " + ", ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -129,6 +129,22 @@ def test_dq_turns_model_counts_the_waits_of_the_ordered_additions():
     assert ideal == 20.0 and span > simulate(512, 1, "none", sms=2, kv_heads=1, group=2)[0]
 
 
+def test_dq_turns_model_without_masking():
+    """The same case without masking: each of the 4 blocks walks all 8 tiles of both heads (16
+    steps). Block k waits k steps for its first turn and then trails block k - 1 by one step,
+    so the last ends at step 19 for 16 steps of work per SM; without turns every block ends at 16.
+    The persistent round order is modelled for causal programs only and says so."""
+    import pytest
+
+    from benchmarks.diagnostics.dq_turns_model import simulate
+
+    shape = dict(sms=4, kv_heads=1, group=2, causal=False)
+    assert simulate(512, 1, "ascending", **shape) == (19, 16.0)
+    assert simulate(512, 1, "none", **shape) == (16, 16.0)
+    with pytest.raises(ValueError, match="causal programs only"):
+        simulate(512, 1, "rounds_desc", **shape)
+
+
 def test_attention_grid_rounds_alternate_providers_and_keep_the_median(monkeypatch):
     """benchmarks/attention.py --rounds on the dense grid: providers take turns round by round and
     each row holds a provider's median round with every round's time. The timing itself is
