@@ -424,9 +424,8 @@ def run_shape(head_dim, mask, seqlen, args, build, timing) -> list[dict]:
     _free()
     # providers take turns over the rounds (drift between them shows as spread, not as bias);
     # each provider is freed after its last round
-    rounds = args.rounds or 1
     timed: dict = {name: {} for name in built}
-    for r in range(rounds):
+    for r in range(args.rounds):
         for name in args.providers:
             if name not in built:
                 continue
@@ -435,7 +434,7 @@ def run_shape(head_dim, mask, seqlen, args, build, timing) -> list[dict]:
                 res = time_passes(attn, leaves, dout_p, args.passes, timing)
             for p, x in res.items():
                 timed[name].setdefault(p, []).append(x)
-            if r == rounds - 1:
+            if r == args.rounds - 1:
                 built.pop(name)
                 _free()
     for name in args.providers:
@@ -856,7 +855,7 @@ def run_packed(args, timing) -> list[dict]:
                 except Exception as e:
                     info[name]["host_error"] = _error(e)
         times = {name: {} for name in built}
-        for r in range(args.rounds or PACKED_ROUNDS):
+        for r in range(args.rounds):
             for name, (attn, leaves, dout, _, passes, _, *switch) in built.items():
                 with (switch[0] if switch else contextlib.nullcontext)():
                     res = time_passes(attn, leaves, dout, [p for p in passes], timing)
@@ -953,7 +952,10 @@ def parse_args(argv=None):
     p.add_argument("--sweep-configs", action="store_true",
                    help="instead of the grid: time hf_flash's forward and backward under "
                         "alternative launch configs (head_dim 128, causal, S=4K, 16K)")  # fmt: skip
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = PACKED_ROUNDS if args.packed else 1
+    return args
 
 
 def _cell(r: dict, name: str) -> str:
@@ -1009,7 +1011,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     if args.packed:
         rows = run_packed(args, timing)
-        path = write_results("attention_packed", rows, args.out, timing=timing, rounds=args.rounds or PACKED_ROUNDS,
+        path = write_results("attention_packed", rows, args.out, timing=timing, rounds=args.rounds,
                              flex_compile=args.flex_compile, docs=PACKED_DOCS, tokens=TOKENS,
                              flops="fwd = 4*Hq*D*sum(L_i^2)/2; fwd+bwd = 3.5x fwd")  # fmt: skip
         print_packed(rows)
@@ -1029,7 +1031,7 @@ def main(argv=None) -> int:
         "flex_compile": args.flex_compile, "quick": args.quick,
         "flops": "fwd = 4*B*Hq*D*pairs (S^2 full, S^2/2 causal, exact for window); "
                  "bwd = 2.5x fwd; fwd+bwd = 3.5x fwd",
-        "fwd_timing": "torch.no_grad forward", "rounds": args.rounds or 1,
+        "fwd_timing": "torch.no_grad forward", "rounds": args.rounds,
     }  # fmt: skip
     build = builders(args.flex_compile)
     rows: list[dict] = []

@@ -61,15 +61,14 @@ def _whole_forward(q, k, v, causal, provider):
 
     from hf_flash import flash_attn_func
 
-    if provider == "sdpa":
-        qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # (B, H, S, D), as the benchmarks
-        call = lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, enable_gqa=True)  # noqa: E731
-    else:
-        call = lambda: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+    qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # SDPA's (B, H, S, D), as the benchmarks
 
+    @torch.no_grad()
     def run():
-        with torch.no_grad():
-            call()
+        if provider == "sdpa":
+            F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, enable_gqa=True)
+        else:
+            flash_attn_func(q, k, v, causal=causal)
 
     return run
 
