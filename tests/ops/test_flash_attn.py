@@ -36,6 +36,25 @@ def _qkv(device, batch, sq, sk, h, hk, d, dtype, requires_grad=True):
     return mk(batch, sq, h, d), mk(batch, sk, hk, d), mk(batch, sk, hk, d)
 
 
+def test_error_rule_floor_is_one_rounding_at_the_elements_magnitude():
+    """The rule's floor is one rounding of each element: one bf16 ulp off a reference of
+    magnitude ~5.7 passes even when the low-precision oracle's error is 0 (a sum such as the sink
+    gradient near a rounding boundary), two ulps there fail, and at unit scale the floor stays
+    8e-3."""
+    ref = torch.tensor([-5.6875, 0.5], dtype=torch.bfloat16)
+    one_ulp = torch.tensor([-5.65625, 0.5], dtype=torch.bfloat16)
+    assert_close_to_ref("x", one_ulp, ref, ref, GRAD_FACTOR, torch.bfloat16)
+    with pytest.raises(AssertionError, match="x: max err 6.250e-02"):
+        two_ulps = torch.tensor([-5.625, 0.5], dtype=torch.bfloat16)
+        assert_close_to_ref("x", two_ulps, ref, ref, GRAD_FACTOR, torch.bfloat16)
+    with pytest.raises(AssertionError, match="floor 8.0e-03"):  # 0.5 + 1/64: above unit floor
+        assert_close_to_ref("x", torch.tensor([-5.6875, 0.515625]), ref, ref, GRAD_FACTOR,
+                            torch.bfloat16)  # fmt: skip
+    with pytest.raises(AssertionError):  # NaN never passes
+        assert_close_to_ref("x", torch.tensor([float("nan"), 0.5]), ref, ref, GRAD_FACTOR,
+                            torch.bfloat16)  # fmt: skip
+
+
 def _check_dense(device, batch, sq, sk, h, hk, d, dtype, grads=True, **opts):
     q, k, v = _qkv(device, batch, sq, sk, h, hk, d, dtype, requires_grad=grads)
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **opts)
