@@ -35,9 +35,10 @@ only tiles that cross a window edge (the causal diagonal) or the end of the keys
 tiles outside every row's window are never loaded. ``SOFTCAP`` turns the scores into ``cap *
 tanh(s * scale / cap)`` before the softmax.
 
-Work items are (batch, head, query tile) triples numbered with (batch, head) fastest and the
-query tile counted from the end, so under causal masking the items that see the most keys come
-first and the tail of the launch holds the short ones. A program takes item program_id: one
+Work items are (batch, head, query tile) triples. Under causal masking (keys bounded on the
+right) they are numbered with (batch, head) fastest and the query tile counted from the end, so
+the items that see the most keys come first and the tail of the launch holds the short ones;
+otherwise the query tile runs fastest, so the items in flight share their K/V heads in L2. A program takes item program_id: one
 item per program (grid = items), or, for the ``persistent`` variants, one program per SM whose
 producer loads the next item's Q and K/V while the consumers finish the previous item (the
 ring's slots and phases run on across items; the output is staged in its own shared-memory
@@ -262,8 +263,12 @@ def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, C
     j iff ``pos - window_left <= j`` (MASK_LEFT) and ``j <= pos + window_right`` (MASK_RIGHT;
     causal is window_right 0).
 
-    Dense: (batch, head) runs fastest and query tiles are counted from the end, so under causal
-    masking the items that see the most keys come first. Varlen: the head runs fastest over the
+    Dense, keys bounded on the right (causal): (batch, head) runs fastest and query tiles are
+    counted from the end, so the items that see the most keys come first. Dense otherwise (every
+    item sees as many keys, bar a left window's first tiles): the query tile runs fastest, so the
+    items running at one time share one or two K/V heads, which stay in L2 (with (batch, head)
+    fastest, 132 items in flight read every head's K/V: 64-128 MB at 16K-32K tokens, over the
+    50 MB L2). Varlen: the head runs fastest over the
     entries of ``Sched`` (int32 pairs (sequence, query tile), built by
     :func:`varlen_schedule`; sequence -1: an empty item, no rows and no keys)."""
     if VARLEN:
@@ -272,10 +277,14 @@ def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, C
         m0 = tile * ROWS
         b = 0  # packed tensors: one batch entry in the descriptors
     else:
-        bh = t % n_bh
+        if MASK_RIGHT:
+            bh = t % n_bh
+            m0 = (n_m - 1 - t // n_bh) * ROWS
+        else:
+            bh = t // n_m
+            m0 = (t % n_m) * ROWS
         b = bh // nheads
         h = bh % nheads
-        m0 = (n_m - 1 - t // n_bh) * ROWS
         q_off = 0
         k_off = 0
         q_len = seqlen_q
