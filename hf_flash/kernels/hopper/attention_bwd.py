@@ -185,6 +185,13 @@ class Variant:
     # it (it has fewer tiles, all at the top); head by head it catches up at every head boundary
     # and waits, so the concurrent blocks of a head group all end with the longest one
     tiles_down: bool = False
+    # dense programs numbered with the key block fastest (instead of the (batch, K/V head) pair):
+    # the ~132 programs in flight then belong to one or two head groups and share their Q/dO
+    # tiles and dQ lines in L2 (the forward's non-causal items, numbered so, read 13x fewer DRAM
+    # bytes: .notes/hopper.md session 32), but a group's ordered turns chain up to 132 programs at
+    # the launch (the turn model: 0.93-0.97 of the work busy at 4K-16K non-causal against 0.97).
+    # Not with split_d
+    key_fastest: bool = False
     # dq_ordered: the writer reads the next step's counter right after issuing this step's
     # reduces, so the read's latency runs under the wait for the TMA and the release
     poll_ahead: bool = False
@@ -244,6 +251,8 @@ class Variant:
             raise ValueError(f"variant {self.name}: stats_early needs stats_smem")
         if (self.defer_ds or self.defer_dq) and not (self.dq_lag and self.dq_writer):
             raise ValueError(f"variant {self.name}: defer_ds / defer_dq need dq_lag and dq_writer")
+        if self.key_fastest and self.split_d:
+            raise ValueError(f"variant {self.name}: key_fastest has no split_d form")
 
     @property
     def defer_arrive(self) -> int:
@@ -333,6 +342,11 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldfpsbrr", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, lead_bound=16, stats_early=True, head_dims=(128,)),
+        # the same with the key block fastest in the program numbering (key_fastest)
+        Variant("kv2x64-m64-s2-dqwldfpsbrr-kf", block_m=64, block_n=64, stages=2, consumers=2,
+                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
+                dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
+                stats_early=True, key_fastest=True, head_dims=(128,)),
         # dS and dQ tiles handed on a phase after their stores (defer_ds, defer_dq): the causal d128
         # default of session 30 (below: its tiles-down walk). H200, session 30 calls 3-4: causal
         # 1.00-1.03x dqwldfpsx; non-causal it lifts dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17%
@@ -522,7 +536,7 @@ def _dq_frag_layout(block_m, dq_n):
 @gluon.jit
 def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
            KEYS: gl.constexpr, BLOCK_M: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr,
-           VARLEN: gl.constexpr):  # fmt: skip
+           VARLEN: gl.constexpr, KEY_FASTEST: gl.constexpr):  # fmt: skip
     """The program's work: (b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off,
     q_len, k_len). Keys [n0, n0 + KEYS) of a sequence of k_len keys and q_len queries (n_m query
     tiles) that starts at row q_off (k_off) of batch entry b; query tiles [m_lo, m_hi) of every
@@ -533,7 +547,8 @@ def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeq
     window_left <= j`` (MASK_LEFT) and ``j <= pos + window_right`` (MASK_RIGHT; causal is
     window_right 0).
 
-    Dense: (batch, K/V head) fastest, the key tile slowest (q_off = k_off = 0). Varlen: the K/V
+    Dense: (batch, K/V head) fastest, the key tile slowest (q_off = k_off = 0); KEY_FASTEST, the
+    key tile fastest (the programs in flight share one or two heads' Q/dO). Varlen: the K/V
     head fastest over the entries of ``Sched`` (int32 pairs (document, key tile), from
     :func:`attention_fwd.varlen_schedule` over cu_seqlens_k; document -1: an empty item, no keys
     and no queries, so the program loads one K/V tile and writes nothing); b = 0 (the packed
@@ -544,10 +559,15 @@ def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeq
         n0 = tile * KEYS
         b = 0
     else:
-        bhk = pid % n_bhk
+        if KEY_FASTEST:
+            n_kb = gl.cdiv(seqlen_k, KEYS)
+            bhk = pid // n_kb
+            n0 = (pid % n_kb) * KEYS
+        else:
+            bhk = pid % n_bhk
+            n0 = (pid // n_bhk) * KEYS
         b = bhk // nheads_k
         kv_h = bhk % nheads_k
-        n0 = (pid // n_bhk) * KEYS
         doc = 0
         q_off = 0
         k_off = 0
@@ -605,11 +625,11 @@ def _producer(
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
-    TILES_DOWN: gl.constexpr, STATS_SMEM: gl.constexpr, Sem, LEAD_BOUND: gl.constexpr,
+    TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, STATS_SMEM: gl.constexpr, Sem, LEAD_BOUND: gl.constexpr,
 ):  # fmt: skip
     b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
-        window_right, BLOCK_N * CONSUMERS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN,
+        window_right, BLOCK_N * CONSUMERS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN, KEY_FASTEST,
     )  # fmt: skip
     # LEAD_BOUND (dense, unmasked: every key block of a head group walks the same steps): the
     # count the next key block of this (batch, K/V head) leaves in a tile once it has added there
@@ -807,7 +827,7 @@ def _consumer(
     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, MASK_LEFT: gl.constexpr,
     MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
-    DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, STATS_SMEM: gl.constexpr,
+    DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, STATS_SMEM: gl.constexpr,
     EXP_PER_BRANCH: gl.constexpr, STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
@@ -820,7 +840,7 @@ def _consumer(
     row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)  # along the keys
     b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
-        window_right, BLOCK_N * CONSUMERS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN,
+        window_right, BLOCK_N * CONSUMERS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN, KEY_FASTEST,
     )  # fmt: skip
     k_tile = k_smem.index(INDEX)
     v_tile = v_smem.index(INDEX)
@@ -1129,7 +1149,7 @@ def _dq_writer(
     Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right,
     BLOCK_M: gl.constexpr, KEYS: gl.constexpr, DQ_N: gl.constexpr, CONSUMERS: gl.constexpr,
     MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, PARITY: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr, PARITY: gl.constexpr,
     WRITER: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
@@ -1147,7 +1167,7 @@ def _dq_writer(
     documents' tiles never share a slot); the key-block index counts within the document."""
     b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
-        window_right, KEYS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN,
+        window_right, KEYS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN, KEY_FASTEST,
     )  # fmt: skip
     sem_tile0 = 0
     if VARLEN:
@@ -1231,7 +1251,7 @@ def _attn_bwd_dkdv_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
     STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
@@ -1312,7 +1332,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
+                             DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
                              DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
@@ -1322,22 +1342,22 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
+                             DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
                              DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             VARLEN, TILES_DOWN, STATS_SMEM, Sem, LEAD_BOUND)),
+                             VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, Sem, LEAD_BOUND)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, POLL_AHEAD, DQ_PARITY, 0)),
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0)),
                 # the second writer: the odd steps
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, POLL_AHEAD, DQ_PARITY, 1)),
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 1)),
             ],
             [CONSUMER_WARPS, 1, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -1353,7 +1373,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
+                             DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
                              DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
@@ -1363,17 +1383,17 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
+                             DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
                              DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             VARLEN, TILES_DOWN, STATS_SMEM, Sem, LEAD_BOUND)),
+                             VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, Sem, LEAD_BOUND)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, POLL_AHEAD, DQ_PARITY, 0)),
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0)),
             ],
             [CONSUMER_WARPS, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -1389,7 +1409,7 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
+                             DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
                              DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
@@ -1399,13 +1419,13 @@ def _attn_bwd_dkdv_kernel(
                              sm_scale, Sched, CuSeqQ, CuSeqK, DK, DV, stride_dkm, stride_dkh, stride_dvm,
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
-                             DQ_FRAG, VARLEN, TILES_DOWN, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
+                             DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
                              DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             VARLEN, TILES_DOWN, STATS_SMEM, Sem, LEAD_BOUND)),
+                             VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, Sem, LEAD_BOUND)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -1446,7 +1466,7 @@ def _split_d_consumer(
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # along the keys
     b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
-        window_right, KEYS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN,
+        window_right, KEYS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN, False,
     )  # fmt: skip
     k_half = k_smem.index(0).slice(INDEX * HALF_N, HALF_N, dim=0)  # [HALF_N keys, HEAD_DIM]
     v_half = v_smem.index(0).slice(INDEX * HALF_N, HALF_N, dim=0)
@@ -1610,7 +1630,7 @@ def _attn_bwd_split_d_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
     STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
@@ -1683,7 +1703,7 @@ def _attn_bwd_split_d_kernel(
                          kv_bar, q_ready, do_ready, q_empty, do_empty,
                          n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                          window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, 1, MASK_LEFT, MASK_RIGHT,
-                         VARLEN, TILES_DOWN, False, Sem, 0)),
+                         VARLEN, TILES_DOWN, KEY_FASTEST, False, Sem, 0)),
         ],
         [CONSUMER_WARPS, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -1936,7 +1956,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], DQ_ATOMIC=var.dq_atomic,
         DQ_SHARED=var.dq_shared, DQ_LAG=var.dq_lag, DQ_WRITER=var.dq_writer, DQ_ORDERED=var.dq_ordered,
-        DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, POLL_AHEAD=var.poll_ahead,
+        DQ_FRAG=var.dq_frag, VARLEN=varlen, TILES_DOWN=var.tiles_down, KEY_FASTEST=var.key_fastest,
+        POLL_AHEAD=var.poll_ahead,
         DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
         LEAD_BOUND=var.lead_bound, STATS_EARLY=var.stats_early, DEFER_ARRIVE=var.defer_arrive,
         SOFTCAP=masks["SOFTCAP"], num_warps=4,
