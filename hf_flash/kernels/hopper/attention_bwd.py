@@ -185,13 +185,14 @@ class Variant:
     # it (it has fewer tiles, all at the top); head by head it catches up at every head boundary
     # and waits, so the concurrent blocks of a head group all end with the longest one
     tiles_down: bool = False
-    # dense programs numbered with the key block fastest (instead of the (batch, K/V head) pair):
-    # the ~132 programs in flight then belong to one or two head groups and share their Q/dO
-    # tiles and dQ lines in L2 (the forward's non-causal items, numbered so, read 13x fewer DRAM
-    # bytes: .notes/hopper.md session 32), but a group's ordered turns chain up to 132 programs at
-    # the launch (the turn model: 0.93-0.97 of the work busy at 4K-16K non-causal against 0.97).
-    # Not with split_d
-    key_fastest: bool = False
+    # dense programs numbered by chunks of ``key_fastest`` (batch, K/V head) pairs, a chunk's
+    # programs before the next chunk's, the key block slower than the pair inside a chunk (0: the
+    # pair fastest over all of them): the ~132 programs in flight then belong to a few head
+    # groups and share their Q/dO tiles and dQ lines in L2 (the forward's non-causal items,
+    # numbered so, read 13x fewer DRAM bytes: .notes/hopper.md session 32), but a group's ordered
+    # turns chain up to 132 / key_fastest programs at the launch (the turn model, non-causal
+    # 4K-16K: 0.93-0.96 of the work busy at 1, 0.96-0.97 at 4, against 0.97). Not with split_d
+    key_fastest: int = 0
     # dq_ordered: the writer reads the next step's counter right after issuing this step's
     # reduces, so the read's latency runs under the wait for the TMA and the release
     poll_ahead: bool = False
@@ -342,11 +343,16 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldfpsbrr", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, lead_bound=16, stats_early=True, head_dims=(128,)),
-        # the same with the key block fastest in the program numbering (key_fastest)
+        # the same numbered key block fastest (key_fastest=1; session 32 call 5: 0.99-1.03x, DRAM
+        # bytes / 5 at 8K) and by chunks of four head groups
         Variant("kv2x64-m64-s2-dqwldfpsbrr-kf", block_m=64, block_n=64, stages=2, consumers=2,
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
                 dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
-                stats_early=True, key_fastest=True, head_dims=(128,)),
+                stats_early=True, key_fastest=1, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfpsbrr-kf4", block_m=64, block_n=64, stages=2, consumers=2,
+                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
+                dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
+                stats_early=True, key_fastest=4, head_dims=(128,)),
         # dS and dQ tiles handed on a phase after their stores (defer_ds, defer_dq): the causal d128
         # default of session 30 (below: its tiles-down walk). H200, session 30 calls 3-4: causal
         # 1.00-1.03x dqwldfpsx; non-causal it lifts dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17%
@@ -547,8 +553,10 @@ def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeq
     window_left <= j`` (MASK_LEFT) and ``j <= pos + window_right`` (MASK_RIGHT; causal is
     window_right 0).
 
-    Dense: (batch, K/V head) fastest, the key tile slowest (q_off = k_off = 0); KEY_FASTEST, the
-    key tile fastest (the programs in flight share one or two heads' Q/dO). Varlen: the K/V
+    Dense: (batch, K/V head) fastest, the key tile slowest (q_off = k_off = 0); KEY_FASTEST = g >
+    0: the (batch, K/V head) pairs in chunks of g, each chunk's programs before the next's, key
+    tile slower than the pair inside a chunk (the programs in flight share g groups' Q/dO).
+    Varlen: the K/V
     head fastest over the entries of ``Sched`` (int32 pairs (document, key tile), from
     :func:`attention_fwd.varlen_schedule` over cu_seqlens_k; document -1: an empty item, no keys
     and no queries, so the program loads one K/V tile and writes nothing); b = 0 (the packed
@@ -559,10 +567,15 @@ def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeq
         n0 = tile * KEYS
         b = 0
     else:
-        if KEY_FASTEST:
+        if KEY_FASTEST > 0:
+            # chunks of KEY_FASTEST (batch, K/V head) pairs (the last may hold fewer), inside a
+            # chunk the key block slower and the pair faster
             n_kb = gl.cdiv(seqlen_k, KEYS)
-            bhk = pid // n_kb
-            n0 = (pid % n_kb) * KEYS
+            chunk = pid // (KEY_FASTEST * n_kb)
+            width = gl.minimum(n_bhk - chunk * KEY_FASTEST, KEY_FASTEST)
+            r = pid - chunk * (KEY_FASTEST * n_kb)
+            bhk = chunk * KEY_FASTEST + r % width
+            n0 = (r // width) * KEYS
         else:
             bhk = pid % n_bhk
             n0 = (pid // n_bhk) * KEYS
