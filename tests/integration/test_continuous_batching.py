@@ -160,9 +160,35 @@ def test_generate_batch_matches_sdpa_generate_batch(root, launches, device):
     assert launches["paged"] > 0
 
 
+@pytest.fixture
+def ordered_async_reset(monkeypatch):
+    """Orders transformers' async-batching reset before the first batch's input copies.
+
+    ``ContinuousBatchingAsyncIOs.reset`` (transformers 5.17 - 5.24) zeroes the device input
+    buffers on the generation thread's current stream, but the first batches' inputs are copied
+    on a side stream that does not wait for it, so under GPU load the zeroing can land after the
+    copies: every request then reads zeros (identical tokens for different prompts). This fails
+    with sdpa as with hf_flash: on an H200, with the zeroing delayed on purpose, both generated
+    wrong tokens (zeros first) and both were right once reset synchronised its stream
+    (benchmarks/results/logs/2026-11-29-s32-call4b-cb-race.log). The fixture adds that
+    synchronisation, so the test checks hf_flash's padded steps and not transformers' race."""
+    from transformers.generation.continuous_batching import input_outputs
+
+    cls = getattr(input_outputs, "ContinuousBatchingAsyncIOs", None)
+    if cls is None:  # no async IO pairs in this transformers: nothing to order
+        return
+    original = cls.reset
+
+    def reset(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        torch.cuda.current_stream().synchronize()
+
+    monkeypatch.setattr(cls, "reset", reset)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["llama", "mistral"])
-def test_gpu_generate_batch_with_cuda_graphs(root, launches, family, device):
+def test_gpu_generate_batch_with_cuda_graphs(root, launches, family, device, ordered_async_reset):
     """transformers' default for flash names on CUDA: CUDA graphs and async batching, so every
     step is padded to a fixed size (trailing tokens of no request, zero-length requests with -1
     page-table rows). The padding must not disturb the real requests."""
