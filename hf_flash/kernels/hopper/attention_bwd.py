@@ -343,8 +343,10 @@ VARIANTS = {
         Variant("kv2x64-m64-s2-dqwldfpsbrr", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, lead_bound=16, stats_early=True, head_dims=(128,)),
-        # the same numbered key block fastest (key_fastest=1; session 32 call 5: 0.99-1.03x, DRAM
-        # bytes / 5 at 8K) and by chunks of four head groups
+        # the same numbered key block fastest (key_fastest=1) and by chunks of four head groups
+        # (4). H200, session 32 calls 5 and 7, non-causal 4K-32K, 3 rounds: kf 0.99-1.05x
+        # dqwldfpsbrr (geometric means 1.012, 1.018), its DRAM bytes / 5 at 8K; kf4 1.01-1.04x at
+        # 4K-16K, 0.90x at 32K
         Variant("kv2x64-m64-s2-dqwldfpsbrr-kf", block_m=64, block_n=64, stages=2, consumers=2,
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
                 dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
@@ -556,11 +558,10 @@ def _steps(pid, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeq
     Dense: (batch, K/V head) fastest, the key tile slowest (q_off = k_off = 0); KEY_FASTEST = g >
     0: the (batch, K/V head) pairs in chunks of g, each chunk's programs before the next's, key
     tile slower than the pair inside a chunk (the programs in flight share g groups' Q/dO).
-    Varlen: the K/V
-    head fastest over the entries of ``Sched`` (int32 pairs (document, key tile), from
-    :func:`attention_fwd.varlen_schedule` over cu_seqlens_k; document -1: an empty item, no keys
-    and no queries, so the program loads one K/V tile and writes nothing); b = 0 (the packed
-    tensors are one batch entry)."""
+    Varlen: the K/V head fastest over the entries of ``Sched`` (int32 pairs (document, key tile),
+    from :func:`attention_fwd.varlen_schedule` over cu_seqlens_k; document -1: an empty item, no
+    keys and no queries, so the program loads one K/V tile and writes nothing); b = 0 (the
+    packed tensors are one batch entry)."""
     if VARLEN:
         kv_h = pid % nheads_k
         doc, tile, q_off, k_off, q_len, k_len = schedule_entry(Sched, pid // nheads_k, CuSeqQ, CuSeqK)
@@ -638,7 +639,8 @@ def _producer(
     n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
-    TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, STATS_SMEM: gl.constexpr, Sem, LEAD_BOUND: gl.constexpr,
+    TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, STATS_SMEM: gl.constexpr, Sem,
+    LEAD_BOUND: gl.constexpr,
 ):  # fmt: skip
     b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -840,7 +842,8 @@ def _consumer(
     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, MASK_LEFT: gl.constexpr,
     MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
-    DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, STATS_SMEM: gl.constexpr,
+    DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr,
+    STATS_SMEM: gl.constexpr,
     EXP_PER_BRANCH: gl.constexpr, STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
@@ -1162,7 +1165,8 @@ def _dq_writer(
     Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right,
     BLOCK_M: gl.constexpr, KEYS: gl.constexpr, DQ_N: gl.constexpr, CONSUMERS: gl.constexpr,
     MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr, PARITY: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
+    PARITY: gl.constexpr,
     WRITER: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
@@ -1264,7 +1268,8 @@ def _attn_bwd_dkdv_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
+    DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
     STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
@@ -1643,7 +1648,8 @@ def _attn_bwd_split_d_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, DQ_SHARED: gl.constexpr,
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
-    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr, DQ_PARITY: gl.constexpr,
+    VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
+    DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
     STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip

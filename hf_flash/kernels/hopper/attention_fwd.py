@@ -38,16 +38,16 @@ tanh(s * scale / cap)`` before the softmax.
 Work items are (batch, head, query tile) triples. Under causal masking (keys bounded on the
 right) they are numbered with (batch, head) fastest and the query tile counted from the end, so
 the items that see the most keys come first and the tail of the launch holds the short ones;
-otherwise the query tile runs fastest, so the items in flight share their K/V heads in L2. A program takes item program_id: one
-item per program (grid = items), or, for the ``persistent`` variants, one program per SM whose
-producer loads the next item's Q and K/V while the consumers finish the previous item (the
-ring's slots and phases run on across items; the output is staged in its own shared-memory
-tile, so its store overlaps the next item's loop). Persistent programs take their next items
-either statically (program_id + num_programs, ...) or, ``dynamic``, from an atomic counter
-zeroed per launch: the producer fetches each and hands it to the consumers through a two-slot
-shared-memory ring (``item_ready`` / ``item_empty``), so programs that drew short items take
-more of them. Dense calls of ``SHORT_SEQLENS`` queries (d128: 256-8K; d64: 256-2K causal,
-256-1K not) run the dynamic form.
+otherwise the query tile runs fastest, so the items in flight share their K/V heads in L2. A
+program takes item program_id: one item per program (grid = items), or, for the ``persistent``
+variants, one program per SM whose producer loads the next item's Q and K/V while the consumers
+finish the previous item (the ring's slots and phases run on across items; the output is staged
+in its own shared-memory tile, so its store overlaps the next item's loop). Persistent programs
+take their next items either statically (program_id + num_programs, ...) or, ``dynamic``, from
+an atomic counter zeroed per launch: the producer fetches each and hands it to the consumers
+through a two-slot shared-memory ring (``item_ready`` / ``item_empty``), so programs that drew
+short items take more of them. Dense calls of ``SHORT_SEQLENS`` queries (d128: 256-8K; d64:
+256-2K causal, 256-1K not) run the dynamic form.
 
 Head dim 256 uses 64-key K/V tiles and stages the output in the Q tile's shared memory (free
 once the item's last S = Q K^T has completed; one-item programs only), since a separate output
