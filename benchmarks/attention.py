@@ -83,6 +83,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from benchmarks.bars import bar_checks, summary_lines, window_speedup
 from benchmarks.harness import base_parser, bench_ms, print_table, write_results
 
 NHEADS_Q = 32
@@ -469,40 +470,15 @@ def run_shape(head_dim, mask, seqlen, args, build, timing) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------
-# The issue's bar, evaluated on whatever rows this run has
+# The window's speedup over causal (the bars themselves: benchmarks/bars.py)
 # --------------------------------------------------------------------------------------------
 
 
 def window_speedups(rows: list[dict]) -> None:
-    """Add ``window_speedup_vs_causal`` (hf_flash causal ms / window ms, same S, D, pass)."""
-    causal = {(r["head_dim"], r["seqlen"], r["pass"]): r for r in rows if r["mask"] == "causal"}
+    """Add ``window_speedup_vs_causal`` (hf_flash causal ms / window ms, same S, D, pass, run)."""
     for r in rows:
-        if r["mask"] != "window":
-            continue
-        c = causal.get((r["head_dim"], r["seqlen"], r["pass"]))
-        w_ms = r["results"].get("hf_flash", {}).get("ms")
-        c_ms = c and c["results"].get("hf_flash", {}).get("ms")
-        r["window_speedup_vs_causal"] = c_ms / w_ms if c_ms and w_ms else None
-
-
-def bar_checks(rows: list[dict]) -> list[dict]:
-    """Issue 2's bar: D=128 causal GQA, S >= 2K: fwd >= 1.15x sdpa_flash and >= flex,
-    fwd+bwd >= 1.0x sdpa_flash; window 4096 at S=32K >= 3x hf_flash's own causal."""
-    checks = []
-    for r in rows:
-        if r["head_dim"] == 128 and r["mask"] == "causal" and r["seqlen"] >= 2048:
-            want = {"fwd": [("sdpa_flash", 1.15), ("flex", 1.0)], "fwd+bwd": [("sdpa_flash", 1.0)]}
-            for peer, need in want.get(r["pass"], []):
-                got = r["ratio"].get(peer)
-                ok = got is not None and got >= need
-                checks.append({"check": f"D128 causal S={r['seqlen']} {r['pass']} vs {peer}",
-                               "need": need, "got": got, "ok": ok})  # fmt: skip
-        if r["mask"] == "window" and r["seqlen"] == 32768 and r["pass"] in ("fwd", "fwd+bwd"):
-            got = r.get("window_speedup_vs_causal")
-            ok = got is not None and got >= 3.0
-            checks.append({"check": f"D{r['head_dim']} window S=32K {r['pass']} vs own causal",
-                           "need": 3.0, "got": got, "ok": ok})  # fmt: skip
-    return checks
+        if r["mask"] == "window":
+            r["window_speedup_vs_causal"] = window_speedup(r, rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -996,10 +972,8 @@ def print_summary(rows: list[dict], providers, checks) -> None:
     for (name, err), where in errors.items():
         print(f"[{name}] {err}  ({len(where)} rows, e.g. {where[0]})")
     if checks:
-        print("\nissue-2 bar:")
-        for c in checks:
-            got = "-" if c["got"] is None else f"{c['got']:.2f}"
-            print(f"  {'PASS' if c['ok'] else 'FAIL'}  {c['check']}: {got} (need >= {c['need']})")
+        print()
+        print("\n".join(summary_lines(checks)))
 
 
 def main(argv=None) -> int:

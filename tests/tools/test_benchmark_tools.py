@@ -195,3 +195,34 @@ def test_median_round_reports_the_error_when_no_round_was_timed():
 
     assert median_round([{"error": "a"}, {"error": "b"}]) == {"error": "b"}
     assert median_round([{"error": "a"}, {"ms": 2.0}])["rounds_ms"] == [2.0]
+
+
+def _bar_row(mask, seqlen, pass_, results, ratio, run="r1", head_dim=128):
+    return {"head_dim": head_dim, "mask": mask, "seqlen": seqlen, "pass": pass_, "batch": 1,
+            "run": run, "results": results, "ratio": ratio}  # fmt: skip
+
+
+def test_bars_check_only_what_the_run_measured():
+    """benchmarks/bars.py: issue 15's checks where SDPA ran (a failing ratio fails), issue 2's
+    only against the peers that ran (an errored peer fails), the window check only beside a
+    causal row of the same run."""
+    from benchmarks.bars import bar_checks, window_speedup
+
+    ok = {"ms": 1.0}
+    rows = [
+        _bar_row("causal", 4096, "fwd", {"hf_flash": ok, "sdpa": ok}, {"sdpa": 1.04}),
+        _bar_row("full", 4096, "fwd+bwd", {"hf_flash": ok, "sdpa": ok}, {"sdpa": 0.97}),
+        _bar_row("causal", 8192, "fwd", {"hf_flash": ok, "sdpa_flash": {"error": "boom"}},
+                 {"sdpa_flash": None}),  # fmt: skip
+        _bar_row("causal", 32768, "fwd", {"hf_flash": {"ms": 6.0}}, {}),
+        _bar_row("window", 32768, "fwd", {"hf_flash": {"ms": 1.5}}, {}),
+        _bar_row("window", 32768, "fwd+bwd", {"hf_flash": {"ms": 1.0}}, {}, run="r2"),
+    ]
+    got = {c["check"]: (c["bar"], c["ok"], c["got"]) for c in bar_checks(rows)}
+    assert got == {
+        "D128 causal S=4096 fwd vs sdpa": ("issue 15", True, 1.04),
+        "D128 full S=4096 fwd+bwd vs sdpa": ("issue 15", False, 0.97),
+        "D128 causal S=8192 fwd vs sdpa_flash": ("issue 2", False, None),
+        "D128 window S=32768 fwd vs own causal": ("issue 2", True, 4.0),
+    }
+    assert window_speedup(rows[-1], rows) is None  # its causal twin is from another run
