@@ -470,18 +470,6 @@ def run_shape(head_dim, mask, seqlen, args, build, timing) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------
-# The window's speedup over causal (the bars themselves: benchmarks/bars.py)
-# --------------------------------------------------------------------------------------------
-
-
-def window_speedups(rows: list[dict]) -> None:
-    """Add ``window_speedup_vs_causal`` (hf_flash causal ms / window ms, same S, D, pass, run)."""
-    for r in rows:
-        if r["mask"] == "window":
-            r["window_speedup_vs_causal"] = window_speedup(r, rows)
-
-
-# --------------------------------------------------------------------------------------------
 # --sweep-configs: hf_flash launch parameters (hf_flash.kernels.configs.override)
 # --------------------------------------------------------------------------------------------
 
@@ -956,7 +944,7 @@ def print_summary(rows: list[dict], providers, checks) -> None:
         d = r["max_abs_diff_vs_sdpa"]
         t["diff"] = f"{d:.1e}" if d is not None else "-"
         if r["mask"] == "window":
-            x = r.get("window_speedup_vs_causal")
+            x = window_speedup(r, rows)
             t["w/c"] = f"{x:.2f}" if x else "-"
         table.append(t)
     cols = list(dict.fromkeys(c for t in table for c in t))
@@ -1013,9 +1001,8 @@ def main(argv=None) -> int:
     for head_dim, mask, seqlen in grid(args):
         t = time.time()
         rows += run_shape(head_dim, mask, seqlen, args, build, timing)
-        window_speedups(rows)
         # rewrite after every shape: a run stopped by a timeout keeps what it measured
-        path = write_results("attention", rows, args.out, **meta, bar=bar_checks(rows))
+        path = write_results("attention", rows, args.out, **meta)
         print(f"D={head_dim} {mask:6s} S={seqlen:5d}: {time.time() - t:5.1f}s "
               f"(total {time.time() - t0:.0f}s)", flush=True)  # fmt: skip
     print_summary(rows, args.providers, bar_checks(rows))

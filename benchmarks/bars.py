@@ -1,8 +1,8 @@
 """The issues' bars over benchmarks/attention.py rows, checked where the run measured them.
 
-No torch here: benchmarks/attention.py stores the checks with its results and prints them, and
-benchmarks/report.py recomputes them from the rows of any results file, so a file written before a
-bar existed is read against it too. A check is made only for rows whose peer provider ran (a
+No torch here: benchmarks/attention.py prints the checks after a run and benchmarks/report.py
+computes them from the rows of any results file (they are not stored: a file written before a
+bar existed is read against it too). A check is made only for rows whose peer provider ran (a
 provider left out of a run is not a failure); a peer that ran and errored gives ``got`` None and
 fails.
 
@@ -33,13 +33,17 @@ def causal_twin(r: dict, rows: list[dict]):
     return None
 
 
+def _speedup(causal: dict, window: dict):
+    c_ms = (causal.get("results") or {}).get("hf_flash", {}).get("ms")
+    w_ms = (window.get("results") or {}).get("hf_flash", {}).get("ms")
+    return c_ms / w_ms if c_ms and w_ms else None
+
+
 def window_speedup(r: dict, rows: list[dict]):
     """hf_flash's causal time over its time with the window of row ``r``, both from one run;
     None where the rows cannot say."""
     c = causal_twin(r, rows)
-    c_ms = c and (c.get("results") or {}).get("hf_flash", {}).get("ms")
-    w_ms = (r.get("results") or {}).get("hf_flash", {}).get("ms")
-    return c_ms / w_ms if c_ms and w_ms else None
+    return None if c is None else _speedup(c, r)
 
 
 def bar_checks(rows: list[dict]) -> list[dict]:
@@ -59,17 +63,24 @@ def bar_checks(rows: list[dict]) -> list[dict]:
                 if peer in ran:
                     issue2.append(_check("issue 2", f"{point} vs {peer}", need, ratio.get(peer)))
         if r["mask"] == "window" and r["seqlen"] == 32768 and r["pass"] in ("fwd", "fwd+bwd"):
-            if causal_twin(r, rows) is not None and "hf_flash" in ran:
-                issue2.append(_check("issue 2", f"{point} vs own causal", 3.0, window_speedup(r, rows)))
+            twin = causal_twin(r, rows)
+            if twin is not None and "hf_flash" in ran:
+                issue2.append(_check("issue 2", f"{point} vs own causal", 3.0, _speedup(twin, r)))
     return issue15 + issue2
+
+
+def by_bar(checks: list[dict]):
+    """(bar, heading with the count met, its checks) per bar, in the order of ``checks``."""
+    for bar in dict.fromkeys(c["bar"] for c in checks):
+        mine = [c for c in checks if c["bar"] == bar]
+        yield bar, f"{sum(c['ok'] for c in mine)} of {len(mine)} checks met", mine
 
 
 def summary_lines(checks: list[dict]) -> list[str]:
     """Per bar: a heading line with the count met, then one line per check (console)."""
     out = []
-    for bar in dict.fromkeys(c["bar"] for c in checks):
-        mine = [c for c in checks if c["bar"] == bar]
-        out.append(f"{bar} bar: {sum(c['ok'] for c in mine)} of {len(mine)} checks met")
+    for bar, met, mine in by_bar(checks):
+        out.append(f"{bar} bar: {met}")
         for c in mine:
             got = "-" if c["got"] is None else f"{c['got']:.2f}"
             out.append(f"  {'PASS' if c['ok'] else 'FAIL'}  {c['check']}: {got} (need >= {c['need']})")

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: benchmarks/ is the importable package's folder
     sys.path.insert(0, str(ROOT))
-from benchmarks.bars import bar_checks, window_speedup  # noqa: E402  (after the path is set)
+from benchmarks.bars import bar_checks, by_bar, window_speedup  # noqa: E402  (after the path is set)
 
 ORDER = ["attention", "attention_configs", "decode", "decode_sweep", "rope", "e2e_generate",
          "e2e_train", "e2e_finetune"]  # fmt: skip
@@ -135,12 +135,10 @@ def attention_section(data: dict) -> list[str]:
         out += ["Errors:", ""]
         out += [f"- {name} ({n} rows): `{err}`" for (name, err), n in errors.items()]
         out.append("")
-    # the bars as benchmarks/bars.py defines them now, over this file's rows (checks whose peer
-    # did not run are left out)
-    checks = bar_checks(rows)
-    for bar in dict.fromkeys(c["bar"] for c in checks):
-        mine = [c for c in checks if c["bar"] == bar]
-        out += [f"Bar of {bar}: {sum(c['ok'] for c in mine)} of {len(mine)} checks met", ""]
+    # the bars as benchmarks/bars.py defines them, over this file's rows (checks whose peer did
+    # not run are left out)
+    for bar, met, mine in by_bar(bar_checks(rows)):
+        out += [f"Bar of {bar}: {met}", ""]
         out += [f"- {'PASS' if c['ok'] else 'FAIL'} {c['check']}: {fmt(c['got'])} (need ≥ {c['need']})"
                 for c in mine]  # fmt: skip
         out.append("")
