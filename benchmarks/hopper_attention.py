@@ -154,12 +154,13 @@ def main(argv=None) -> None:
     ap.add_argument("--seqlens", nargs="+", type=int, default=[4096, 8192, 16384, 32768])
     ap.add_argument("--head-dims", nargs="+", type=int, default=[128, 64])
     ap.add_argument("--rounds", type=int, default=3, help="timings per provider and point (median)")
+    ap.add_argument("--masks", nargs="+", choices=["causal", "full"], default=["causal", "full"])
     args = ap.parse_args(argv)
     meta = env_info()
     print(json.dumps(meta), flush=True)
     rows = []
     for d in args.head_dims:
-        for causal in (True, False):
+        for causal in [m == "causal" for m in args.masks]:
             for s in args.seqlens:
                 point = run_point(d, causal, s, args.variants, args.rounds)
                 rows += point
