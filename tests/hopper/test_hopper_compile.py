@@ -83,6 +83,13 @@ def test_default_variant_and_mask_args():
         assert hk.default_variant(d, causal, True, seqlen_q=lo) == hk.VARLEN_DEFAULT[(d, causal)]
     assert hk.default_variant(64, False, seqlen_q=2048) == hk.DEFAULT[(64, False)]  # 0.96x at 2K
     assert hk.default_variant(64, True, seqlen_q=4096) == hk.DEFAULT[(64, True)]
+    # long dense calls: the head-major form from LONG_SEQLENS's length on, not packed ones
+    for (d, causal), (from_len, name) in hk.LONG_SEQLENS.items():
+        assert d in hk.VARIANTS[name].head_dims and hk.VARIANTS[name].head_major
+        assert hk.default_variant(d, causal, seqlen_q=from_len) == name
+        assert hk.default_variant(d, causal, seqlen_q=from_len - 1) == hk.DEFAULT[(d, causal)]
+        assert hk.default_variant(d, causal, True, seqlen_q=from_len) == hk.VARLEN_DEFAULT[(d, causal)]
+    assert hk.default_variant(64, True, window=(128, 0), seqlen_q=65536) == hk.LEFT_WINDOW_FALLBACK
     assert hk.default_variant(64, True, window=(128, 0), seqlen_q=1024) == hk.LEFT_WINDOW_FALLBACK
     assert hk.default_variant(128, True, window=(128, 0), seqlen_q=4096) == hk.DEFAULT[(128, True)]
     assert hk.default_variant(128, False, seqlen_q=4096, softcap=30.0) == hk.DEFAULT[(128, False)]

@@ -204,6 +204,12 @@ HEAD_DIMS = (64, 128, 256)
 #   254 against 66 / 150 (1.24-1.84x). Shorter calls were not measured and keep DEFAULT.
 SHORT_DEFAULT = "ws2x4-overlap-fma-dyn"
 SHORT_SEQLENS = {(128, False): (256, 8192), (128, True): (256, 8192), (64, True): (256, 2048), (64, False): (256, 1024)}
+# Dense calls of (head dim, causal) with at least LONG_SEQLENS[key][0] queries run the variant
+# LONG_SEQLENS[key][1]: d64 causal calls of 32K+ take the head-major three-consumer form (H200,
+# session 33: 1.047x and 1.068x ws3x4-pp-s3 at 32K in two runs, 1.037x at 64K; level at 4K-8K and
+# 0.95-1.00x at 16K, where the K/V of all heads, 32 MB, fits the 50 MB L2). d128 causal calls take
+# the head-major order through DEFAULT.
+LONG_SEQLENS = {(64, True): (32768, "ws3x4-pp-s3-hm")}
 # Calls with a left window bound run this variant where their default has three consumers: at
 # 160 registers each, the left-edge mask spills 128-296 bytes per thread (CPU compile, sm_90a);
 # two consumers spill nothing with any mask or the softcap.
@@ -233,6 +239,9 @@ def default_variant(head_dim: int, causal: bool, varlen: bool = False, window=(-
         masks = mask_args(causal, window, softcap)
         if not (masks["MASK_LEFT"] or masks["RIGHT_WINDOW"] or masks["SOFTCAP"]):
             return SHORT_DEFAULT
+    from_len, long_name = LONG_SEQLENS.get((head_dim, bool(causal)), (0, None))
+    if not varlen and long_name is not None and seqlen_q >= from_len:
+        return long_name
     return name
 
 
