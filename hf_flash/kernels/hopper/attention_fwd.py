@@ -121,12 +121,6 @@ class Variant:
     # (a CPU model of one-item programs: 3% at 4K/8K, under 1% at 16K/32K; .notes/hopper.md
     # session 32). Non-causal items are numbered so in every variant
     head_major: bool = False
-    # each consumer partition stops after its own last visible key tile instead of the item's
-    # (causal or right-windowed calls): with three 64-row consumers the first computed tiles
-    # wholly above its diagonal, 2.9 / 1.5 / 0.8% of the tensor work at 4K / 8K / 16K (two
-    # 64-row consumers with 128-key tiles waste nothing so). The skipped tiles are released
-    # unread, and their ping-pong turns passed on.
-    consumer_bound: bool = False
 
     @property
     def rows(self) -> int:
@@ -165,12 +159,6 @@ VARIANTS = {
                 head_major=True),
         Variant("ws3x4-pp-s3-hm", block_m=64, block_n=128, stages=3, consumers=3, consumer_warps=4, overlap=True,
                 pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,), head_major=True),
-        # each consumer stops after its own diagonal tile (consumer_bound)
-        Variant("ws3x4-pp-s3-cb", block_m=64, block_n=128, stages=3, consumers=3, consumer_warps=4, overlap=True,
-                pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,), consumer_bound=True),
-        Variant("ws3x4-pp-s3-hm-cb", block_m=64, block_n=128, stages=3, consumers=3, consumer_warps=4,
-                overlap=True, pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,), head_major=True,
-                consumer_bound=True),
         # head dim 256: the output accumulator alone is 128 registers per thread, so 64-key tiles
         # (S: 32 registers) and the output in Q's tile (smem: Q 64 KB + K/V ring 128 KB)
         Variant("ws2x4-overlap-fma-d256", block_m=64, block_n=64, stages=2, consumers=2, consumer_warps=4,
@@ -556,33 +544,6 @@ def _turn_pass(turn, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.
 
 
 @gluon.jit
-def _skip_tiles(it, tk, count, extra, k_ready, v_ready, k_empty, v_empty, turn, INDEX: gl.constexpr,
-                STAGES: gl.constexpr, CONSUMERS: gl.constexpr, TURNS: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
-    """Pass ``count`` K/V tiles on without computing them: release each ring slot once its tile
-    has landed (a release before it would count toward the slot's previous tile, still read
-    by the other consumers) and take the ping-pong turns the tile's products would have taken
-    (TURNS per tile, plus ``extra``), so every consumer takes the same turns per item. Returns
-    the new (it, tk)."""
-    for _ in range(count):
-        slot = it % STAGES
-        phase = (it // STAGES) & 1
-        mbarrier.wait(k_ready.index(slot), phase)
-        mbarrier.arrive(k_empty.index(slot))
-        mbarrier.wait(v_ready.index(slot), phase)
-        mbarrier.arrive(v_empty.index(slot))
-        for _t in gl.static_range(TURNS):
-            _turn_wait(turn, tk, INDEX, PINGPONG)
-            _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
-            tk += 1
-        it += 1
-    for _ in range(extra):
-        _turn_wait(turn, tk, INDEX, PINGPONG)
-        _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
-        tk += 1
-    return it, tk
-
-
-@gluon.jit
 def _store_tile(out, o_tile, o_desc, b, h, row, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
     """TMA store of a BLOCK_M x HEAD_DIM output tile through its shared staging tile; rows past
     the tensor's end are clipped by the TMA unit."""
@@ -604,7 +565,6 @@ def _consumer_item(
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-    CONSUMER_BOUND: gl.constexpr,
 ):  # fmt: skip
     """One work item of one consumer partition. ``it`` (K/V tiles consumed so far), ``tk``
     (ping-pong turns taken) and ``n_done`` (items done) carry the barrier phases from item to
@@ -621,12 +581,6 @@ def _consumer_item(
         BLOCK_M * CONSUMERS, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
     )  # fmt: skip
     row0 = m0 + INDEX * BLOCK_M
-    n_item = n_tiles  # the item's key tiles: the producer loads each of them
-    if CONSUMER_BOUND and MASK_RIGHT:
-        # this consumer's rows end before the item's last row: it computes up to its own last
-        # visible tile and passes the item's remaining tiles on unread (_skip_tiles)
-        own_end = gl.minimum(k_len, gl.maximum(row0 + BLOCK_M + (k_len - q_len) + window_right, 0))
-        n_tiles = gl.maximum(gl.minimum(gl.cdiv(own_end, BLOCK_N), n_item), lo)
     # the rows' key positions, bottom-right aligned
     rows = row0 + gl.arange(0, BLOCK_M, layout=row_s) + (k_len - q_len)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
@@ -711,14 +665,6 @@ def _consumer_item(
             mbarrier.arrive(v_empty.index(slot))
             it += 1
         mbarrier.arrive(q_empty)
-    if CONSUMER_BOUND and MASK_RIGHT:
-        # the turns this consumer did not take: one per skipped tile with the overlap (two
-        # without), and the overlap's closing P V turn if it computed no tile at all
-        extra = 0
-        if OVERLAP:
-            extra = ((n_tiles == lo) & (n_item > lo)).to(gl.int32)
-        it, tk = _skip_tiles(it, tk, n_item - n_tiles, extra, k_ready, v_ready, k_empty, v_empty, turn, INDEX,
-                             STAGES, CONSUMERS, 1 if OVERLAP else 2, PINGPONG)  # fmt: skip
 
     # rows that saw no key: output 0 and lse = +inf (the backward's exp(s - lse) is then 0)
     empty = l_i == 0.0
@@ -769,7 +715,6 @@ def _consumer(
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
     item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-    CONSUMER_BOUND: gl.constexpr,
 ):  # fmt: skip
     q_tile = q_smem.index(INDEX)
     o_tile = o_smem.index(INDEX)
@@ -790,7 +735,7 @@ def _consumer(
                 nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
                 qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
                 MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
-                HEAD_MAJOR, CONSUMER_BOUND,
+                HEAD_MAJOR,
             )  # fmt: skip
             n_done += 1
             if DYNAMIC:
@@ -806,7 +751,7 @@ def _consumer(
             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
             qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
             MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
-            HEAD_MAJOR, CONSUMER_BOUND,
+            HEAD_MAJOR,
         )  # fmt: skip
     tma.store_wait(0)
 
@@ -821,7 +766,7 @@ def _attn_fwd_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
     PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr, DYNAMIC: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr, CONSUMER_BOUND: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
     # program takes item program_id (PERSISTENT: then program_id + num_programs, ..., or DYNAMIC:
@@ -881,14 +826,14 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CONSUMER_BOUND)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CONSUMER_BOUND)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -908,21 +853,21 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CONSUMER_BOUND)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CONSUMER_BOUND)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CONSUMER_BOUND)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -1198,7 +1143,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
         FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
-        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CONSUMER_BOUND=var.consumer_bound,
+        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs
