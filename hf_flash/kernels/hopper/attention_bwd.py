@@ -459,6 +459,14 @@ DEFAULT = {
     (128, False): "kv2x64-m64-s2-dqwldfpsbrr", (128, True): "kv2x64-m64-s2-dqwldfpsxa-dn",
     (256, False): "kv64-m64-s2-splitd", (256, True): "kv64-m64-s2-splitd",
 }  # fmt: skip
+# Dense calls of (head dim, causal) with lo <= seqlen_q <= hi queries: SHORT_SEQLENS[key] = (lo,
+# hi, variant). d128 non-causal 2K-4K: the key block fastest in the program numbering (kf), so
+# the ~132 programs in flight stream the Q and dO of about 4 (batch, head group) pairs instead of
+# 32 (256 MB at 4K, over the 50 MB L2). H200, session 33 call 4 (5 rounds): backward 469 / 502
+# TFLOP/s against dqwldfpsbrr's 435 / 482 at 2K / 4K (1.078 / 1.041x; the rule fixed before the
+# run asked >= 1.02 at both); at 8K-32K kf measured 0.99-1.03x in two runs (session 32), so
+# longer calls keep DEFAULT, and shorter ones were not measured.
+SHORT_SEQLENS = {(128, False): (2048, 4096, "kv2x64-m64-s2-dqwldfpsbrr-kf")}
 # (head dim, causal) -> the variant run when deterministic gradients are not required
 # (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
 # DEFAULT (H100, session 16 calls 3-4): d128 non-causal dqwl (unordered) 437-441 TFLOP/s at 4K
@@ -508,8 +516,9 @@ def covered_head_dims(varlen: bool = False) -> set:
     return {d for d, _ in (VARLEN_DEFAULT if varlen else DEFAULT)}
 
 
-def variant_for(head_dim: int, causal: bool, varlen: bool = False) -> str:
-    """The variant :func:`hopper_attention_backward` runs by default for this call."""
+def variant_for(head_dim: int, causal: bool, varlen: bool = False, seqlen_q: int = 0) -> str:
+    """The variant :func:`hopper_attention_backward` runs by default for this call (``seqlen_q``:
+    the dense call's query length; 0 when not known, which takes ``DEFAULT``)."""
     key = (head_dim, bool(causal))
     if varlen:
         if not configs.deterministic() and key in VARLEN_NONDETERMINISTIC:
@@ -517,6 +526,9 @@ def variant_for(head_dim: int, causal: bool, varlen: bool = False) -> str:
         return VARLEN_DEFAULT[key]
     if not configs.deterministic() and key in NONDETERMINISTIC:
         return NONDETERMINISTIC[key]
+    lo, hi, name = SHORT_SEQLENS.get(key, (1, 0, None))  # (1, 0): no short range
+    if lo <= seqlen_q <= hi:
+        return name
     return DEFAULT[key]
 
 
@@ -2002,7 +2014,7 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     (``flash_bwd.backward_preprocess(..., stats_m=variant's block_m)``). Returns whether dq was
     written (else the caller runs a dQ kernel)."""
     varlen = cu_seqlens_q is not None
-    variant = variant or variant_for(q.shape[-1], causal, varlen)
+    variant = variant or variant_for(q.shape[-1], causal, varlen, 0 if varlen else q.shape[1])
     var = VARIANTS[variant]
     if var.stats_rows and stats is None:  # (launch_args refuses packed calls of these variants)
         raise ValueError(f"variant {variant} reads lse/delta from the statistics buffer the backward "
