@@ -42,19 +42,26 @@ ORDERS = ("ascending", "tiles_down", "rounds_desc", "none")
 SHAPES = ((4096, 4), (8192, 2), (16384, 1), (32768, 1))  # (S, B): 16K tokens per batch below 32K
 
 
-def programs(seqlen, batch, kv_heads, group, tiles_down=False, block_m=64, keys=128, causal=True):
-    """(bhk, key block, walk) in launch order (key block slowest); walk = [(head, tile), ...]."""
+def programs(seqlen, batch, kv_heads, group, tiles_down=False, block_m=64, keys=128, causal=True,
+             key_fastest=0):  # fmt: skip
+    """(bhk, key block, walk) in launch order; walk = [(head, tile), ...]. Launch order: key
+    block slowest, or (``key_fastest`` = g > 0, ``Variant.key_fastest``) chunks of g (batch, K/V
+    head) pairs, the key block slower than the pair inside a chunk."""
     n_tiles = seqlen // block_m
-    out = []
-    for kb in range(seqlen // keys):
+    n_bhk = batch * kv_heads
+
+    def walk(kb):
         # causal: the first query tile that sees the block's keys; otherwise every tile
         first = kb * keys // block_m if causal else 0
         if tiles_down:
-            walk = [(h, t) for t in range(n_tiles - 1, first - 1, -1) for h in range(group)]
-        else:
-            walk = [(h, t) for h in range(group) for t in range(first, n_tiles)]
-        out += [(bhk, kb, walk) for bhk in range(batch * kv_heads)]
-    return out
+            return [(h, t) for t in range(n_tiles - 1, first - 1, -1) for h in range(group)]
+        return [(h, t) for h in range(group) for t in range(first, n_tiles)]
+
+    blocks = range(seqlen // keys)
+    if key_fastest:
+        chunks = [range(c, min(c + key_fastest, n_bhk)) for c in range(0, n_bhk, key_fastest)]
+        return [(bhk, kb, walk(kb)) for chunk in chunks for kb in blocks for bhk in chunk]
+    return [(bhk, kb, walk(kb)) for kb in blocks for bhk in range(n_bhk)]
 
 
 def _rounds_desc_ranks(progs, sms, n_bhk, keys_per_tile=2):
@@ -71,9 +78,10 @@ def _rounds_desc_ranks(progs, sms, n_bhk, keys_per_tile=2):
     return rank
 
 
-def simulate(seqlen, batch, order, sms=132, kv_heads=8, group=4, causal=True):
+def simulate(seqlen, batch, order, sms=132, kv_heads=8, group=4, causal=True, key_fastest=0):
     """(makespan in steps, the work divided by the SMs)."""
-    progs = programs(seqlen, batch, kv_heads, group, tiles_down=order == "tiles_down", causal=causal)
+    progs = programs(seqlen, batch, kv_heads, group, tiles_down=order == "tiles_down", causal=causal,
+                     key_fastest=key_fastest)  # fmt: skip
     work = sum(len(w) for _, _, w in progs)
     if order == "none":
         free = [0] * sms
@@ -133,6 +141,8 @@ def main(argv=None) -> None:
     ap.add_argument("--orders", nargs="+", choices=ORDERS, default=None,
                     help="default: all for causal, ascending and none for full")  # fmt: skip
     ap.add_argument("--masks", nargs="+", choices=("causal", "full"), default=["causal"])
+    ap.add_argument("--key-fastest", type=int, default=0,
+                    help="launch order in chunks of this many (batch, K/V head) pairs, key block fastest")  # fmt: skip
     args = ap.parse_args(argv)
     for mask in args.masks:
         causal = mask == "causal"
@@ -140,7 +150,8 @@ def main(argv=None) -> None:
         for seqlen, batch in SHAPES:
             cells = []
             for order in orders:
-                span, ideal = simulate(seqlen, batch, order, args.sms, args.kv_heads, args.group, causal)
+                span, ideal = simulate(seqlen, batch, order, args.sms, args.kv_heads, args.group, causal,
+                                       args.key_fastest)  # fmt: skip
                 cells.append(f"{order} {ideal / span:.3f}")
             print(f"{mask} S={seqlen:5d} B={batch}: busy share " + ", ".join(cells), flush=True)
 

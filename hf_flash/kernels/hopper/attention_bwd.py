@@ -373,6 +373,17 @@ VARIANTS = {
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
                 tiles_down=True, head_dims=(128,)),
+        # the same numbered in chunks of two / four head groups, key block fastest inside a chunk
+        # (key_fastest): the turn model (dq_turns_model.py --key-fastest) keeps 0.995 / 0.997 of
+        # the work busy at causal 32K (today's order 0.997), 0.983 / 0.992 at 16K
+        Variant("kv2x64-m64-s2-dqwldfpsxa-dn-kf2", block_m=64, block_n=64, stages=2, consumers=2,
+                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
+                dq_frag=True, dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
+                tiles_down=True, key_fastest=2, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfpsxa-dn-kf4", block_m=64, block_n=64, stages=2, consumers=2,
+                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
+                dq_frag=True, dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
+                tiles_down=True, key_fastest=4, head_dims=(128,)),
         # head dim 64 with FA3's 128 query rows per step and the ordered dQ inside: the per-column
         # lse/delta vectors of a 128-wide tile are what spilled that shape (420-1144 bytes, CPU
         # compile, session 24); through shared memory it builds with 12/16 bytes non-causal and
