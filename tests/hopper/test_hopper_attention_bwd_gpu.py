@@ -91,7 +91,7 @@ CASES = [
     pytest.param(1, 200, 777, 4, 2, id="sq<sk"),
     pytest.param(1, 777, 200, 4, 2, id="sq>sk-empty-rows"),
     pytest.param(1, 512, 512, 32, 8, id="hq32-hkv8"),
-    # inside attention_bwd.SHORT_SEQLENS (d128 non-causal 2K-4K: the key-block-fastest form)
+    # inside attention_bwd.SEQLEN_VARIANTS (d128 non-causal 2K-4K: the key-block-fastest form)
     pytest.param(1, 2048, 2048, 8, 2, id="gqa-2048"),
 ]
 
@@ -509,7 +509,7 @@ WINDOW_SHAPES = [
     pytest.param(1, 777, 200, 4, 2, id="sq>sk-empty-rows"),
     pytest.param(1, 1, 1, 2, 1, id="s1"),
     pytest.param(1, 512, 512, 32, 8, id="hq32-hkv8"),
-    # inside attention_bwd.SHORT_SEQLENS (d128 non-causal 2K-4K: the key-block-fastest form)
+    # inside attention_bwd.SEQLEN_VARIANTS (d128 non-causal 2K-4K: the key-block-fastest form)
     pytest.param(1, 2048, 2048, 8, 2, id="gqa-2048"),
 ]
 

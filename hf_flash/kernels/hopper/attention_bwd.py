@@ -470,14 +470,22 @@ DEFAULT = {
     (128, False): "kv2x64-m64-s2-dqwldfpsbrr", (128, True): "kv2x64-m64-s2-dqwldfpsxa-dn",
     (256, False): "kv64-m64-s2-splitd", (256, True): "kv64-m64-s2-splitd",
 }  # fmt: skip
-# Dense calls of (head dim, causal) with lo <= seqlen_q <= hi queries: SHORT_SEQLENS[key] = (lo,
-# hi, variant). d128 non-causal 2K-4K: the key block fastest in the program numbering (kf), so
-# the ~132 programs in flight stream the Q and dO of about 4 (batch, head group) pairs instead of
-# 32 (256 MB at 4K, over the 50 MB L2). H200, session 33 call 4 (5 rounds): backward 469 / 502
-# TFLOP/s against dqwldfpsbrr's 435 / 482 at 2K / 4K (1.078 / 1.041x; the rule fixed before the
-# run asked >= 1.02 at both); at 8K-32K kf measured 0.99-1.03x in two runs (session 32), so
-# longer calls keep DEFAULT, and shorter ones were not measured.
-SHORT_SEQLENS = {(128, False): (2048, 4096, "kv2x64-m64-s2-dqwldfpsbrr-kf")}
+# Dense calls of (head dim, causal) with lo <= seqlen_q <= hi queries: SEQLEN_VARIANTS[key] =
+# (lo, hi, variant); the forms with the key block fastest in the program numbering (key_fastest),
+# so the ~132 programs in flight stream the Q and dO of a few (batch, head group) pairs instead of
+# every pair's (up to 256 MB, over the 50 MB L2). H200, 3-5 rounds:
+# - d128 non-causal 2K-4K, kf (session 33 call 4, 5 rounds): backward 469 / 502 TFLOP/s against
+#   dqwldfpsbrr's 435 / 482 at 2K / 4K (1.078 / 1.041x; the rule fixed before the run asked >= 1.02
+#   at both); at 8K-32K kf measured 0.99-1.03x in two runs (session 32): longer calls keep DEFAULT.
+# - d128 causal 16K and longer, dn in chunks of two head groups (session 33 call 7, 3 rounds):
+#   522 / 510 against dqwldfpsxa-dn's 490 / 494 at 16K / 32K (1.065 / 1.032x; rule >= 1.02 at
+#   both); chunks of four 0.98 / 1.03x. Shorter causal calls: the turn model puts the chunks'
+#   turn cost at 1-12% (dq_turns_model.py --key-fastest), so they keep DEFAULT.
+# Shorter (or longer) calls than a range were not measured and keep DEFAULT.
+SEQLEN_VARIANTS = {
+    (128, False): (2048, 4096, "kv2x64-m64-s2-dqwldfpsbrr-kf"),
+    (128, True): (16384, 2**31 - 1, "kv2x64-m64-s2-dqwldfpsxa-dn-kf2"),
+}
 # (head dim, causal) -> the variant run when deterministic gradients are not required
 # (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
 # DEFAULT (H100, session 16 calls 3-4): d128 non-causal dqwl (unordered) 437-441 TFLOP/s at 4K
@@ -537,7 +545,7 @@ def variant_for(head_dim: int, causal: bool, varlen: bool = False, seqlen_q: int
         return VARLEN_DEFAULT[key]
     if not configs.deterministic() and key in NONDETERMINISTIC:
         return NONDETERMINISTIC[key]
-    lo, hi, name = SHORT_SEQLENS.get(key, (1, 0, None))  # (1, 0): no short range
+    lo, hi, name = SEQLEN_VARIANTS.get(key, (1, 0, None))  # (1, 0): no range
     if lo <= seqlen_q <= hi:
         return name
     return DEFAULT[key]
