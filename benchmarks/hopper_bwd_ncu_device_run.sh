@@ -46,7 +46,8 @@ for n in names:
         out += [n + ".sum", n + ".sum.per_second"]
     elif n in ("dram__bytes_read", "dram__bytes_write", "lts__t_bytes", "smsp__inst_executed_op_shared_st",
                "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld",
-               "smsp__inst_executed_pipe_tma", "sm__cycles_active", "lts__throughput", "dram__throughput"):
+               "smsp__inst_executed_pipe_tma", "sm__inst_executed_pipe_xu", "sm__cycles_active", "lts__throughput",
+               "dram__throughput"):
         out += [n + ".sum", n + ".sum.per_second"] if n.startswith(("dram__bytes", "lts__t_bytes")) else [n + (".avg.pct_of_peak_sustained_elapsed" if n.endswith("throughput") else ".sum")]
 print(",".join(out))
 PY
