@@ -137,8 +137,9 @@ def _sync_debug_step(model, inputs) -> dict:
 def run_variant(model, inputs, variant: str, sync_debug: bool) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    saved = dict(attention_bwd.DEFAULT)
+    saved, saved_ranges = dict(attention_bwd.DEFAULT), dict(attention_bwd.SEQLEN_VARIANTS)
     attention_bwd.DEFAULT[(128, False)] = attention_bwd.DEFAULT[(128, True)] = variant
+    attention_bwd.SEQLEN_VARIANTS.clear()  # the variant at every length
     rec = _Recorder()
     try:
         case._measured_step(model, inputs)  # compiles the variant; primes the allocators
@@ -168,6 +169,7 @@ def run_variant(model, inputs, variant: str, sync_debug: bool) -> dict:
         rec.uninstall()
         attention_bwd.DEFAULT.clear()
         attention_bwd.DEFAULT.update(saved)
+        attention_bwd.SEQLEN_VARIANTS.update(saved_ranges)
 
 
 def _summary(res: dict, sync_debug: bool) -> str:

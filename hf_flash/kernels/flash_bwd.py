@@ -547,7 +547,8 @@ def flash_attn_backward(
     if path == "hopper":
         from .hopper import attention_bwd as hopper
 
-        variant = hopper.variant_for(head_dim, causal, varlen, 0 if varlen else q.shape[1])
+        variant = hopper.variant_for(head_dim, causal, varlen, 0 if varlen else q.shape[1],
+                                     (window_left, window_right))  # fmt: skip
         stats_m = hopper.VARIANTS[variant].stats_rows
     delta, stats = backward_preprocess(out, dout, dlse, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                                        stats_m=stats_m)  # fmt: skip

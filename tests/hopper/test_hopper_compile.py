@@ -77,18 +77,23 @@ def test_default_variant_and_mask_args():
         assert d in hk.VARIANTS[hk.SHORT_DEFAULT].head_dims
         assert hk.default_variant(d, causal, seqlen_q=lo) == hk.SHORT_DEFAULT
         assert hk.default_variant(d, causal, seqlen_q=hi) == hk.SHORT_DEFAULT
-        assert hk.default_variant(d, causal, seqlen_q=hi + 1) == hk.DEFAULT[(d, causal)]
+        from_len, long_name = hk.LONG_SEQLENS.get((d, causal), (None, None))
+        after = long_name if from_len is not None and hi + 1 >= from_len else hk.DEFAULT[(d, causal)]
+        assert hk.default_variant(d, causal, seqlen_q=hi + 1) == after
         assert hk.default_variant(d, causal, seqlen_q=lo - 1) == hk.DEFAULT[(d, causal)]  # not measured
         assert hk.default_variant(d, causal, seqlen_q=0) == hk.DEFAULT[(d, causal)]  # length not given
         assert hk.default_variant(d, causal, True, seqlen_q=lo) == hk.VARLEN_DEFAULT[(d, causal)]
     assert hk.default_variant(64, False, seqlen_q=2048) == hk.DEFAULT[(64, False)]  # 0.96x at 2K
     assert hk.default_variant(64, True, seqlen_q=4096) == hk.DEFAULT[(64, True)]
-    # long dense calls: the head-major form from LONG_SEQLENS's length on, not packed ones
+    # long dense calls without a window or softcap: the head-major form from LONG_SEQLENS's
+    # length on; not packed, windowed or soft-capped ones
     for (d, causal), (from_len, name) in hk.LONG_SEQLENS.items():
         assert d in hk.VARIANTS[name].head_dims and hk.VARIANTS[name].head_major
         assert hk.default_variant(d, causal, seqlen_q=from_len) == name
-        assert hk.default_variant(d, causal, seqlen_q=from_len - 1) == hk.DEFAULT[(d, causal)]
+        assert hk.default_variant(d, causal, seqlen_q=from_len - 1) != name
         assert hk.default_variant(d, causal, True, seqlen_q=from_len) == hk.VARLEN_DEFAULT[(d, causal)]
+        assert hk.default_variant(d, causal, seqlen_q=from_len, softcap=30.0) == hk.DEFAULT[(d, causal)]
+    assert hk.default_variant(128, True, window=(128, 0), seqlen_q=65536) == hk.DEFAULT[(128, True)]
     assert hk.default_variant(64, True, window=(128, 0), seqlen_q=65536) == hk.LEFT_WINDOW_FALLBACK
     assert hk.default_variant(64, True, window=(128, 0), seqlen_q=1024) == hk.LEFT_WINDOW_FALLBACK
     assert hk.default_variant(128, True, window=(128, 0), seqlen_q=4096) == hk.DEFAULT[(128, True)]

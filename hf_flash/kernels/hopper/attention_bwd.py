@@ -481,7 +481,7 @@ DEFAULT = {
 #   522 / 510 against dqwldfpsxa-dn's 490 / 494 at 16K / 32K (1.065 / 1.032x; rule >= 1.02 at
 #   both); chunks of four 0.98 / 1.03x. Shorter causal calls: the turn model puts the chunks'
 #   turn cost at 1-12% (dq_turns_model.py --key-fastest), so they keep DEFAULT.
-# Shorter (or longer) calls than a range were not measured and keep DEFAULT.
+# Calls outside a range or with a window were not measured and keep DEFAULT.
 SEQLEN_VARIANTS = {
     (128, False): (2048, 4096, "kv2x64-m64-s2-dqwldfpsbrr-kf"),
     (128, True): (16384, 2**31 - 1, "kv2x64-m64-s2-dqwldfpsxa-dn-kf2"),
@@ -535,9 +535,10 @@ def covered_head_dims(varlen: bool = False) -> set:
     return {d for d, _ in (VARLEN_DEFAULT if varlen else DEFAULT)}
 
 
-def variant_for(head_dim: int, causal: bool, varlen: bool = False, seqlen_q: int = 0) -> str:
+def variant_for(head_dim: int, causal: bool, varlen: bool = False, seqlen_q: int = 0, window=(-1, -1)) -> str:
     """The variant :func:`hopper_attention_backward` runs by default for this call (``seqlen_q``:
-    the dense call's query length; 0 when not known, which takes ``DEFAULT``)."""
+    the dense call's query length, 0 when not known; ``window`` (left, right) as the backward's:
+    ``SEQLEN_VARIANTS`` serves calls without a window, the ones it was measured on)."""
     key = (head_dim, bool(causal))
     if varlen:
         if not configs.deterministic() and key in VARLEN_NONDETERMINISTIC:
@@ -546,7 +547,8 @@ def variant_for(head_dim: int, causal: bool, varlen: bool = False, seqlen_q: int
     if not configs.deterministic() and key in NONDETERMINISTIC:
         return NONDETERMINISTIC[key]
     lo, hi, name = SEQLEN_VARIANTS.get(key, (1, 0, None))  # (1, 0): no range
-    if lo <= seqlen_q <= hi:
+    windowed = window[0] >= 0 or (window[1] >= 0 and not causal)  # causal: the diagonal is the right bound
+    if lo <= seqlen_q <= hi and not windowed:
         return name
     return DEFAULT[key]
 
@@ -2033,7 +2035,7 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     (``flash_bwd.backward_preprocess(..., stats_m=variant's block_m)``). Returns whether dq was
     written (else the caller runs a dQ kernel)."""
     varlen = cu_seqlens_q is not None
-    variant = variant or variant_for(q.shape[-1], causal, varlen, 0 if varlen else q.shape[1])
+    variant = variant or variant_for(q.shape[-1], causal, varlen, 0 if varlen else q.shape[1], window)
     var = VARIANTS[variant]
     if var.stats_rows and stats is None:  # (launch_args refuses packed calls of these variants)
         raise ValueError(f"variant {variant} reads lse/delta from the statistics buffer the backward "

@@ -165,11 +165,9 @@ VARIANTS = {
                 overlap=True, fma_scale=True, consumer_regs=232, head_dims=(256,), o_in_q=True),
     )
 }  # fmt: skip
-# d128 causal: the head-major order (H200, session 33: 1.04-1.06x ws2x4-overlap-fma at 4K-32K,
-# where the K/V of all heads, 64-128 MB, exceeds the 50 MB L2; .notes/hopper.md).
 DEFAULT = {
     (128, False): "ws2x4-overlap-fma",
-    (128, True): "ws2x4-overlap-fma-hm",
+    (128, True): "ws2x4-overlap-fma",
     (64, False): "ws3x4-pp-s3",
     (64, True): "ws3x4-pp-s3",
     (256, False): "ws2x4-overlap-fma-d256",
@@ -204,12 +202,15 @@ HEAD_DIMS = (64, 128, 256)
 #   254 against 66 / 150 (1.24-1.84x). Shorter calls were not measured and keep DEFAULT.
 SHORT_DEFAULT = "ws2x4-overlap-fma-dyn"
 SHORT_SEQLENS = {(128, False): (256, 8192), (128, True): (256, 8192), (64, True): (256, 2048), (64, False): (256, 1024)}
-# Dense calls of (head dim, causal) with at least LONG_SEQLENS[key][0] queries run the variant
-# LONG_SEQLENS[key][1]: d64 causal calls of 32K+ take the head-major three-consumer form (H200,
-# session 33: 1.047x and 1.068x ws3x4-pp-s3 at 32K in two runs, 1.037x at 64K; level at 4K-8K and
-# 0.95-1.00x at 16K, where the K/V of all heads, 32 MB, fits the 50 MB L2). d128 causal calls take
-# the head-major order through DEFAULT.
-LONG_SEQLENS = {(64, True): (32768, "ws3x4-pp-s3-hm")}
+# Dense calls of (head dim, causal) with at least LONG_SEQLENS[key][0] queries, without a window
+# or softcap (the calls it was measured on), run the variant LONG_SEQLENS[key][1]: causal items
+# numbered head by head (head_major), which keeps the K/V of one or two heads in L2 where that of
+# every head exceeds it (H200, session 33, 3 rounds; .notes/hopper.md):
+# - d128 (past SHORT_SEQLENS): 1.043 / 1.057 / 1.048 / 1.052x ws2x4-overlap-fma at 4K-32K (64-128
+#   MB of K/V at 16K tokens per batch).
+# - d64 from 32K: 1.047x and 1.068x ws3x4-pp-s3 at 32K in two runs, 1.037x at 64K; level at 4K-8K
+#   and 0.95-1.00x at 16K, where the K/V of all heads (32 MB) fits the 50 MB L2.
+LONG_SEQLENS = {(128, True): (8193, "ws2x4-overlap-fma-hm"), (64, True): (32768, "ws3x4-pp-s3-hm")}
 # Calls with a left window bound run this variant where their default has three consumers: at
 # 160 registers each, the left-edge mask spills 128-296 bytes per thread (CPU compile, sm_90a);
 # two consumers spill nothing with any mask or the softcap.
@@ -234,13 +235,16 @@ def default_variant(head_dim: int, causal: bool, varlen: bool = False, window=(-
     name = (VARLEN_DEFAULT if varlen else DEFAULT)[(head_dim, bool(causal))]
     if VARIANTS[name].consumers > 2 and mask_args(causal, window)["MASK_LEFT"]:
         return LEFT_WINDOW_FALLBACK
+    if varlen:
+        return name
+    masks = mask_args(causal, window, softcap)
+    if masks["MASK_LEFT"] or masks["RIGHT_WINDOW"] or masks["SOFTCAP"]:
+        return name
     lo, hi = SHORT_SEQLENS.get((head_dim, bool(causal)), (1, 0))  # (1, 0): no short range
-    if not varlen and lo <= seqlen_q <= hi:
-        masks = mask_args(causal, window, softcap)
-        if not (masks["MASK_LEFT"] or masks["RIGHT_WINDOW"] or masks["SOFTCAP"]):
-            return SHORT_DEFAULT
+    if lo <= seqlen_q <= hi:
+        return SHORT_DEFAULT
     from_len, long_name = LONG_SEQLENS.get((head_dim, bool(causal)), (0, None))
-    if not varlen and long_name is not None and seqlen_q >= from_len:
+    if long_name is not None and seqlen_q >= from_len:
         return long_name
     return name
 
