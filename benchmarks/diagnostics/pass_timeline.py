@@ -53,7 +53,8 @@ def _passes(attn, leaves, dout):
 
 
 # the L2 flush is a bitwise_not_ of 256 MB, an op no attention call runs: its kernel's name
-# (BitwiseNotFunctor, lowercased) marks where each call's kernels begin in the trace
+# (bitwise_not_kernel_cuda's lambda; compared lowercased without underscores) marks where each
+# call's kernels begin in the trace
 FLUSH_KERNEL = "bitwisenot"
 
 
@@ -80,7 +81,7 @@ def timeline(fn, calls: int) -> dict:
                  key=lambda ev: ev.time_range.start)  # fmt: skip
     segments: list[list] = []
     for ev in dev:
-        if FLUSH_KERNEL in ev.name.lower():
+        if FLUSH_KERNEL in ev.name.lower().replace("_", ""):
             segments.append([])
         elif segments:
             segments[-1].append(ev)
