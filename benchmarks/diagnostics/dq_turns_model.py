@@ -21,6 +21,10 @@ alone leave idle, for the walks and turn orders below:
   by round and, inside a round, by descending key block.
 - ``none``: no turns (the unordered additions of the non-deterministic variants).
 
+``--key-fastest G`` launches the programs in chunks of G (batch, K/V head) pairs, key block
+slower than the pair inside a chunk (``Variant.key_fastest``): causal ``tiles_down`` keeps
+0.971-0.997 of the work busy with G = 4 and 0.884-0.995 with G = 2 at 4K-32K.
+
 Found with it (bar shapes, Hq=32, Hkv=8, 132 SMs): ``ascending`` keeps 0.89-0.94 of the work
 busy at 4K-32K, ``none`` 0.99+; ``tiles_down`` 0.99 (on the global-statistics form, session 20,
 that walk lost L2 reuse instead; on the stats form, session 31, it gained 1-5% and is the causal

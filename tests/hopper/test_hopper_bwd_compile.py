@@ -46,7 +46,8 @@ def _variant(spec_name):
 # float16
 SPECS = [("bwd:" + name, d, True, "bfloat16") for name, var in hb.VARIANTS.items() for d in var.head_dims]
 SPECS += [("bwd:" + name, d, False, "float16") for (d, causal), name in hb.DEFAULT.items() if not causal]
-SPECS += [("bwd:" + name, d, causal, "float16") for (d, causal), (_, _, name) in hb.SEQLEN_VARIANTS.items()]
+SPECS += [("bwd:" + name, d, causal, "float16") for (d, causal), ranges in hb.SEQLEN_VARIANTS.items()
+          for _, _, name in ranges]  # fmt: skip
 # the packed (varlen) forms (compile_check.bwd_varlen_variants): causal bf16, non-causal fp16
 SPECS += [(name, d, causal, "bfloat16" if causal else "float16")
           for name in compile_check.bwd_varlen_variants() for d in _variant(name)[0].head_dims
@@ -134,7 +135,7 @@ def test_bwd_defaults_are_variants_for_their_head_dim():
 def test_dense_calls_in_a_seqlen_range_take_its_variant():
     # SEQLEN_VARIANTS: dense calls inside the range take the listed (deterministic) variant; outside
     # it, with the length unknown (0), or packed, the default
-    for (d, causal), (lo, hi, name) in hb.SEQLEN_VARIANTS.items():
+    for (d, causal), (lo, hi, name) in ((key, r) for key, ranges in hb.SEQLEN_VARIANTS.items() for r in ranges):
         var = hb.VARIANTS[name]
         assert d in var.head_dims and (not var.dq_atomic or var.dq_ordered)
         assert hb.variant_for(d, causal, seqlen_q=lo) == hb.variant_for(d, causal, seqlen_q=hi) == name

@@ -71,35 +71,33 @@ def test_default_variant_and_mask_args():
     assert hk.default_variant(64, True, window=(128, 0)) == hk.LEFT_WINDOW_FALLBACK
     assert hk.default_variant(64, False, window=(-1, 5)) == hk.DEFAULT[(64, False)]
     assert hk.default_variant(128, True, window=(128, 0)) == hk.DEFAULT[(128, True)]
-    # dense calls in SHORT_SEQLENS without a window or softcap: the dynamic persistent variant
-    assert set(hk.SHORT_SEQLENS) == {(128, False), (128, True), (64, True), (64, False)}
-    for (d, causal), (lo, hi) in hk.SHORT_SEQLENS.items():
-        assert d in hk.VARIANTS[hk.SHORT_DEFAULT].head_dims
-        assert hk.default_variant(d, causal, seqlen_q=lo) == hk.SHORT_DEFAULT
-        assert hk.default_variant(d, causal, seqlen_q=hi) == hk.SHORT_DEFAULT
-        from_len, long_name = hk.LONG_SEQLENS.get((d, causal), (None, None))
-        after = long_name if from_len is not None and hi + 1 >= from_len else hk.DEFAULT[(d, causal)]
-        assert hk.default_variant(d, causal, seqlen_q=hi + 1) == after
-        assert hk.default_variant(d, causal, seqlen_q=lo - 1) == hk.DEFAULT[(d, causal)]  # not measured
+    # dense calls without a window or softcap whose length lies in a range of SEQLEN_VARIANTS:
+    # that range's variant; just outside every range, unknown length (0) or packed: DEFAULT
+    assert set(hk.SEQLEN_VARIANTS) == {(128, False), (128, True), (64, True), (64, False)}
+    for (d, causal), ranges in hk.SEQLEN_VARIANTS.items():
+        inside = lambda s: any(lo <= s <= hi for lo, hi, _ in ranges)  # noqa: E731
+        for lo, hi, name in ranges:
+            assert d in hk.VARIANTS[name].head_dims
+            assert hk.default_variant(d, causal, seqlen_q=lo) == hk.default_variant(d, causal, seqlen_q=hi) == name
+            for s in (lo - 1, hi + 1):
+                if not inside(s):
+                    assert hk.default_variant(d, causal, seqlen_q=s) == hk.DEFAULT[(d, causal)]
+            assert hk.default_variant(d, causal, True, seqlen_q=lo) == hk.VARLEN_DEFAULT[(d, causal)]
+            assert hk.default_variant(d, causal, seqlen_q=lo, softcap=30.0) == hk.DEFAULT[(d, causal)]
+            # the short ranges run the dynamic persistent form, the long (causal) ones head-major
+            var = hk.VARIANTS[name]
+            assert (var.dynamic and lo == 256) or (var.head_major and causal and hi == hk.MAX_SEQLEN)
         assert hk.default_variant(d, causal, seqlen_q=0) == hk.DEFAULT[(d, causal)]  # length not given
-        assert hk.default_variant(d, causal, True, seqlen_q=lo) == hk.VARLEN_DEFAULT[(d, causal)]
     assert hk.default_variant(64, False, seqlen_q=2048) == hk.DEFAULT[(64, False)]  # 0.96x at 2K
     assert hk.default_variant(64, True, seqlen_q=4096) == hk.DEFAULT[(64, True)]
-    # long dense calls without a window or softcap: the head-major form from LONG_SEQLENS's
-    # length on; not packed, windowed or soft-capped ones
-    for (d, causal), (from_len, name) in hk.LONG_SEQLENS.items():
-        assert d in hk.VARIANTS[name].head_dims and hk.VARIANTS[name].head_major
-        assert hk.default_variant(d, causal, seqlen_q=from_len) == name
-        assert hk.default_variant(d, causal, seqlen_q=from_len - 1) != name
-        assert hk.default_variant(d, causal, True, seqlen_q=from_len) == hk.VARLEN_DEFAULT[(d, causal)]
-        assert hk.default_variant(d, causal, seqlen_q=from_len, softcap=30.0) == hk.DEFAULT[(d, causal)]
     assert hk.default_variant(128, True, window=(128, 0), seqlen_q=65536) == hk.DEFAULT[(128, True)]
     assert hk.default_variant(64, True, window=(128, 0), seqlen_q=65536) == hk.LEFT_WINDOW_FALLBACK
     assert hk.default_variant(64, True, window=(128, 0), seqlen_q=1024) == hk.LEFT_WINDOW_FALLBACK
     assert hk.default_variant(128, True, window=(128, 0), seqlen_q=4096) == hk.DEFAULT[(128, True)]
     assert hk.default_variant(128, False, seqlen_q=4096, softcap=30.0) == hk.DEFAULT[(128, False)]
-    assert hk.default_variant(128, True, window=(-1, 0), seqlen_q=4096) == hk.SHORT_DEFAULT
-    assert hk.VARIANTS[hk.SHORT_DEFAULT].dynamic and 128 in hk.VARIANTS[hk.SHORT_DEFAULT].head_dims
+    short = hk.SEQLEN_VARIANTS[(128, True)][0][2]
+    assert hk.default_variant(128, True, window=(-1, 0), seqlen_q=4096) == short
+    assert hk.VARIANTS[short].dynamic and 128 in hk.VARIANTS[short].head_dims
     assert hk.VARIANTS[hk.LEFT_WINDOW_FALLBACK].consumers == 2
     m = hk.mask_args(True, (100, -1), 0.0, 0.125)
     assert (m["MASK_LEFT"], m["MASK_RIGHT"], m["window_left"], m["window_right"], m["SOFTCAP"]) == (

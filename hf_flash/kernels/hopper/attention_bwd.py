@@ -118,8 +118,8 @@ from .. import configs
 from ..flash_bwd import stats_numel  # the buffer's layout is the preprocess's (re-exported)
 from ..launch import CachedLauncher
 from .attention_fwd import (
-    LOG2E, _descriptor, _mma_layout, _per_tile, _tanh, mask_args, schedule_entry, schedule_slots,
-    tma_compatible, tma_descriptor, varlen_schedule,
+    LOG2E, MAX_SEQLEN, _descriptor, _mma_layout, _per_tile, _tanh, mask_args, schedule_entry, schedule_slots,
+    seqlen_variant, tma_compatible, tma_descriptor, varlen_schedule,
 )
 
 PRODUCER_REGS = 24
@@ -375,7 +375,7 @@ VARIANTS = {
                 tiles_down=True, head_dims=(128,)),
         # the same numbered in chunks of two / four head groups, key block fastest inside a chunk
         # (key_fastest): the turn model (dq_turns_model.py --key-fastest) keeps 0.995 / 0.997 of
-        # the work busy at causal 32K (today's order 0.997), 0.983 / 0.992 at 16K
+        # the work busy at causal 32K (the default order 0.997), 0.983 / 0.992 at 16K
         Variant("kv2x64-m64-s2-dqwldfpsxa-dn-kf2", block_m=64, block_n=64, stages=2, consumers=2,
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 dq_frag=True, dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
@@ -470,10 +470,12 @@ DEFAULT = {
     (128, False): "kv2x64-m64-s2-dqwldfpsbrr", (128, True): "kv2x64-m64-s2-dqwldfpsxa-dn",
     (256, False): "kv64-m64-s2-splitd", (256, True): "kv64-m64-s2-splitd",
 }  # fmt: skip
-# Dense calls of (head dim, causal) with lo <= seqlen_q <= hi queries: SEQLEN_VARIANTS[key] =
-# (lo, hi, variant); the forms with the key block fastest in the program numbering (key_fastest),
-# so the ~132 programs in flight stream the Q and dO of a few (batch, head group) pairs instead of
-# every pair's (up to 256 MB, over the 50 MB L2). H200, 3-5 rounds:
+# Dense calls of (head dim, causal) without a window whose query count lies in a range of
+# SEQLEN_VARIANTS[key] = ((lo, hi, variant), ...) (inclusive; as the forward's table,
+# :func:`attention_fwd.seqlen_variant`) run that variant instead of DEFAULT: the forms with the
+# key block fastest in the program numbering (key_fastest), so the ~132 programs in flight
+# stream the Q and dO of a few (batch, head group) pairs instead of every pair's (up to 256 MB,
+# over the 50 MB L2). H200, 3-5 rounds:
 # - d128 non-causal 2K-4K, kf (session 33 call 4, 5 rounds): backward 469 / 502 TFLOP/s against
 #   dqwldfpsbrr's 435 / 482 at 2K / 4K (1.078 / 1.041x; the rule fixed before the run asked >= 1.02
 #   at both); at 8K-32K kf measured 0.99-1.03x in two runs (session 32): longer calls keep DEFAULT.
@@ -483,8 +485,8 @@ DEFAULT = {
 #   turn cost at 1-12% (dq_turns_model.py --key-fastest), so they keep DEFAULT.
 # Calls outside a range or with a window were not measured and keep DEFAULT.
 SEQLEN_VARIANTS = {
-    (128, False): (2048, 4096, "kv2x64-m64-s2-dqwldfpsbrr-kf"),
-    (128, True): (16384, 2**31 - 1, "kv2x64-m64-s2-dqwldfpsxa-dn-kf2"),
+    (128, False): ((2048, 4096, "kv2x64-m64-s2-dqwldfpsbrr-kf"),),
+    (128, True): ((16384, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsxa-dn-kf2"),),
 }
 # (head dim, causal) -> the variant run when deterministic gradients are not required
 # (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
@@ -546,11 +548,10 @@ def variant_for(head_dim: int, causal: bool, varlen: bool = False, seqlen_q: int
         return VARLEN_DEFAULT[key]
     if not configs.deterministic() and key in NONDETERMINISTIC:
         return NONDETERMINISTIC[key]
-    lo, hi, name = SEQLEN_VARIANTS.get(key, (1, 0, None))  # (1, 0): no range
-    windowed = window[0] >= 0 or (window[1] >= 0 and not causal)  # causal: the diagonal is the right bound
-    if lo <= seqlen_q <= hi and not windowed:
-        return name
-    return DEFAULT[key]
+    masks = mask_args(causal, window)
+    if masks["MASK_LEFT"] or masks["RIGHT_WINDOW"]:
+        return DEFAULT[key]
+    return seqlen_variant(SEQLEN_VARIANTS, head_dim, causal, seqlen_q) or DEFAULT[key]
 
 
 # DQ_FRAG: the flat float32 dQ tile (64 query rows x 64 columns) is 16 x 256 floats, the box of

@@ -46,8 +46,10 @@ in its own shared-memory tile, so its store overlaps the next item's loop). Pers
 take their next items either statically (program_id + num_programs, ...) or, ``dynamic``, from
 an atomic counter zeroed per launch: the producer fetches each and hands it to the consumers
 through a two-slot shared-memory ring (``item_ready`` / ``item_empty``), so programs that drew
-short items take more of them. Dense calls of ``SHORT_SEQLENS`` queries (d128: 256-8K; d64:
-256-2K causal, 256-1K not) run the dynamic form.
+short items take more of them. Dense calls without a window or softcap take a variant by their
+query count (``SEQLEN_VARIANTS``): the dynamic form at 256-8K (d128) and 256-2K causal / 256-1K
+not (d64), and causal items numbered head by head (``head_major``, so the items in flight share
+one or two heads' K/V in L2) past 8K (d128) and from 32K (d64).
 
 Head dim 256 uses 64-key K/V tiles and stages the output in the Q tile's shared memory (free
 once the item's last S = Q K^T has completed; one-item programs only), since a separate output
@@ -151,7 +153,9 @@ VARIANTS = {
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True),
         Variant("ws2x4-overlap-fma-dyn", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True),
-        # causal items head by head, longest first inside each head (head_major)
+        # causal items head by head, longest first inside each head (head_major; SEQLEN_VARIANTS
+        # runs the one-item and three-consumer forms). The dynamic form gained less (H200, session
+        # 33: 1.022 / 0.997 / 1.018 / 1.005x ws2x4-overlap-fma-dyn at 4K-32K) and is no default
         Variant("ws2x4-overlap-fma-hm", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=232, head_major=True),
         Variant("ws2x4-overlap-fma-dyn-hm", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
@@ -185,32 +189,37 @@ VARLEN_DEFAULT = {
     (256, True): "ws2x4-overlap-fma-d256",
 }
 HEAD_DIMS = (64, 128, 256)
-# Dense calls of (head dim, causal) -> SHORT_SEQLENS[key] = (lo, hi) queries (inclusive), without a
-# window or softcap (the calls it was measured on), run SHORT_DEFAULT: persistent programs fed by
-# an atomic item counter overlap one item's epilogue with the next one's loads, which pays where
-# items are short. H100, bf16, Hq=32, Hkv=8, batch 16K / S, 3 rounds (.notes/hopper.md):
-# - d128, 4K / 8K (session 22 call 6): 542 / 589 TFLOP/s causal against 521 / 583, non-causal
-#   574 / 611 against 568 / 586 (1.01-1.04x); 512 / 1K / 2K (session 24 call 8): causal 318 /
-#   412 / 481 against 261 / 374 / 460 (1.05-1.22x), non-causal 460 / 502 / 551 against 412 / 485
-#   / 527 (1.04-1.12x). At 16K / 32K 1.05 / 0.98x causal and 1.00 / 0.97x non-causal (an
-#   H200), so longer calls keep DEFAULT.
-# - d64 causal, against the three-consumer default (session 24 calls 7-8): 207 / 293 / 359 at
-#   512 / 1K / 2K against 147 / 218 / 331 (1.08-1.41x); 4K 0.99x, 8K 0.93x.
-# - d64 non-causal (session 25 call 1): 333 / 396 at 512 / 1K against 287 / 361 (1.16 / 1.10x);
-#   2K 0.96x (session 24 call 7).
-# - 256 queries (session 25 call 1): d128 205 / 371 (causal / not) against 157 / 300, d64 121 /
-#   254 against 66 / 150 (1.24-1.84x). Shorter calls were not measured and keep DEFAULT.
-SHORT_DEFAULT = "ws2x4-overlap-fma-dyn"
-SHORT_SEQLENS = {(128, False): (256, 8192), (128, True): (256, 8192), (64, True): (256, 2048), (64, False): (256, 1024)}
-# Dense calls of (head dim, causal) with at least LONG_SEQLENS[key][0] queries, without a window
-# or softcap (the calls it was measured on), run the variant LONG_SEQLENS[key][1]: causal items
-# numbered head by head (head_major), which keeps the K/V of one or two heads in L2 where that of
-# every head exceeds it (H200, session 33, 3 rounds; .notes/hopper.md):
-# - d128 (past SHORT_SEQLENS): 1.043 / 1.057 / 1.048 / 1.052x ws2x4-overlap-fma at 4K-32K (64-128
-#   MB of K/V at 16K tokens per batch).
-# - d64 from 32K: 1.047x and 1.068x ws3x4-pp-s3 at 32K in two runs, 1.037x at 64K; level at 4K-8K
-#   and 0.95-1.00x at 16K, where the K/V of all heads (32 MB) fits the 50 MB L2.
-LONG_SEQLENS = {(128, True): (8193, "ws2x4-overlap-fma-hm"), (64, True): (32768, "ws3x4-pp-s3-hm")}
+# Dense calls of (head dim, causal) without a window or softcap (the calls these were measured
+# on) whose query count lies in a range of SEQLEN_VARIANTS[key] = ((lo, hi, variant), ...)
+# (inclusive) run that variant instead of DEFAULT (:func:`seqlen_variant`); other lengths were
+# not measured and keep DEFAULT. Measurements: bf16, Hq=32, Hkv=8, batch 16K / S, 3 rounds
+# (.notes/hopper.md).
+# - Short calls, ws2x4-overlap-fma-dyn: persistent programs fed by an atomic item counter overlap
+#   one item's epilogue with the next one's loads, which pays where items are short (H100):
+#   - d128, 4K / 8K (session 22 call 6): 542 / 589 TFLOP/s causal against 521 / 583, non-causal
+#     574 / 611 against 568 / 586 (1.01-1.04x); 512 / 1K / 2K (session 24 call 8): causal 318 /
+#     412 / 481 against 261 / 374 / 460 (1.05-1.22x), non-causal 460 / 502 / 551 against 412 /
+#     485 / 527 (1.04-1.12x). At 16K / 32K 1.05 / 0.98x causal and 1.00 / 0.97x non-causal (an
+#     H200).
+#   - d64 causal, against the three-consumer default (session 24 calls 7-8): 207 / 293 / 359 at
+#     512 / 1K / 2K against 147 / 218 / 331 (1.08-1.41x); 4K 0.99x, 8K 0.93x.
+#   - d64 non-causal (session 25 call 1): 333 / 396 at 512 / 1K against 287 / 361 (1.16 /
+#     1.10x); 2K 0.96x (session 24 call 7).
+#   - 256 queries (session 25 call 1): d128 205 / 371 (causal / not) against 157 / 300, d64 121 /
+#     254 against 66 / 150 (1.24-1.84x).
+# - Long causal calls, the head-major forms (head_major), which keep the K/V of one or two heads
+#   in L2 where that of every head exceeds it (H200, session 33):
+#   - d128 past 8K: 1.043 / 1.057 / 1.048 / 1.052x ws2x4-overlap-fma at 4K-32K (64-128 MB of K/V
+#     at 16K tokens per batch).
+#   - d64 from 32K: 1.047x and 1.068x ws3x4-pp-s3 at 32K in two runs, 1.037x at 64K; level at
+#     4K-8K and 0.95-1.00x at 16K, where the K/V of all heads (32 MB) fits the 50 MB L2.
+MAX_SEQLEN = 2**31 - 1
+SEQLEN_VARIANTS = {
+    (128, False): ((256, 8192, "ws2x4-overlap-fma-dyn"),),
+    (128, True): ((256, 8192, "ws2x4-overlap-fma-dyn"), (8193, MAX_SEQLEN, "ws2x4-overlap-fma-hm")),
+    (64, False): ((256, 1024, "ws2x4-overlap-fma-dyn"),),
+    (64, True): ((256, 2048, "ws2x4-overlap-fma-dyn"), (32768, MAX_SEQLEN, "ws3x4-pp-s3-hm")),
+}
 # Calls with a left window bound run this variant where their default has three consumers: at
 # 160 registers each, the left-edge mask spills 128-296 bytes per thread (CPU compile, sm_90a);
 # two consumers spill nothing with any mask or the softcap.
@@ -240,13 +249,16 @@ def default_variant(head_dim: int, causal: bool, varlen: bool = False, window=(-
     masks = mask_args(causal, window, softcap)
     if masks["MASK_LEFT"] or masks["RIGHT_WINDOW"] or masks["SOFTCAP"]:
         return name
-    lo, hi = SHORT_SEQLENS.get((head_dim, bool(causal)), (1, 0))  # (1, 0): no short range
-    if lo <= seqlen_q <= hi:
-        return SHORT_DEFAULT
-    from_len, long_name = LONG_SEQLENS.get((head_dim, bool(causal)), (0, None))
-    if long_name is not None and seqlen_q >= from_len:
-        return long_name
-    return name
+    return seqlen_variant(SEQLEN_VARIANTS, head_dim, causal, seqlen_q) or name
+
+
+def seqlen_variant(table: dict, head_dim: int, causal: bool, seqlen_q: int):
+    """The variant of the range in ``table[(head_dim, causal)]`` (``((lo, hi, variant), ...)``,
+    inclusive) that holds ``seqlen_q``, or None. Shared with the backward's table."""
+    for lo, hi, variant in table.get((head_dim, bool(causal)), ()):
+        if lo <= seqlen_q <= hi:
+            return variant
+    return None
 
 
 def varlen_builds(variant: str, causal: bool) -> bool:
