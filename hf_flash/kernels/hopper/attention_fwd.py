@@ -67,7 +67,7 @@ Rows that see no key (causal with seqlen_q > seqlen_k) get output 0 and log-sum-
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -123,9 +123,6 @@ class Variant:
     # (a CPU model of one-item programs: 3% at 4K/8K, under 1% at 16K/32K; .notes/hopper.md
     # session 32). Non-causal items are numbered so in every variant
     head_major: bool = False
-    # row max and sum of each S / P tile combined pairwise in the thread's registers before the
-    # lane shuffles (:func:`_row_reduce`), not as one chain of dependent operations
-    tree_reduce: bool = False
 
     @property
     def rows(self) -> int:
@@ -172,9 +169,6 @@ VARIANTS = {
                 overlap=True, fma_scale=True, consumer_regs=232, head_dims=(256,), o_in_q=True),
     )
 }  # fmt: skip
-# the row reductions as trees (tree_reduce), beside the variants hf_flash dispatches to
-for _base in ("ws2x4-overlap-fma", "ws2x4-overlap-fma-dyn", "ws2x4-overlap-fma-hm", "ws3x4-pp-s3", "ws3x4-pp-s3-hm"):
-    VARIANTS[_base + "-tr"] = replace(VARIANTS[_base], name=_base + "-tr", tree_reduce=True)
 DEFAULT = {
     (128, False): "ws2x4-overlap-fma",
     (128, True): "ws2x4-overlap-fma",
@@ -491,40 +485,10 @@ def _per_tile(x):
 
 
 @gluon.jit
-def _row_reduce(x, MAX: gl.constexpr, TREE: gl.constexpr):
-    """The max (MAX) or sum of each row of an S or P tile in the wgmma layout. With TREE, each
-    thread first combines its own columns pairwise, the upper half of the remaining columns onto
-    the lower half (held in registers: the layout's column bits from 8 up), until 8 columns are
-    left; then the reduction over those (one in-thread step and two lane shuffles). Without, the
-    reduction combines a thread's columns one after another: a chain of BLOCK_N / 4 dependent
-    operations per row, whose latency the one warp per scheduler of a consumer cannot hide."""
-    if TREE:
-        BM: gl.constexpr = x.shape[0]
-        N: gl.constexpr = x.shape[1]
-        STEPS: gl.constexpr = (N // 8).bit_length() - 1
-        row_layout: gl.constexpr = gl.SliceLayout(1, x.type.layout)
-        for i in gl.static_range(STEPS):
-            lo, hi = gl.split(gl.permute(gl.reshape(x, [BM, 2, N >> (i + 1)]), [0, 2, 1]))
-            if MAX:
-                x = gl.maximum(lo, hi)
-            else:
-                x = lo + hi
-        if MAX:
-            r = gl.max(x, 1)
-        else:
-            r = gl.sum(x, 1)
-        return gl.convert_layout(r, row_layout)
-    elif MAX:
-        return gl.max(x, 1)
-    else:
-        return gl.sum(x, 1)
-
-
-@gluon.jit
 def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale,
                   softcap_in, softcap_out, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                   MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
-                  FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr, TREE: gl.constexpr):  # fmt: skip
+                  FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr):  # fmt: skip
     """Transform and mask tile ``j``'s scores and update the running max and sum; returns
     (p, alpha, m, l).
 
@@ -563,7 +527,7 @@ def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left,
             if MASK_RIGHT:
                 vis = vis & (cols <= gl.expand_dims(rows, 1))
         s = gl.where(vis, s, float("-inf"))
-    m_new = gl.maximum(m_i, _row_reduce(s, True, TREE))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
     # rows that have seen no key yet keep m = -inf; subtract 0 instead to avoid inf - inf
     m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
     if FMA_SCALE and not SOFTCAP:
@@ -572,7 +536,7 @@ def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left,
     else:
         p = gl.exp2(s - gl.expand_dims(m_sub, 1))
         alpha = gl.exp2(m_i - m_sub)
-    l_new = l_i * alpha + _row_reduce(p, False, TREE)
+    l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
 
 
@@ -617,7 +581,6 @@ def _consumer_item(
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-    TREE: gl.constexpr,
 ):  # fmt: skip
     """One work item of one consumer partition. ``it`` (K/V tiles consumed so far), ``tk``
     (ping-pong turns taken) and ``n_done`` (items done) carry the barrier phases from item to
@@ -653,7 +616,7 @@ def _consumer_item(
             mbarrier.arrive(k_empty.index(slot))
             p, alpha, m_i, l_i = _softmax_step(
                 s, m_i, l_i, rows, lo, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP, TREE,
+                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
             )  # fmt: skip
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(lo + 1, n_tiles):
@@ -673,7 +636,7 @@ def _consumer_item(
                 mbarrier.arrive(k_empty.index(slot))
                 p, alpha, m_i, l_i = _softmax_step(
                     s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-                    softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP, TREE,
+                    softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
                 )  # fmt: skip
                 # p_op is a register operand of the running wgmma: keep it alive until the wait
                 acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
@@ -705,7 +668,7 @@ def _consumer_item(
             mbarrier.arrive(k_empty.index(slot))
             p, alpha, m_i, l_i = _softmax_step(
                 s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP, TREE,
+                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
             )  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -767,7 +730,7 @@ def _consumer(
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
-    item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr, TREE: gl.constexpr,
+    item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
     q_tile = q_smem.index(INDEX)
     o_tile = o_smem.index(INDEX)
@@ -788,7 +751,7 @@ def _consumer(
                 nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
                 qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
                 MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
-                HEAD_MAJOR, TREE,
+                HEAD_MAJOR,
             )  # fmt: skip
             n_done += 1
             if DYNAMIC:
@@ -804,7 +767,7 @@ def _consumer(
             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
             qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
             MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
-            HEAD_MAJOR, TREE,
+            HEAD_MAJOR,
         )  # fmt: skip
     tma.store_wait(0)
 
@@ -819,7 +782,7 @@ def _attn_fwd_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
     PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr, DYNAMIC: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr, TREE: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
     # program takes item program_id (PERSISTENT: then program_id + num_programs, ..., or DYNAMIC:
@@ -879,14 +842,14 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, TREE)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, TREE)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -906,21 +869,21 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, TREE)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, TREE)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, TREE)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -1196,7 +1159,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
         FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
-        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, TREE=var.tree_reduce,
+        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs
