@@ -67,7 +67,7 @@ Rows that see no key (causal with seqlen_q > seqlen_k) get output 0 and log-sum-
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -123,10 +123,6 @@ class Variant:
     # (a CPU model of one-item programs: 3% at 4K/8K, under 1% at 16K/32K; .notes/hopper.md
     # session 32). Non-causal items are numbered so in every variant
     head_major: bool = False
-    # one in poly_exp2 of the softmax's exponentials computed by a polynomial on the FMA pipe
-    # (:func:`_exp2_mixed`), the rest on the MUFU; 0: every one on the MUFU. Scaled-FMA form
-    # without softcap only
-    poly_exp2: int = 0
 
     @property
     def rows(self) -> int:
@@ -173,9 +169,6 @@ VARIANTS = {
                 overlap=True, fma_scale=True, consumer_regs=232, head_dims=(256,), o_in_q=True),
     )
 }  # fmt: skip
-for _base, _packs in (("ws3x4-pp-s3", (2, 4, 8)), ("ws2x4-overlap-fma", (4, 8)), ("ws2x4-overlap-fma-dyn", (4,))):
-    for _pack in _packs:
-        VARIANTS[f"{_base}-px{_pack}"] = replace(VARIANTS[_base], name=f"{_base}-px{_pack}", poly_exp2=_pack)
 DEFAULT = {
     (128, False): "ws2x4-overlap-fma",
     (128, True): "ws2x4-overlap-fma",
@@ -491,62 +484,11 @@ def _per_tile(x):
     return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
 
-def _exp2_mixed_asm(pack: int) -> str:
-    """PTX for :func:`_exp2_mixed`: outputs $0..$(pack-1), inputs $pack..$(2 pack-1); the first
-    pack - 1 elements through ex2.approx.ftz (MUFU), the last through a degree-3 polynomial on
-    the FMA pipe. The polynomial: x clamped to -127, rounded to the nearest integer j by adding
-    and subtracting 1.5 * 2^23 (the sum's low mantissa bits then hold j), f = x - j in [-0.5,
-    0.5], 2^f ~ 1 + f (c1 + f (c2 + f c3)) (relative error 1.0e-4 on [-0.5, 0.5], minimax;
-    c0 = 1 exactly, so x = -inf gives f = 0, p = 1.0 and, with j = -127, the bits of +0.0),
-    then j added to the exponent field by an integer add of j << 23."""
-    lines = ["{", ".reg .f32 %px_x, %px_t, %px_f, %px_p;", ".reg .b32 %px_j, %px_b;"]
-    lines += [f"ex2.approx.ftz.f32 ${i}, ${pack + i};" for i in range(pack - 1)]
-    lines += [
-        f"max.f32 %px_x, ${2 * pack - 1}, 0fC2FE0000;",
-        "add.rn.f32 %px_t, %px_x, 0f4B400000;",
-        "sub.rn.f32 %px_f, %px_t, 0f4B400000;",
-        "sub.rn.f32 %px_f, %px_x, %px_f;",
-        "fma.rn.f32 %px_p, %px_f, 0f3D61510B, 0f3E780627;",
-        "fma.rn.f32 %px_p, %px_p, %px_f, 0f3F317AFD;",
-        "fma.rn.f32 %px_p, %px_p, %px_f, 0f3F800000;",
-        "mov.b32 %px_j, %px_t;",
-        "shl.b32 %px_j, %px_j, 23;",
-        "mov.b32 %px_b, %px_p;",
-        f"add.s32 ${pack - 1}, %px_b, %px_j;",
-        "}",
-    ]
-    return "\n".join(lines)
-
-
-EXP2_ASM = {pack: gl.constexpr(_exp2_mixed_asm(pack)) for pack in (2, 4, 8)}
-_EXP2_ASM_2 = EXP2_ASM[2]
-_EXP2_ASM_4 = EXP2_ASM[4]
-_EXP2_ASM_8 = EXP2_ASM[8]
-_EXP2_CONSTRAINTS = {pack: gl.constexpr(",".join(["=r"] * pack + ["r"] * pack)) for pack in (2, 4, 8)}
-_EXP2_CON_2 = _EXP2_CONSTRAINTS[2]
-_EXP2_CON_4 = _EXP2_CONSTRAINTS[4]
-_EXP2_CON_8 = _EXP2_CONSTRAINTS[8]
-
-
-@gluon.jit
-def _exp2_mixed(x, PACK: gl.constexpr):
-    """exp2 of x <= 0 (or -inf), one element in PACK on the FMA pipe (a polynomial, relative error
-    1e-4, far below the bf16 / fp16 rounding of P) and the others on the MUFU, so the two pipes
-    share the softmax's exponentials (FA4's remedy for a MUFU-bound softmax)."""
-    if PACK == 2:
-        return gl.inline_asm_elementwise(_EXP2_ASM_2, _EXP2_CON_2, [x], dtype=gl.float32, is_pure=True, pack=2)
-    elif PACK == 4:
-        return gl.inline_asm_elementwise(_EXP2_ASM_4, _EXP2_CON_4, [x], dtype=gl.float32, is_pure=True, pack=4)
-    else:
-        gl.static_assert(PACK == 8, "PACK is 2, 4 or 8")
-        return gl.inline_asm_elementwise(_EXP2_ASM_8, _EXP2_CON_8, [x], dtype=gl.float32, is_pure=True, pack=8)
-
-
 @gluon.jit
 def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale,
                   softcap_in, softcap_out, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                   MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
-                  FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr, POLY: gl.constexpr):  # fmt: skip
+                  FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr):  # fmt: skip
     """Transform and mask tile ``j``'s scores and update the running max and sum; returns
     (p, alpha, m, l).
 
@@ -589,10 +531,7 @@ def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left,
     # rows that have seen no key yet keep m = -inf; subtract 0 instead to avoid inf - inf
     m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
     if FMA_SCALE and not SOFTCAP:
-        if POLY > 0:
-            p = _exp2_mixed(s * qk_scale - gl.expand_dims(m_sub * qk_scale, 1), POLY)
-        else:
-            p = gl.exp2(s * qk_scale - gl.expand_dims(m_sub * qk_scale, 1))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_sub * qk_scale, 1))
         alpha = gl.exp2((m_i - m_sub) * qk_scale)
     else:
         p = gl.exp2(s - gl.expand_dims(m_sub, 1))
@@ -642,7 +581,6 @@ def _consumer_item(
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-    POLY: gl.constexpr,
 ):  # fmt: skip
     """One work item of one consumer partition. ``it`` (K/V tiles consumed so far), ``tk``
     (ping-pong turns taken) and ``n_done`` (items done) carry the barrier phases from item to
@@ -678,7 +616,7 @@ def _consumer_item(
             mbarrier.arrive(k_empty.index(slot))
             p, alpha, m_i, l_i = _softmax_step(
                 s, m_i, l_i, rows, lo, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP, POLY,
+                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
             )  # fmt: skip
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(lo + 1, n_tiles):
@@ -698,7 +636,7 @@ def _consumer_item(
                 mbarrier.arrive(k_empty.index(slot))
                 p, alpha, m_i, l_i = _softmax_step(
                     s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-                    softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP, POLY,
+                    softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
                 )  # fmt: skip
                 # p_op is a register operand of the running wgmma: keep it alive until the wait
                 acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
@@ -730,7 +668,7 @@ def _consumer_item(
             mbarrier.arrive(k_empty.index(slot))
             p, alpha, m_i, l_i = _softmax_step(
                 s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP, POLY,
+                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
             )  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -792,7 +730,7 @@ def _consumer(
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
-    item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr, POLY: gl.constexpr,
+    item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
     q_tile = q_smem.index(INDEX)
     o_tile = o_smem.index(INDEX)
@@ -813,7 +751,7 @@ def _consumer(
                 nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
                 qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
                 MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
-                HEAD_MAJOR, POLY,
+                HEAD_MAJOR,
             )  # fmt: skip
             n_done += 1
             if DYNAMIC:
@@ -829,7 +767,7 @@ def _consumer(
             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
             qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
             MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
-            HEAD_MAJOR, POLY,
+            HEAD_MAJOR,
         )  # fmt: skip
     tma.store_wait(0)
 
@@ -844,7 +782,7 @@ def _attn_fwd_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
     PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr, DYNAMIC: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr, POLY: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
     # program takes item program_id (PERSISTENT: then program_id + num_programs, ..., or DYNAMIC:
@@ -904,14 +842,14 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, POLY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, POLY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -931,21 +869,21 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, POLY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, POLY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, POLY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -1221,7 +1159,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
         FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
-        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, POLY=var.poly_exp2,
+        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs
