@@ -9,7 +9,8 @@ preprocess, dK/dV and dQ) and forward + backward:
 
   hopper:<variant>  flash_attn_func, Gluon forward, Gluon backward kernel ``variant`` (with its
                     own dQ, or + the Triton dQ kernel for a dK/dV-only variant)
-  hf_flash_tbwd     flash_attn_func, Gluon forward, Triton backward (use_hopper_backward(False))
+  hf_flash_tbwd     flash_attn_func, Gluon forward, Triton backward (use_hopper_backward(False));
+                    left out with ``--no-triton-backward``
   sdpa              F.scaled_dot_product_attention(..., enable_gqa=True), no backend forced
                     (cuDNN on an H100); not with ``--softcap`` (SDPA has none)
 
@@ -39,7 +40,7 @@ if __package__ in (None, ""):
 from benchmarks.hopper_attention import NHEADS_KV, NHEADS_Q, TOKENS, bench, env_info, flops  # noqa: E402
 
 
-def providers(q, k, v, dout, causal, variants, softcap=0.0):
+def providers(q, k, v, dout, causal, variants, softcap=0.0, triton_backward=True):
     """name -> (forward, backward-context): forward() returns the output in (B, S, H, D) with a
     graph to (q, k, v); the backward runs inside backward-context()."""
     from hf_flash import flash_attn_func
@@ -53,18 +54,23 @@ def providers(q, k, v, dout, causal, variants, softcap=0.0):
 
         @contextlib.contextmanager
         def pick(name=name):
-            saved = dict(hb.DEFAULT)
+            # the named variant at every length: DEFAULT set, the query-length ranges emptied
+            saved, saved_ranges = dict(hb.DEFAULT), dict(hb.SEQLEN_VARIANTS)
             hb.DEFAULT.update({(q.shape[-1], masked): name for masked in (False, True)})
+            hb.SEQLEN_VARIANTS.clear()
             try:
                 yield
             finally:
                 hb.DEFAULT.clear()
                 hb.DEFAULT.update(saved)
+                hb.SEQLEN_VARIANTS.update(saved_ranges)
 
         fns[f"hopper:{name}"] = (lambda: flash_attn_func(q, k, v, causal=causal, softcap=softcap), pick)
-    fns["hf_flash_tbwd"] = (
-        lambda: flash_attn_func(q, k, v, causal=causal, softcap=softcap), lambda: configs.use_hopper_backward(False)
-    )
+    if triton_backward:
+        fns["hf_flash_tbwd"] = (
+            lambda: flash_attn_func(q, k, v, causal=causal, softcap=softcap),
+            lambda: configs.use_hopper_backward(False),
+        )
     if softcap:
         return fns
     qh, kh, vh = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
@@ -104,7 +110,7 @@ def dkdv_only(q, k, v, dout, causal, variant, softcap=0.0):
     return run
 
 
-def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0) -> list[dict]:
+def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0, triton_backward=True) -> list[dict]:
     from hf_flash.kernels.hopper import attention_bwd as hb
 
     batch = max(1, TOKENS // seqlen)
@@ -115,7 +121,7 @@ def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0) -> list[d
 
     q, k, v = (mk(h).requires_grad_() for h in (NHEADS_Q, NHEADS_KV, NHEADS_KV))
     dout = mk(NHEADS_Q)
-    fns = providers(q, k, v, dout, causal, variants, softcap)
+    fns = providers(q, k, v, dout, causal, variants, softcap, triton_backward)
     f_fwd = flops(batch, seqlen, head_dim, causal)
     rows, timers = {}, {}
     ref = None
@@ -200,6 +206,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=1, help="timings per provider and point (median)")
     ap.add_argument("--softcap", type=float, default=0.0, help="soft-capped calls (no SDPA row)")
     ap.add_argument("--masks", nargs="+", choices=["causal", "full"], default=["causal", "full"])
+    ap.add_argument("--no-triton-backward", action="store_true", help="leave out the hf_flash_tbwd row")
     args = ap.parse_args(argv)
     meta = env_info()
     print(json.dumps(meta), flush=True)
@@ -207,7 +214,7 @@ def main(argv=None) -> None:
     for d in args.head_dims:
         for causal in [m == "causal" for m in args.masks]:
             for s in args.seqlens:
-                point = run_point(d, causal, s, args.variants, args.rounds, args.softcap)
+                point = run_point(d, causal, s, args.variants, args.rounds, args.softcap, not args.no_triton_backward)
                 rows += point
                 cells = "  ".join(
                     f"{r['provider']}={r.get('bwd_tflops', r.get('dkdv_tflops', 0)):.0f}"
