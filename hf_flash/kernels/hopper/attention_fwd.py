@@ -67,7 +67,7 @@ Rows that see no key (causal with seqlen_q > seqlen_k) get output 0 and log-sum-
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -123,11 +123,6 @@ class Variant:
     # (a CPU model of one-item programs: 3% at 4K/8K, under 1% at 16K/32K; .notes/hopper.md
     # session 32). Non-causal items are numbered so in every variant
     head_major: bool = False
-    # dense calls without a window or softcap: the overlapped loop's tiles that need no mask
-    # take a copy of the step built without mask code (_consumer_item); False: one step with the
-    # mask behind a test of the tile index, which the compiler turns into a select on every
-    # score of every tile (the key-range mask being cheap)
-    unmasked_copy: bool = True
 
     @property
     def rows(self) -> int:
@@ -174,9 +169,6 @@ VARIANTS = {
                 overlap=True, fma_scale=True, consumer_regs=232, head_dims=(256,), o_in_q=True),
     )
 }  # fmt: skip
-# the one-step loop beside the dispatched variants, to measure unmasked_copy against
-for _base in ("ws2x4-overlap-fma", "ws2x4-overlap-fma-dyn", "ws3x4-pp-s3"):
-    VARIANTS[_base + "-one"] = replace(VARIANTS[_base], name=_base + "-one", unmasked_copy=False)
 DEFAULT = {
     (128, False): "ws2x4-overlap-fma",
     (128, True): "ws2x4-overlap-fma",
@@ -496,13 +488,9 @@ def _per_tile(x):
 def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale,
                   softcap_in, softcap_out, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                   MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
-                  FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr, MAY_MASK: gl.constexpr = True):  # fmt: skip
+                  FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr):  # fmt: skip
     """Transform and mask tile ``j``'s scores and update the running max and sum; returns
     (p, alpha, m, l).
-
-    MAY_MASK=False: the caller knows tile ``j`` lies in [full_lo, full_hi), so no mask code is
-    built (not even the test of ``j``: with it in the loop, the compiler turns the cheap
-    non-causal mask into a select on every score of every tile, ~80 instructions per tile).
 
     ``qk_scale`` is softmax_scale * log2(e). With FMA_SCALE the running max stays in the raw
     score domain and ``s * scale - m * scale`` is one fused multiply-add per score (the scale is
@@ -516,9 +504,9 @@ def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left,
         s = _tanh(s * softcap_in) * softcap_out
     elif not FMA_SCALE:
         s = s * qk_scale
-    masked = MAY_MASK and (j >= full_hi)
+    masked = j >= full_hi
     if MASK_LEFT:
-        masked = masked | (MAY_MASK and (j < full_lo))
+        masked = masked | (j < full_lo)
     if masked:
         if MASK_LEFT or RIGHT_WINDOW:
             # window edges: columns relative to the tile against per-row bounds relative to the
@@ -540,11 +528,8 @@ def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left,
                 vis = vis & (cols <= gl.expand_dims(rows, 1))
         s = gl.where(vis, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1))
-    if MAY_MASK:
-        # rows that have seen no key yet keep m = -inf; subtract 0 instead to avoid inf - inf
-        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_sub = m_new  # every row saw a key of this tile
+    # rows that have seen no key yet keep m = -inf; subtract 0 instead to avoid inf - inf
+    m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
     if FMA_SCALE and not SOFTCAP:
         p = gl.exp2(s * qk_scale - gl.expand_dims(m_sub * qk_scale, 1))
         alpha = gl.exp2((m_i - m_sub) * qk_scale)
@@ -553,46 +538,6 @@ def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left,
         alpha = gl.exp2(m_i - m_sub)
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
-
-
-@gluon.jit
-def _overlap_step(
-    j, it, tk, acc, p_op, m_i, l_i, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, s_zero, rows,
-    full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in, softcap_out,
-    INDEX: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-    MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-    NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
-    MAY_MASK: gl.constexpr,
-):  # fmt: skip
-    """One step of the overlapped loop: S_j = Q K_j^T issued with P_{j-1} V_{j-1}, tile j's
-    softmax under the latter, then the rescale and P_j. Returns (it, tk, acc, p_op, m, l)."""
-    s_layout: gl.constexpr = _mma_layout(BLOCK_N, NUM_WARPS)
-    o_layout: gl.constexpr = _mma_layout(HEAD_DIM, NUM_WARPS)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    prev = it % STAGES
-    it += 1
-    slot = it % STAGES
-    mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
-    mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
-    _turn_wait(turn, tk, INDEX, PINGPONG)
-    s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-    _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
-    tk += 1
-    # S_j is done once at most one group (the P V product) is still running
-    s = warpgroup_mma_wait(1, deps=(s_tok,))
-    mbarrier.arrive(k_empty.index(slot))
-    p, alpha, m_i, l_i = _softmax_step(
-        s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-        softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP, MAY_MASK,
-    )  # fmt: skip
-    # p_op is a register operand of the running wgmma: keep it alive until the wait
-    acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
-    mbarrier.arrive(v_empty.index(prev))
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-    p_op = gl.convert_layout(p.to(p_op.dtype), p_layout)
-    return it, tk, acc, p_op, m_i, l_i
 
 
 @gluon.jit
@@ -636,7 +581,6 @@ def _consumer_item(
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-    UNMASKED_COPY: gl.constexpr,
 ):  # fmt: skip
     """One work item of one consumer partition. ``it`` (K/V tiles consumed so far), ``tk``
     (ping-pong turns taken) and ``n_done`` (items done) carry the barrier phases from item to
@@ -675,40 +619,30 @@ def _consumer_item(
                 softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
             )  # fmt: skip
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            if UNMASKED_COPY and not MASK_LEFT and not MASK_RIGHT and not SOFTCAP and not VARLEN:
-                # dense, no window, no softcap: the tiles before full_hi (all but a ragged last
-                # one) take a copy of the step built without mask code. With the mask test in
-                # the one step, the compiler turns this cheap mask (the key range's end) into a
-                # select on every score of every tile (~80 instructions per tile); as a loop and
-                # a step after it, it permutes the P operand's halves at every step (32). The
-                # windowed, soft-capped and packed builds keep one step: there the second copy
-                # made the register allocator spill, and their masks stay a branch anyway
-                for j in range(lo + 1, n_tiles):
-                    if j < full_hi:
-                        it, tk, acc, p_op, m_i, l_i = _overlap_step(
-                            j, it, tk, acc, p_op, m_i, l_i, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty,
-                            v_empty, turn, s_zero, rows, full_lo, full_hi, k_len, window_left, window_right,
-                            qk_scale, softcap_in, softcap_out,
-                            INDEX, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, NUM_WARPS,
-                            CONSUMERS, PINGPONG, FMA_SCALE, False,
-                        )  # fmt: skip
-                    else:
-                        it, tk, acc, p_op, m_i, l_i = _overlap_step(
-                            j, it, tk, acc, p_op, m_i, l_i, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty,
-                            v_empty, turn, s_zero, rows, full_lo, full_hi, k_len, window_left, window_right,
-                            qk_scale, softcap_in, softcap_out,
-                            INDEX, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, NUM_WARPS,
-                            CONSUMERS, PINGPONG, FMA_SCALE, True,
-                        )  # fmt: skip
-            else:
-                for j in range(lo + 1, n_tiles):
-                    it, tk, acc, p_op, m_i, l_i = _overlap_step(
-                        j, it, tk, acc, p_op, m_i, l_i, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty,
-                        v_empty, turn, s_zero, rows, full_lo, full_hi, k_len, window_left, window_right,
-                        qk_scale, softcap_in, softcap_out,
-                        INDEX, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, NUM_WARPS,
-                        CONSUMERS, PINGPONG, FMA_SCALE, True,
-                    )  # fmt: skip
+            for j in range(lo + 1, n_tiles):
+                prev = it % STAGES
+                it += 1
+                slot = it % STAGES
+                mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
+                _turn_wait(turn, tk, INDEX, PINGPONG)
+                s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
+                                      is_async=True)  # fmt: skip
+                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
+                tk += 1
+                # S_j is done once at most one group (the P V product) is still running
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
+                mbarrier.arrive(k_empty.index(slot))
+                p, alpha, m_i, l_i = _softmax_step(
+                    s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+                    softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
+                )  # fmt: skip
+                # p_op is a register operand of the running wgmma: keep it alive until the wait
+                acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+                mbarrier.arrive(v_empty.index(prev))
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
             # every S = Q K^T of this item has completed: the producer may load the next Q
             mbarrier.arrive(q_empty)
             last = it % STAGES
@@ -797,7 +731,6 @@ def _consumer(
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
     item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-    UNMASKED_COPY: gl.constexpr,
 ):  # fmt: skip
     q_tile = q_smem.index(INDEX)
     o_tile = o_smem.index(INDEX)
@@ -818,7 +751,7 @@ def _consumer(
                 nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
                 qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
                 MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
-                HEAD_MAJOR, UNMASKED_COPY,
+                HEAD_MAJOR,
             )  # fmt: skip
             n_done += 1
             if DYNAMIC:
@@ -834,7 +767,7 @@ def _consumer(
             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
             qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
             MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
-            HEAD_MAJOR, UNMASKED_COPY,
+            HEAD_MAJOR,
         )  # fmt: skip
     tma.store_wait(0)
 
@@ -849,7 +782,7 @@ def _attn_fwd_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
     PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr, DYNAMIC: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr, UNMASKED_COPY: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
     # program takes item program_id (PERSISTENT: then program_id + num_programs, ..., or DYNAMIC:
@@ -909,14 +842,14 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, UNMASKED_COPY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, UNMASKED_COPY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -936,21 +869,21 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, UNMASKED_COPY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, UNMASKED_COPY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, UNMASKED_COPY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -1226,7 +1159,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
         FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
-        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, UNMASKED_COPY=var.unmasked_copy,
+        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs
