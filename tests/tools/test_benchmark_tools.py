@@ -226,3 +226,30 @@ def test_bars_check_only_what_the_run_measured():
         "D128 window S=32768 fwd vs own causal": ("issue 2", True, 4.0),
     }
     assert window_speedup(rows[-1], rows) is None  # its causal twin is from another run
+
+
+def test_backward_benchmark_runs_a_named_variant_at_every_length():
+    # the picked variant must not be overridden by a query-length range of the dispatch (a
+    # 2K-4K non-causal row once ran the -kf form under any name), and the dispatch comes back
+    import torch
+
+    from benchmarks.hopper_attention_bwd import providers
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    (_, hi, ranged), *_ = hb.SEQLEN_VARIANTS[(128, False)]
+    assert hb.variant_for(128, False, False, hi) == ranged  # what the pick has to override
+    taken = {hb.DEFAULT[(128, False)], hb.DEFAULT[(128, True)]} | {
+        r[2] for rs in hb.SEQLEN_VARIANTS.values() for r in rs
+    }
+    other = next(n for n, v in hb.VARIANTS.items() if n not in taken and 128 in v.head_dims)
+    default, ranges = dict(hb.DEFAULT), {k: tuple(v) for k, v in hb.SEQLEN_VARIANTS.items()}
+    q = torch.zeros(1, 4096, 4, 128)
+    k = v = torch.zeros(1, 4096, 2, 128)
+    fns = providers(q, k, v, q, False, [other], triton_backward=False)
+    assert "hf_flash_tbwd" not in fns and {"hopper:" + other, "sdpa"} <= set(fns)
+    _, pick = fns["hopper:" + other]
+    with pick():
+        for s in (1024, 2048, 4096, 8192, 32768):
+            assert hb.variant_for(128, False, False, s) == other
+            assert hb.variant_for(128, True, False, s) == other
+    assert hb.DEFAULT == default and {k: tuple(v) for k, v in hb.SEQLEN_VARIANTS.items()} == ranges
