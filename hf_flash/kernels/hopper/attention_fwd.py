@@ -153,6 +153,11 @@ VARIANTS = {
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True),
         Variant("ws2x4-overlap-fma-dyn", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True),
+        # the ping-pong form persistent with the item counter: cuDNN's shape at d64 causal 4K (two
+        # consumers of 64 rows, persistent; the forward's weakest bar point). CPU build: no
+        # spills at d64 / d128; not yet measured on a GPU
+        Variant("ws2x4-pp-dyn", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4, overlap=True,
+                pingpong=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True),
         # causal items head by head, longest first inside each head (head_major; SEQLEN_VARIANTS
         # runs the one-item and three-consumer forms). The dynamic form gained less (H200, session
         # 33: 1.022 / 0.997 / 1.018 / 1.005x ws2x4-overlap-fma-dyn at 4K-32K) and is no default
