@@ -110,6 +110,45 @@ def test_wgmma_wait_order_counts_exponentials_around_the_dp_wait():
     assert exp_placement("\n".join(tail + [ex2])) == []
 
 
+def test_sass_step_mix_counts_the_step_without_the_masking_arm():
+    """benchmarks/diagnostics/sass_step_mix.py takes a loop's shortest head-to-back-edge path
+    (the masking arm, a branch of its own, is skipped; out-of-range retry branches count as not
+    taken) and ignores outer loops whose shortest path holds fewer exponentials."""
+    from benchmarks.diagnostics.sass_step_mix import parse, step_paths
+
+    lines, addr = [], 0
+
+    def emit(ins, label=None):
+        nonlocal addr
+        if label:
+            lines.append(f"{label}:")
+        lines.append(f"        /*{addr:04x}*/                   {ins} ;")
+        addr += 16
+
+    emit("MOV R1, R2", ".L_x_0")  # the outer loop's head (items of a persistent program)
+    emit("@P4 BRA `(.L_x_3)")  # an item without key tiles skips the step
+    emit("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT", ".L_x_1")  # the step's head
+    emit("@!P1 BRA `(.L_x_9)")  # a barrier wait's out-of-line retry
+    emit("@P0 BRA `(.L_x_2)")  # a tile that needs no mask skips the masking arm
+    for _ in range(64):
+        emit("FSEL R24, R24, -INF , !P6")
+    emit("FMNMX R3, R24, R25, !PT", ".L_x_2")
+    for _ in range(4):
+        emit("MUFU.EX2 R4, R4")
+    emit("PRMT R120, R120, 0x5432, R120")
+    emit("@P2 BRA `(.L_x_1)")  # the step's back edge
+    emit("FMUL R5, R5, R6", ".L_x_3")
+    emit("FMUL R5, R5, R6")
+    emit("@P3 BRA `(.L_x_0)")  # the outer loop's back edge
+    emit("EXIT")
+    emit("BRA `(.L_x_1)", ".L_x_9")
+    (rec,) = step_paths(parse("\n".join(lines)), min_exp=4)
+    assert rec["head"] == "0x20" and rec["body"] == 74
+    assert rec["step"] == 10 and rec["essential"] == 5  # head, 2 branches, FMNMX, 4 EX2, PRMT, back edge
+    assert rec["mix"] == {"FMNMX": 1, "MUFU.EX2": 4, "PRMT": 1, "HGMMA": 1}
+    assert step_paths(parse("\n".join(lines)), min_exp=5) == []
+
+
 def test_dq_turns_model_counts_the_waits_of_the_ordered_additions():
     """benchmarks/diagnostics/dq_turns_model.py on a case counted by hand: 512 causal queries, 4
     key blocks of 128 (8, 6, 4 and 2 query tiles per head), 2 heads, 4 SMs (all concurrent).

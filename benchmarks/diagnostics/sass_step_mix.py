@@ -1,0 +1,156 @@
+"""The instructions of one Gluon forward step, per consumer code path, from the SASS (no GPU needed).
+
+    PYTHONPATH=. python benchmarks/diagnostics/sass_step_mix.py \\
+        [--variants ws3x4-pp-s3 ws2x4-overlap-fma] [--head-dims 64 128] [--json OUT]
+
+Compiles each forward variant for sm_90a as ``hf_flash.kernels.hopper.compile_check`` does
+(bf16, causal and not), disassembles the cubin with Triton's nvdisasm and finds the consumers'
+main loops: the loops (a backward branch) whose body holds at least 64 ``MUFU.EX2``. For each it
+reports the instructions of the loop's shortest path from its head to its back edge - the step
+that needs no mask, where the masking arm is a branch of its own - and that path's mix: the
+softmax's essential work (FMNMX, FFMA, MUFU.EX2, FADD, FMUL, F2FP) and what else runs there
+(FSEL: masking; PRMT: byte permutes of the P operand). Branches out of the loop's address range
+(the out-of-line retry loops of the barrier waits) count as not taken.
+
+Found with it (Triton 3.6's ptxas, BLOCK_N = 128): the step without a mask is 420-439
+instructions per warp at d64 and 463 at d128, causal or not (336 / 368 of them the softmax's
+essential work); the masking arm is a branch of its own (the loop body 500-700). The third of
+the three d64 consumers carries 32 PRMT per step that the others do not (P's bf16 halves swapped
+after the pack: 467). Counting the loop body instead of the path once read as "the non-causal
+mask runs on every tile" and led to a mask-free copy of the step that measured 0.95-0.99x
+(.notes/hopper.md, session 34).
+
+Set TRITON_INTERPRET=0 (the tests' interpreter mode replaces Triton's kernels with Python objects).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import heapq
+import json
+import re
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from benchmarks.diagnostics.wgmma_wait_order import sass  # noqa: E402
+from hf_flash.kernels.hopper import attention_fwd, compile_check  # noqa: E402
+
+DEFAULT_VARIANTS = ("ws3x4-pp-s3", "ws2x4-overlap-fma", "ws2x4-overlap-fma-dyn")
+ESSENTIAL = ("FMNMX", "FFMA", "MUFU.EX2", "FADD", "FMUL", "F2FP.BF16.F32.PACK_AB", "F2FP.F16.F32.PACK_AB")
+SHOWN = ESSENTIAL + ("FSEL", "PRMT", "HGMMA", "BAR.SYNC", "SHFL.BFLY")
+_INSTR = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_TARGET = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
+
+
+def parse(text: str) -> list[tuple[int, str, str | None]]:
+    """(address, instruction, branch target label or None) for each instruction of nvdisasm's
+    output, and the labels' addresses in ``parse.labels`` of the returned list's owner."""
+    out, labels, pending = [], {}, []
+    for line in text.splitlines():
+        m = _LABEL.match(line)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = _INSTR.match(line)
+        if m:
+            addr = int(m.group(1), 16)
+            for name in pending:
+                labels[name] = addr
+            pending = []
+            t = _TARGET.search(m.group(2))
+            out.append((addr, m.group(2), t.group(1) if t else None))
+    return [(a, ins, labels.get(t) if t else None) for a, ins, t in out]
+
+
+def opcode(ins: str) -> str:
+    ins = re.sub(r"^@!?U?P\w+\s+", "", ins)
+    op = ins.split()[0]
+    return "HGMMA" if op.startswith("HGMMA") else ("BAR.SYNC" if op.startswith("BAR.SYNC") else op)
+
+
+def step_paths(instrs: list[tuple[int, str, int | None]], min_exp: int = 64) -> list[dict]:
+    """Per main loop (a backward branch over a body with >= ``min_exp`` MUFU.EX2): its address
+    range, the shortest head-to-back-edge path's length and mix, and the whole body's length."""
+    index = {a: i for i, (a, _, _) in enumerate(instrs)}
+    loops = []
+    for i, (addr, ins, target) in enumerate(instrs):
+        if target is None or target >= addr:
+            continue
+        head = index[target]
+        body = instrs[head:i + 1]
+        if sum(opcode(x) == "MUFU.EX2" for _, x, _ in body) < min_exp:
+            continue
+        # shortest path (in instructions) from the head to this back edge, inside [head, i]
+        dist, heap, prev = {head: 1}, [(1, head)], {}
+        while heap:
+            d, k = heapq.heappop(heap)
+            if k == i or d > dist.get(k, 1 << 30):
+                continue
+            _, ins_k, tgt = instrs[k]
+            nexts = []
+            unconditional = opcode(ins_k) == "BRA" and not ins_k.lstrip().startswith("@")
+            if not unconditional and k + 1 <= i:
+                nexts.append(k + 1)
+            if tgt is not None and target <= tgt <= addr and tgt > instrs[k][0]:
+                nexts.append(index[tgt])
+            for n in nexts:
+                if d + 1 < dist.get(n, 1 << 30):
+                    dist[n], prev[n] = d + 1, k
+                    heapq.heappush(heap, (d + 1, n))
+        if i not in dist:
+            continue
+        path, k = [i], i
+        while k != head:
+            k = prev[k]
+            path.append(k)
+        mix = collections.Counter(opcode(instrs[k][1]) for k in path)
+        if mix["MUFU.EX2"] < min_exp:
+            continue  # an outer loop (items of a persistent program): its shortest path skips the step
+        loops.append({
+            "head": hex(target), "back_edge": hex(addr), "body": len(body), "step": len(path),
+            "essential": sum(mix[o] for o in ESSENTIAL), "mix": {o: mix[o] for o in SHOWN if mix[o]},
+        })  # fmt: skip
+    # nested back edges to one head: keep the innermost (the shortest body) per head
+    inner = {}
+    for rec in loops:
+        if rec["head"] not in inner or rec["body"] < inner[rec["head"]]["body"]:
+            inner[rec["head"]] = rec
+    return list(inner.values())
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
+    ap.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
+    ap.add_argument("--json", type=Path, help="write the records here")
+    args = ap.parse_args(argv)
+    unknown = [v for v in args.variants if v not in attention_fwd.VARIANTS]
+    if unknown:
+        ap.error(f"unknown forward variants {unknown}; choose from {list(attention_fwd.VARIANTS)}")
+    records = []
+    for name in args.variants:
+        for d in args.head_dims:
+            if d not in attention_fwd.VARIANTS[name].head_dims:
+                continue
+            for causal in (False, True):
+                compiled, *_ = compile_check.compile_variant(name, d, causal, torch.bfloat16)
+                loops = step_paths(parse(sass(compiled.asm["cubin"])))
+                records.append({"variant": name, "head_dim": d, "causal": causal, "loops": loops})
+                for rec in loops:
+                    mix = " ".join(f"{k}={v}" for k, v in rec["mix"].items())
+                    print(f"{name:24s} d{d:<4d} {'causal' if causal else 'full  '} loop {rec['head']}: "
+                          f"step {rec['step']} instructions (essential {rec['essential']}; body {rec['body']}) "
+                          f"{mix}", flush=True)  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(records, indent=1))
+
+
+if __name__ == "__main__":
+    main()
