@@ -58,7 +58,7 @@ def test_e2e_generate_interleaves_providers_and_records_errors(monkeypatch):
     monkeypatch.setattr(e2e_generate, "_generate", spy)
     rows, tokens = e2e_generate.run_interleaved(model, 1, 8, ["hf_flash", "sdpa"], "dynamic", 4, 2)
     assert [r["attn"] for r in rows] == ["hf_flash", "sdpa"]
-    assert all(r["ms_per_step"] > 0 and "error" not in r for r in rows)
+    assert all("error" not in r and r["ms_per_step"] > 0 for r in rows), rows
     assert set(tokens) == {"hf_flash", "sdpa"} and tokens["sdpa"].shape == (1, 4)
     timed = [a for a, n in order[2:] if n == 4]  # after one warm-up each
     assert timed == ["hf_flash", "sdpa", "hf_flash", "sdpa"]
