@@ -52,18 +52,8 @@ def providers(q, k, v, dout, causal, variants, softcap=0.0, triton_backward=True
         if q.shape[-1] not in hb.VARIANTS[name].head_dims:
             continue
 
-        @contextlib.contextmanager
         def pick(name=name):
-            # the named variant at every length: DEFAULT set, the query-length ranges emptied
-            saved, saved_ranges = dict(hb.DEFAULT), dict(hb.SEQLEN_VARIANTS)
-            hb.DEFAULT.update({(q.shape[-1], masked): name for masked in (False, True)})
-            hb.SEQLEN_VARIANTS.clear()
-            try:
-                yield
-            finally:
-                hb.DEFAULT.clear()
-                hb.DEFAULT.update(saved)
-                hb.SEQLEN_VARIANTS.update(saved_ranges)
+            return hb.pinned(name, (q.shape[-1],))  # the named variant at every length
 
         fns[f"hopper:{name}"] = (lambda: flash_attn_func(q, k, v, causal=causal, softcap=softcap), pick)
     if triton_backward:
@@ -214,7 +204,8 @@ def main(argv=None) -> None:
     for d in args.head_dims:
         for causal in [m == "causal" for m in args.masks]:
             for s in args.seqlens:
-                point = run_point(d, causal, s, args.variants, args.rounds, args.softcap, not args.no_triton_backward)
+                point = run_point(d, causal, s, args.variants, args.rounds, args.softcap,
+                                  not args.no_triton_backward)  # fmt: skip
                 rows += point
                 cells = "  ".join(
                     f"{r['provider']}={r.get('bwd_tflops', r.get('dkdv_tflops', 0)):.0f}"

@@ -30,7 +30,11 @@ def main(variant: str, left: int = -1) -> int:
     if variant not in hb.VARIANTS:
         print(f"unknown variant {variant!r}; known: {' '.join(hb.VARIANTS)}", file=sys.stderr)
         return 2
-    hb.DEFAULT.update({(d, c): variant for d in hb.VARIANTS[variant].head_dims for c in (False, True)})
+    with hb.pinned(variant):
+        return _run(variant, left)
+
+
+def _run(variant: str, left: int) -> int:
     worst = 0.0
     for d in hb.VARIANTS[variant].head_dims:
         for causal in (False, True):

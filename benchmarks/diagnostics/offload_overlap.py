@@ -137,39 +137,34 @@ def _sync_debug_step(model, inputs) -> dict:
 def run_variant(model, inputs, variant: str, sync_debug: bool) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    saved, saved_ranges = dict(attention_bwd.DEFAULT), dict(attention_bwd.SEQLEN_VARIANTS)
-    attention_bwd.DEFAULT[(128, False)] = attention_bwd.DEFAULT[(128, True)] = variant
-    attention_bwd.SEQLEN_VARIANTS.clear()  # the variant at every length
-    rec = _Recorder()
-    try:
-        case._measured_step(model, inputs)  # compiles the variant; primes the allocators
-        rec.install()
-        stats_before = torch.cuda.memory_stats()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            case._measured_step(model, inputs)
-        stats_after = torch.cuda.memory_stats()
-        rec.uninstall()
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "trace.json"
-            prof.export_chrome_trace(str(path))
-            events = json.loads(path.read_text())["traceEvents"]
-        result = {"variant": variant, **_trace_summary(events, case.layer_bytes(inputs["input_ids"].shape[1]))}
-        # the caching allocator during the profiled step: device mallocs/frees and its
-        # synchronising paths (retries after a failed malloc, waits on every stream's events)
-        result["allocator"] = {
-            key: stats_after.get(key, 0) - stats_before.get(key, 0)
-            for key in ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
-        }  # fmt: skip
-        gaps = [(b["host_ns"] - a["host_ns"]) / 1e3 for a, b in zip(rec.unpacks, rec.unpacks[1:])]
-        result.update(unpacks=rec.unpacks, unpack_gaps_us=gaps, launches=rec.launches)
-        if sync_debug:
-            result.update(_sync_debug_step(model, inputs))
-        return result
-    finally:
-        rec.uninstall()
-        attention_bwd.DEFAULT.clear()
-        attention_bwd.DEFAULT.update(saved)
-        attention_bwd.SEQLEN_VARIANTS.update(saved_ranges)
+    with attention_bwd.pinned(variant, (128,)):  # the variant at every length
+        rec = _Recorder()
+        try:
+            case._measured_step(model, inputs)  # compiles the variant; primes the allocators
+            rec.install()
+            stats_before = torch.cuda.memory_stats()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                case._measured_step(model, inputs)
+            stats_after = torch.cuda.memory_stats()
+            rec.uninstall()
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "trace.json"
+                prof.export_chrome_trace(str(path))
+                events = json.loads(path.read_text())["traceEvents"]
+            result = {"variant": variant, **_trace_summary(events, case.layer_bytes(inputs["input_ids"].shape[1]))}
+            # the caching allocator during the profiled step: device mallocs/frees and its
+            # synchronising paths (retries after a failed malloc, waits on every stream's events)
+            result["allocator"] = {
+                key: stats_after.get(key, 0) - stats_before.get(key, 0)
+                for key in ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+            }  # fmt: skip
+            gaps = [(b["host_ns"] - a["host_ns"]) / 1e3 for a, b in zip(rec.unpacks, rec.unpacks[1:])]
+            result.update(unpacks=rec.unpacks, unpack_gaps_us=gaps, launches=rec.launches)
+            if sync_debug:
+                result.update(_sync_debug_step(model, inputs))
+            return result
+        finally:
+            rec.uninstall()
 
 
 def _summary(res: dict, sync_debug: bool) -> str:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import heapq
 import json
 import re
 import sys
@@ -50,8 +49,8 @@ _TARGET = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
 
 
 def parse(text: str) -> list[tuple[int, str, str | None]]:
-    """(address, instruction, branch target label or None) for each instruction of nvdisasm's
-    output, and the labels' addresses in ``parse.labels`` of the returned list's owner."""
+    """(address, instruction, branch target address or None) for each instruction of nvdisasm's
+    output (its ``.L_x_N:`` labels resolved to the addresses they precede)."""
     out, labels, pending = [], {}, []
     for line in text.splitlines():
         m = _LABEL.match(line)
@@ -87,12 +86,11 @@ def step_paths(instrs: list[tuple[int, str, int | None]], min_exp: int = 64) -> 
         body = instrs[head:i + 1]
         if sum(opcode(x) == "MUFU.EX2" for _, x, _ in body) < min_exp:
             continue
-        # shortest path (in instructions) from the head to this back edge, inside [head, i]
-        dist, heap, prev = {head: 1}, [(1, head)], {}
-        while heap:
-            d, k = heapq.heappop(heap)
-            if k == i or d > dist.get(k, 1 << 30):
-                continue
+        # shortest path (in instructions) from the head to this back edge, inside [head, i]:
+        # breadth first over fall-through and forward branch edges
+        dist, queue, prev = {head: 1}, collections.deque([head]), {}
+        while queue:
+            k = queue.popleft()
             _, ins_k, tgt = instrs[k]
             nexts = []
             unconditional = opcode(ins_k) == "BRA" and not ins_k.lstrip().startswith("@")
@@ -101,9 +99,9 @@ def step_paths(instrs: list[tuple[int, str, int | None]], min_exp: int = 64) -> 
             if tgt is not None and target <= tgt <= addr and tgt > instrs[k][0]:
                 nexts.append(index[tgt])
             for n in nexts:
-                if d + 1 < dist.get(n, 1 << 30):
-                    dist[n], prev[n] = d + 1, k
-                    heapq.heappush(heap, (d + 1, n))
+                if n not in dist:
+                    dist[n], prev[n] = dist[k] + 1, k
+                    queue.append(n)
         if i not in dist:
             continue
         path, k = [i], i

@@ -508,3 +508,17 @@ def test_variant_refuses_forms_it_has_no_code_for():
     writer = dict(dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, **base)
     assert [hb.Variant("x", defer_ds=ds, defer_dq=dq, **writer).defer_arrive
             for ds, dq in ((False, False), (True, False), (False, True), (True, True))] == [0, 1, 2, 3]
+
+
+def test_pinned_names_one_variant_at_every_length_and_restores():
+    name = next(n for n, v in hb.VARIANTS.items() if 128 in v.head_dims and n not in hb.DEFAULT.values())
+    default, ranges = dict(hb.DEFAULT), dict(hb.SEQLEN_VARIANTS)
+    with hb.pinned(name, (128,)):
+        for causal in (False, True):
+            for s in (0, 2048, 4096, 16384, 65536):
+                assert hb.variant_for(128, causal, seqlen_q=s) == name
+        assert hb.variant_for(64, True, seqlen_q=4096) == default[(64, True)]  # other head dims untouched
+    assert hb.DEFAULT == default and hb.SEQLEN_VARIANTS == ranges
+    with pytest.raises(ValueError, match="unknown backward variant"):
+        with hb.pinned("no-such-variant"):
+            pass

@@ -95,6 +95,7 @@ producer loads the step's pair with its Q tile, and the consumers read it where 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -529,6 +530,29 @@ def varlen_builds(variant: str) -> bool:
     buffer, is laid out per (batch, head, query tile))."""
     var = VARIANTS[variant]
     return not (var.dq_frag or var.stats_smem)
+
+
+@contextlib.contextmanager
+def pinned(variant: str, head_dims=None):
+    """Within the block, dense calls of ``head_dims`` (default: the variant's) run ``variant`` at
+    every query length, causal or not: DEFAULT names it and their SEQLEN_VARIANTS ranges are
+    set aside; both are restored on exit. For benchmarks and diagnostics that time one variant
+    through the public functions."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown backward variant {variant!r}; known: {', '.join(VARIANTS)}")
+    keys = [(d, c) for d in (head_dims or VARIANTS[variant].head_dims) for c in (False, True)]
+    saved = {k: DEFAULT.get(k) for k in keys}
+    ranges = {k: SEQLEN_VARIANTS.pop(k) for k in keys if k in SEQLEN_VARIANTS}
+    DEFAULT.update(dict.fromkeys(keys, variant))
+    try:
+        yield
+    finally:
+        for k, name in saved.items():
+            if name is None:
+                DEFAULT.pop(k, None)
+            else:
+                DEFAULT[k] = name
+        SEQLEN_VARIANTS.update(ranges)
 
 
 def covered_head_dims(varlen: bool = False) -> set:
