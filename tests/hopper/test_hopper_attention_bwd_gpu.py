@@ -188,6 +188,46 @@ def test_ordered_dq_repeats_bitwise(variant, head_dim, causal, monkeypatch):
     _check(q, k, v, causal, variant=variant, monkeypatch=monkeypatch, seed=11)
 
 
+def _store_first_variants():
+    from hf_flash.kernels.hopper.attention_bwd import VARIANTS
+
+    return [(name, d) for name, var in VARIANTS.items() if var.dq_store_first for d in var.head_dims]
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant,head_dim", _store_first_variants())
+@pytest.mark.parametrize(
+    "batch,sq,sk,causal,window",
+    [pytest.param(2, 1025, 1100, False, (-1, -1), id="full"),
+     pytest.param(1, 777, 200, True, (-1, -1), id="causal-sq>sk-empty-rows"),
+     pytest.param(2, 4000, 4100, True, (-1, -1), id="causal-waves"),
+     pytest.param(1, 900, 700, True, (130, -1), id="causal-left130-sq>sk"),
+     pytest.param(1, 700, 650, False, (64, 200), id="two-sided")],
+)  # fmt: skip
+def test_store_first_needs_no_zeroed_accumulator(variant, head_dim, batch, sq, sk, causal, window, monkeypatch):
+    """dq_store_first: the first key block of each query tile stores its dQ tile, so the
+    accumulator may hold anything beforehand. Here it holds NaN: every tile a key block reaches
+    must be stored before it is added to, and the rows no key block reaches (causal, more queries
+    than keys) must come out 0."""
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    fresh = hb.dq_accum_for
+    poisoned = []
+
+    def nan_accumulator(q, name, device=None):
+        acc = fresh(q, name, device)
+        poisoned.append(name)
+        return acc.fill_(float("nan"))
+
+    monkeypatch.setattr(hb, "dq_accum_for", nan_accumulator)
+    dq, _, _ = _check(*_qkv(batch, sq, sk, 8, 2, head_dim, torch.bfloat16, seed=31), causal, variant=variant,
+                      monkeypatch=monkeypatch, window=window)  # fmt: skip
+    assert poisoned == [variant]
+    unseen = hb.rows_without_keys(sq, sk, causal, window)
+    assert unseen == (sq - sk if causal and sq > sk else 0)
+    assert bool((dq[:, :unseen] == 0).all())
+
+
 @needs_hopper
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_public_function_takes_the_hopper_backward(head_dim):

@@ -113,6 +113,21 @@ def test_bwd_variant_builds_for_sm90a(reports, spec):
     assert hb.PRODUCER_REGS in r["setmaxnreg"] and var.consumer_regs in r["setmaxnreg"], r
 
 
+def test_store_first_variants_store_each_writer_tile_once_more(reports):
+    # dq_store_first: beside each of the writer's reduce-adds, a TMA store of the same tile
+    # (the first key block's turn); the base variant has the reduces only
+    checked = 0
+    for spec, r in reports.items():
+        var, varlen = _variant(spec[0])
+        if not var.dq_store_first or varlen or len(spec) > 4:
+            continue
+        base = reports[("bwd:" + var.name.removesuffix("-sf"), *spec[1:])]
+        assert r["tma_reduces"] == base["tma_reduces"] > 0, (r, base)
+        assert r["tma_stores"] == base["tma_stores"] + r["tma_reduces"], (r, base)
+        checked += 1
+    assert checked >= 5
+
+
 def test_bwd_defaults_are_variants_for_their_head_dim():
     assert hb.covered_head_dims() <= set(hb.HEAD_DIMS) and 128 in hb.covered_head_dims()
     for (d, causal), name in hb.DEFAULT.items():
@@ -522,3 +537,21 @@ def test_pinned_names_one_variant_at_every_length_and_restores():
     with pytest.raises(ValueError, match="unknown backward variant"):
         with hb.pinned("no-such-variant"):
             pass
+
+
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (5, -1)), (False, (3, 2)),
+                                           (False, (-1, 4)), (False, (6, -1)), (True, (0, -1))])  # fmt: skip
+def test_rows_without_keys_counts_the_rows_that_see_none(causal, window):
+    # brute force over small shapes: row i at key position i + sk - sq sees key j iff j is within
+    # the window (causal: right bound 0)
+    left, right = window
+    right = 0 if causal else right
+    for sq in range(0, 12):
+        for sk in range(1, 12):
+            blind = 0
+            for i in range(sq):
+                pos = i + sk - sq
+                sees = any((left < 0 or j >= pos - left) and (right < 0 or j <= pos + right) for j in range(sk))
+                assert sees or blind == i, "rows without keys form a prefix"
+                blind += not sees
+            assert hb.rows_without_keys(sq, sk, causal, window) == blind, (sq, sk)

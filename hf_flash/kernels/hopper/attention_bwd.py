@@ -96,6 +96,7 @@ producer loads the step's pair with its Q tile, and the consumers read it where 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -247,6 +248,12 @@ class Variant:
     # bytes of spills (CPU compile); dS's costs none
     defer_ds: bool = False
     defer_dq: bool = False
+    # dq_ordered, dense calls: the first key block in a query tile's order stores its dQ tile
+    # instead of adding it, so the float32 accumulator is allocated without the zero fill (a
+    # pass over B * H * Sq * D * 4 bytes, 58 us of a 7.3 ms d128 non-causal 4K forward+backward,
+    # and the first additions no longer read zeros back); query rows that see no key at all (a
+    # causal call with more queries than keys) are zeroed in dq afterwards
+    dq_store_first: bool = False
 
     def __post_init__(self):
         if self.stats_early and not self.stats_smem:
@@ -255,6 +262,8 @@ class Variant:
             raise ValueError(f"variant {self.name}: defer_ds / defer_dq need dq_lag and dq_writer")
         if self.key_fastest and self.split_d:
             raise ValueError(f"variant {self.name}: key_fastest has no split_d form")
+        if self.dq_store_first and not self.dq_ordered:
+            raise ValueError(f"variant {self.name}: dq_store_first needs dq_ordered")
 
     @property
     def defer_arrive(self) -> int:
@@ -418,6 +427,12 @@ VARIANTS = {
                 split_d=True, dq_atomic=True, dq_shared=True, head_dims=(128,)),
     )
 }  # fmt: skip
+# the dense defaults with the first dQ addition of each query tile a store (dq_store_first): no
+# zero fill of the accumulator. Not yet measured on a GPU
+for _base in ("kv2x64-m64-s2-dqwldfpsbrr", "kv2x64-m64-s2-dqwldfpsbrr-kf", "kv2x64-m64-s2-dqwldfpsxa-dn",
+              "kv2x64-m64-s2-dqwldfpsxa-dn-kf2", "kv2x64-m128-s2-dqwlds"):  # fmt: skip
+    VARIANTS[_base + "-sf"] = dataclasses.replace(VARIANTS[_base], name=_base + "-sf", dq_store_first=True)
+del _base
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
 # with unordered dQ additions); head dims without an entry keep the Triton backward.
 # H100, 2026-11-24 (.notes/hopper-bwd.md, session 16 call 4, 2 rounds): d128 dqwld (fused dQ,
@@ -1225,13 +1240,15 @@ def _dq_writer(
     MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     PARITY: gl.constexpr,
-    WRITER: gl.constexpr,
+    WRITER: gl.constexpr, STORE_FIRST: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
     add them into the float32 accumulator by TMA reduce and hand the slots back once read.
     PARITY: two writers (WRITER 0 and 1), each taking the steps of its parity (the slots of that
     parity), so each has two steps' time for its chain of turn, reduce, read and release, and
     counts a block in a tile as soon as its additions have completed.
+    STORE_FIRST (DQ_ORDERED, dense): the block whose turn is 0 stores its tile instead of adding
+    it, so the accumulator needs no zero fill (the blocks after it add once it has counted).
     DQ_ORDERED: before adding into query tile (b, h, mt), wait until the semaphore of that tile
     counts the key blocks that add before this one (those below it, from
     :func:`_first_key_block` on), and count this one once the additions have completed, not only
@@ -1284,10 +1301,22 @@ def _dq_writer(
             if DQ_FRAG:
                 # flat accumulator: tile ((b * H + h) * n_m + mt) * CONSUMERS + c, 16 box rows each
                 tile = ((b * nheads + h) * n_m + mt) * CONSUMERS + c
-                _tma_reduce_add(dq_desc, [tile * 16, 0], dq_smem.index(slot))
+                if STORE_FIRST:
+                    if turn == 0:
+                        tma.async_copy_shared_to_global(dq_desc, [tile * 16, 0], dq_smem.index(slot))
+                    else:
+                        _tma_reduce_add(dq_desc, [tile * 16, 0], dq_smem.index(slot))
+                else:
+                    _tma_reduce_add(dq_desc, [tile * 16, 0], dq_smem.index(slot))
             else:
-                _tma_reduce_add(dq_desc, [b, h, q_off + mt * BLOCK_M, c * DQ_N],
-                                dq_smem.index(slot).reshape([1, 1, BLOCK_M, DQ_N]))  # fmt: skip
+                src = dq_smem.index(slot).reshape([1, 1, BLOCK_M, DQ_N])
+                if STORE_FIRST:
+                    if turn == 0:
+                        tma.async_copy_shared_to_global(dq_desc, [b, h, q_off + mt * BLOCK_M, c * DQ_N], src)
+                    else:
+                        _tma_reduce_add(dq_desc, [b, h, q_off + mt * BLOCK_M, c * DQ_N], src)
+                else:
+                    _tma_reduce_add(dq_desc, [b, h, q_off + mt * BLOCK_M, c * DQ_N], src)
         if DQ_ORDERED:
             if POLL_AHEAD:
                 if it + STRIDE < n_steps:
@@ -1329,9 +1358,10 @@ def _attn_bwd_dkdv_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, DQ_STORE_FIRST: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
+    gl.static_assert(not DQ_STORE_FIRST or (DQ_ORDERED and not VARLEN), "store-first dQ: ordered, dense")
     dtype: gl.constexpr = q_desc.dtype
     if not RIGHT_WINDOW:
         window_right = 0  # no right window or causal: a literal, as in the builds without windows
@@ -1428,12 +1458,14 @@ def _attn_bwd_dkdv_kernel(
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0)),
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0,
+                               DQ_STORE_FIRST)),
                 # the second writer: the odd steps
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 1)),
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 1,
+                               DQ_STORE_FIRST)),
             ],
             [CONSUMER_WARPS, 1, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -1469,7 +1501,8 @@ def _attn_bwd_dkdv_kernel(
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0)),
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0,
+                               DQ_STORE_FIRST)),
             ],
             [CONSUMER_WARPS, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -1709,7 +1742,7 @@ def _attn_bwd_split_d_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, DQ_STORE_FIRST: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -1829,12 +1862,19 @@ def _descriptor_frag(t: torch.Tensor) -> TensorDescriptor:
 
 
 def dq_accum_for(q: torch.Tensor, variant: str, device=None) -> torch.Tensor:
-    """A zeroed float32 dQ accumulator for a ``dq_atomic`` variant: (B, Sq, H, D) over (B, H, Sq, D)
+    """A float32 dQ accumulator for a ``dq_atomic`` variant: (B, Sq, H, D) over (B, H, Sq, D)
     storage (a query tile of one head is one block), packed q (Tq, H, D): (Tq, H, D) over (H, Tq,
     D); or for ``dq_frag`` the flat fragment-order tiles, B * H * cdiv(Sq, block_m) * consumers of
-    block_m * D / consumers floats."""
+    block_m * D / consumers floats. Zeroed, except for dense calls of a ``dq_store_first``
+    variant (the kernel's first write of each tile is a store)."""
     var = VARIANTS[variant]
     device = q.device if device is None else device
+    if var.dq_store_first and q.dim() == 4:
+        b, s, h, d = q.shape
+        if var.dq_frag:
+            return torch.empty(b * h * configs.cdiv(s, var.block_m) * var.block_m * d, device=device,
+                               dtype=torch.float32)  # fmt: skip
+        return torch.empty(b, h, s, d, device=device, dtype=torch.float32).transpose(1, 2)
     if q.dim() == 3:
         if var.dq_frag:
             raise ValueError(f"variant {variant} has no packed (varlen) form")
@@ -2037,7 +2077,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         POLL_AHEAD=var.poll_ahead,
         DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
         LEAD_BOUND=var.lead_bound, STATS_EARLY=var.stats_early, DEFER_ARRIVE=var.defer_arrive,
-        SOFTCAP=masks["SOFTCAP"], num_warps=4,
+        DQ_STORE_FIRST=var.dq_store_first and not varlen, SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
@@ -2102,7 +2142,23 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
             dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers)
     elif var.dq_atomic:
         dq.copy_(dq_accum)  # already scaled; float32 -> q's dtype
+    if var.dq_store_first and not varlen:
+        # the query tiles no key block reaches were never written: their rows see no key
+        unseen = rows_without_keys(q.shape[1], k.shape[1], causal, window)
+        if unseen:
+            dq[:, :unseen].zero_()
     return var.dq_atomic
+
+
+def rows_without_keys(seqlen_q: int, seqlen_k: int, causal: bool, window=(-1, -1)) -> int:
+    """How many leading query rows of a dense call see no key (bottom-right alignment: row i sits
+    at key position i + seqlen_k - seqlen_q). Only a right bound (causal, or a right window) hides
+    keys from a whole row, and only from rows whose position plus that bound is below 0; a left
+    bound never does (a row's own position is below seqlen_k)."""
+    masks = mask_args(causal, window)
+    if not masks["MASK_RIGHT"]:
+        return 0
+    return max(0, min(seqlen_q, seqlen_q - seqlen_k - masks["window_right"]))
 
 
 _BACKWARD = CachedLauncher(_attn_bwd_dkdv_kernel)
@@ -2117,6 +2173,7 @@ def kernel_for(variant: str):
 
 __all__ = [
     "hopper_attention_backward", "supports", "launch_args", "kernel_for", "dq_accum_for", "dq_sem_count",
+    "rows_without_keys",
     "dq_frag_to_bshd", "stats_numel",
     "variant_for", "covered_head_dims", "varlen_builds", "VARIANTS", "DEFAULT", "NONDETERMINISTIC", "VARLEN_DEFAULT",
     "VARLEN_NONDETERMINISTIC", "VARLEN_ORDERS",

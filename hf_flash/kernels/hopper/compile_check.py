@@ -176,6 +176,7 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
         "setmaxnreg": setmaxnreg,
         "wgmma": ptx.count("wgmma.mma_async"), "tma_loads": ptx.count("cp.async.bulk.tensor"),
         "tma_reduces": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\S*\.add", ptx)),
+        "tma_stores": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
     }  # fmt: skip
 
 
