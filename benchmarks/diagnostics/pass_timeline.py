@@ -5,6 +5,7 @@ under the PyTorch profiler, one call at a time with L2 flushed between calls, as
 
     PYTHONPATH=. python benchmarks/diagnostics/pass_timeline.py [--head-dim 128] [--mask full]
         [--seqlen 4096] [--providers hf_flash sdpa] [--calls 10] [--json OUT]
+        [--bwd-variants NAME ...]
 
 Per provider and pass it prints the median of the CUDA-event time of a call, the span from its
 first kernel's start to its last kernel's end and the sum of its kernels' times (from the trace;
@@ -12,7 +13,8 @@ span minus sum is the device idle inside the call: host gaps, synchronisations),
 kernel's count and mean time per call; so a
 forward+backward slower than its forward and backward timed apart shows whether an extra
 kernel, a slower kernel or idle time is the cause. It answers for one run; timings for claims
-come from ``benchmarks/attention.py``.
+come from ``benchmarks/attention.py``. ``--bwd-variants`` runs the hf_flash provider once per named
+Gluon backward variant (``attention_bwd.pinned``), reported as ``hf_flash[bwd=NAME]``.
 """
 
 from __future__ import annotations
@@ -108,10 +110,17 @@ def main(argv=None) -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--mask", default="full", choices=["full", "causal"])
     ap.add_argument("--seqlen", type=int, default=4096)
-    ap.add_argument("--providers", nargs="+", default=["hf_flash", "sdpa"])
+    ap.add_argument("--providers", nargs="*", default=["hf_flash", "sdpa"])
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--bwd-variants", nargs="+", default=[],
+                    help="hf_flash once per named Gluon backward variant (attention_bwd.VARIANTS)")
     args = ap.parse_args(argv)
+    from hf_flash.kernels.hopper import attention_bwd
+
+    for name in args.bwd_variants:
+        if name not in attention_bwd.VARIANTS:
+            ap.error(f"unknown backward variant {name!r}")
 
     batch = max(1, bench.TOKENS // args.seqlen)
     shape = {"head_dim": args.head_dim, "mask": args.mask, "seqlen": args.seqlen, "batch": batch}
@@ -123,10 +132,13 @@ def main(argv=None) -> None:
     dout = torch.randn(*shp, bench.NHEADS_Q, args.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
     builders = bench.builders("dynamic")
     out = {"shape": shape, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "providers": {}}
-    for name in args.providers:
-        attn, leaves, dout_p, _, *context = builders[name](shape, q, k, v, dout)
+    runs = [(name, name, contextlib.nullcontext) for name in args.providers]
+    runs += [(f"hf_flash[bwd={bv}]", "hf_flash", lambda bv=bv: attention_bwd.pinned(bv, [args.head_dim]))
+             for bv in args.bwd_variants]  # fmt: skip
+    for name, provider, pin in runs:
+        attn, leaves, dout_p, _, *context = builders[provider](shape, q, k, v, dout)
         res = {}
-        with (context[0] if context else contextlib.nullcontext)():
+        with pin(), (context[0] if context else contextlib.nullcontext)():
             fns, kept = _passes(attn, leaves, dout_p)
             for p, fn in fns.items():
                 res[p] = timeline(fn, args.calls)

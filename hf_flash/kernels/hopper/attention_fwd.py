@@ -158,6 +158,9 @@ VARIANTS = {
         # spills at d64 / d128; not yet measured on a GPU
         Variant("ws2x4-pp-dyn", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4, overlap=True,
                 pingpong=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True),
+        # the same with a three-stage K/V ring (d64: 96 KB), as ws3x4-pp-s3 over ws3x4-pp
+        Variant("ws2x4-pp-dyn-s3", block_m=64, block_n=128, stages=3, consumers=2, consumer_warps=4, overlap=True,
+                pingpong=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True, head_dims=(64,)),
         # causal items head by head, longest first inside each head (head_major; SEQLEN_VARIANTS
         # runs the one-item and three-consumer forms). The dynamic form gained less (H200, session
         # 33: 1.022 / 0.997 / 1.018 / 1.005x ws2x4-overlap-fma-dyn at 4K-32K) and is no default
