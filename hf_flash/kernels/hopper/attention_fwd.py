@@ -154,13 +154,11 @@ VARIANTS = {
         Variant("ws2x4-overlap-fma-dyn", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True),
         # the ping-pong form persistent with the item counter: cuDNN's shape at d64 causal 4K (two
-        # consumers of 64 rows, persistent; the forward's weakest bar point). CPU build: no
-        # spills at d64 / d128; not yet measured on a GPU
+        # consumers of 64 rows, persistent; the forward's weakest bar point). H200, session 35
+        # (3 runs, 3-5 rounds): d64 causal 4K 1.018-1.033x ws3x4-pp-s3 (0.97-0.99x SDPA), 3K
+        # 1.015, 6K-32K 0.88-0.97; d128 0.93-1.01x -dyn; a three-stage ring lost 0-2%. No default
         Variant("ws2x4-pp-dyn", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4, overlap=True,
                 pingpong=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True),
-        # the same with a three-stage K/V ring (d64: 96 KB), as ws3x4-pp-s3 over ws3x4-pp
-        Variant("ws2x4-pp-dyn-s3", block_m=64, block_n=128, stages=3, consumers=2, consumer_warps=4, overlap=True,
-                pingpong=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True, head_dims=(64,)),
         # causal items head by head, longest first inside each head (head_major; SEQLEN_VARIANTS
         # runs the one-item and three-consumer forms). The dynamic form gained less (H200, session
         # 33: 1.022 / 0.997 / 1.018 / 1.005x ws2x4-overlap-fma-dyn at 4K-32K) and is no default
