@@ -188,14 +188,17 @@ def test_ordered_dq_repeats_bitwise(variant, head_dim, causal, monkeypatch):
     _check(q, k, v, causal, variant=variant, monkeypatch=monkeypatch, seed=11)
 
 
-def _store_first_variants():
-    from hf_flash.kernels.hopper.attention_bwd import VARIANTS
+def _ordered_defaults():
+    """(variant, head dim) of the ordered-dQ variants dense calls run by default."""
+    from hf_flash.kernels.hopper.attention_bwd import DEFAULT, SEQLEN_VARIANTS, VARIANTS
 
-    return [(name, d) for name, var in VARIANTS.items() if var.dq_store_first for d in var.head_dims]
+    names = {(n, d) for (d, _), n in DEFAULT.items()}
+    names |= {(n, d) for (d, _), ranges in SEQLEN_VARIANTS.items() for _, _, n in ranges}
+    return sorted((n, d) for n, d in names if VARIANTS[n].dq_ordered)
 
 
 @needs_hopper
-@pytest.mark.parametrize("variant,head_dim", _store_first_variants())
+@pytest.mark.parametrize("variant,head_dim", _ordered_defaults())
 @pytest.mark.parametrize(
     "batch,sq,sk,causal,window",
     [pytest.param(2, 1025, 1100, False, (-1, -1), id="full"),
@@ -204,8 +207,8 @@ def _store_first_variants():
      pytest.param(1, 900, 700, True, (130, -1), id="causal-left130-sq>sk"),
      pytest.param(1, 700, 650, False, (64, 200), id="two-sided")],
 )  # fmt: skip
-def test_store_first_needs_no_zeroed_accumulator(variant, head_dim, batch, sq, sk, causal, window, monkeypatch):
-    """dq_store_first: the first key block of each query tile stores its dQ tile, so the
+def test_ordered_dq_needs_no_zeroed_accumulator(variant, head_dim, batch, sq, sk, causal, window, monkeypatch):
+    """Ordered dQ, dense calls: the first key block of each query tile stores its dQ tile, so the
     accumulator may hold anything beforehand. Here it holds NaN: every tile a key block reaches
     must be stored before it is added to, and the rows no key block reaches (causal, more queries
     than keys) must come out 0."""

@@ -34,7 +34,8 @@ double-buffered shared-memory slots. ``dq_ordered`` (``kv2x64-m64-s2-dqwld``) ma
 the result bitwise deterministic: one int32 counter per (batch, head, query tile); the writer
 adds into a tile only when its counter equals the program's key-block index (ascending: a
 program waits only on programs launched before it) and counts itself once its additions have
-completed (``cp.async.bulk.wait_group``, a step later, so the wait runs under the next step).
+completed (``cp.async.bulk.wait_group``, a step later, so the wait runs under the next step); in dense calls the first block in a tile's order stores its tile instead of adding it, so the
+accumulator is not zero-filled first.
 ``dq_frag`` (``kv2x64-m64-s2-dqwldf``) stores each dQ tile in the wgmma fragment's own order
 (conflict-free shared stores) into a flat accumulator added by 1-D bulk reduces; a small Triton
 kernel then writes dq in its layout. ``dq_parity`` (``kv2x64-m64-s2-dqwldfp``) splits the
@@ -96,7 +97,6 @@ producer loads the step's pair with its Q tile, and the consumers read it where 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -172,7 +172,10 @@ class Variant:
     # waits only on programs launched before it (never one not yet started), and only at the
     # start of a wave, where the blocks of one (batch, K/V head) start together (FA3 orders causal
     # descending with a shortest-first launch: measured 0.6x here, the concurrent programs then
-    # sit far apart in the sequence and Q/dO/dQ stop hitting L2)
+    # sit far apart in the sequence and Q/dO/dQ stop hitting L2). Dense calls: the first key
+    # block in a tile's order stores its tile instead of adding it, so the accumulator needs no
+    # zero fill (:func:`dq_accum_for`; H200, session 35: the fill was 58 us per d128 call of 16K
+    # tokens, 1-2% of a 4K backward)
     dq_ordered: bool = False
     # dq_writer with the dQ tiles in the wgmma accumulator's fragment order (FA3's dQaccum): a
     # consumer stores its 64 x 64 fp32 tile with 16-byte shared stores, four registers per thread
@@ -248,12 +251,6 @@ class Variant:
     # bytes of spills (CPU compile); dS's costs none
     defer_ds: bool = False
     defer_dq: bool = False
-    # dq_ordered, dense calls: the first key block in a query tile's order stores its dQ tile
-    # instead of adding it, so the float32 accumulator is allocated without the zero fill (a
-    # pass over B * H * Sq * D * 4 bytes, 58 us of a 7.3 ms d128 non-causal 4K forward+backward,
-    # and the first additions no longer read zeros back); query rows that see no key at all (a
-    # causal call with more queries than keys) are zeroed in dq afterwards
-    dq_store_first: bool = False
 
     def __post_init__(self):
         if self.stats_early and not self.stats_smem:
@@ -262,8 +259,6 @@ class Variant:
             raise ValueError(f"variant {self.name}: defer_ds / defer_dq need dq_lag and dq_writer")
         if self.key_fastest and self.split_d:
             raise ValueError(f"variant {self.name}: key_fastest has no split_d form")
-        if self.dq_store_first and not self.dq_ordered:
-            raise ValueError(f"variant {self.name}: dq_store_first needs dq_ordered")
 
     @property
     def defer_arrive(self) -> int:
@@ -427,12 +422,6 @@ VARIANTS = {
                 split_d=True, dq_atomic=True, dq_shared=True, head_dims=(128,)),
     )
 }  # fmt: skip
-# the dense defaults with the first dQ addition of each query tile a store (dq_store_first): no
-# zero fill of the accumulator. Not yet measured on a GPU
-for _base in ("kv2x64-m64-s2-dqwldfpsbrr", "kv2x64-m64-s2-dqwldfpsbrr-kf", "kv2x64-m64-s2-dqwldfpsxa-dn",
-              "kv2x64-m64-s2-dqwldfpsxa-dn-kf2", "kv2x64-m128-s2-dqwlds"):  # fmt: skip
-    VARIANTS[_base + "-sf"] = dataclasses.replace(VARIANTS[_base], name=_base + "-sf", dq_store_first=True)
-del _base
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
 # with unordered dQ additions); head dims without an entry keep the Triton backward.
 # H100, 2026-11-24 (.notes/hopper-bwd.md, session 16 call 4, 2 rounds): d128 dqwld (fused dQ,
@@ -1247,8 +1236,8 @@ def _dq_writer(
     PARITY: two writers (WRITER 0 and 1), each taking the steps of its parity (the slots of that
     parity), so each has two steps' time for its chain of turn, reduce, read and release, and
     counts a block in a tile as soon as its additions have completed.
-    STORE_FIRST (DQ_ORDERED, dense): the block whose turn is 0 stores its tile instead of adding
-    it, so the accumulator needs no zero fill (the blocks after it add once it has counted).
+    STORE_FIRST (DQ_ORDERED, dense calls): the block whose turn is 0 stores its tile instead of
+    adding it, so the accumulator needs no zero fill (the blocks after it add once it has counted).
     DQ_ORDERED: before adding into query tile (b, h, mt), wait until the semaphore of that tile
     counts the key blocks that add before this one (those below it, from
     :func:`_first_key_block` on), and count this one once the additions have completed, not only
@@ -1865,11 +1854,11 @@ def dq_accum_for(q: torch.Tensor, variant: str, device=None) -> torch.Tensor:
     """A float32 dQ accumulator for a ``dq_atomic`` variant: (B, Sq, H, D) over (B, H, Sq, D)
     storage (a query tile of one head is one block), packed q (Tq, H, D): (Tq, H, D) over (H, Tq,
     D); or for ``dq_frag`` the flat fragment-order tiles, B * H * cdiv(Sq, block_m) * consumers of
-    block_m * D / consumers floats. Zeroed, except for dense calls of a ``dq_store_first``
-    variant (the kernel's first write of each tile is a store)."""
+    block_m * D / consumers floats. Zeroed, except for dense calls of a ``dq_ordered`` variant,
+    whose first write of each tile is a store."""
     var = VARIANTS[variant]
     device = q.device if device is None else device
-    if var.dq_store_first and q.dim() == 4:
+    if var.dq_ordered and q.dim() == 4:
         b, s, h, d = q.shape
         if var.dq_frag:
             return torch.empty(b * h * configs.cdiv(s, var.block_m) * var.block_m * d, device=device,
@@ -2077,7 +2066,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         POLL_AHEAD=var.poll_ahead,
         DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
         LEAD_BOUND=var.lead_bound, STATS_EARLY=var.stats_early, DEFER_ARRIVE=var.defer_arrive,
-        DQ_STORE_FIRST=var.dq_store_first and not varlen, SOFTCAP=masks["SOFTCAP"], num_warps=4,
+        DQ_STORE_FIRST=var.dq_ordered and not varlen, SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
@@ -2142,7 +2131,7 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
             dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers)
     elif var.dq_atomic:
         dq.copy_(dq_accum)  # already scaled; float32 -> q's dtype
-    if var.dq_store_first and not varlen:
+    if var.dq_ordered and not varlen:
         # the query tiles no key block reaches were never written: their rows see no key
         unseen = rows_without_keys(q.shape[1], k.shape[1], causal, window)
         if unseen:
