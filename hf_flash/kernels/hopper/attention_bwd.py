@@ -34,7 +34,8 @@ double-buffered shared-memory slots. ``dq_ordered`` (``kv2x64-m64-s2-dqwld``) ma
 the result bitwise deterministic: one int32 counter per (batch, head, query tile); the writer
 adds into a tile only when its counter equals the program's key-block index (ascending: a
 program waits only on programs launched before it) and counts itself once its additions have
-completed (``cp.async.bulk.wait_group``, a step later, so the wait runs under the next step); in dense calls the first block in a tile's order stores its tile instead of adding it, so the
+completed (``cp.async.bulk.wait_group``, a step later, so the wait runs under the next step).
+In dense calls the first block in a tile's order stores its tile instead of adding it, so the
 accumulator is not zero-filled first.
 ``dq_frag`` (``kv2x64-m64-s2-dqwldf``) stores each dQ tile in the wgmma fragment's own order
 (conflict-free shared stores) into a flat accumulator added by 1-D bulk reduces; a small Triton
@@ -1969,7 +1970,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
                 softcap=0.0):  # fmt: skip
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the CPU
     compile check, so both build the same kernel. ``dq_accum``: the float32 (B, Sq, H, D)
-    accumulator the ``dq_atomic`` variants add dQ into (zeroed by the caller; :func:`dq_accum_for`);
+    accumulator the ``dq_atomic`` variants add dQ into (:func:`dq_accum_for`: zeroed, except for
+    dense calls of ``dq_ordered`` variants, which store first);
     ``dq_sem``: the zeroed int32 counters of the ``dq_ordered`` variants (:func:`dq_sem_count`);
     ``stats``: the ``stats_smem`` variants' statistics buffer (``flash_bwd.backward_preprocess``;
     its contents do not matter to the compile check, only its size, :func:`stats_numel`).
