@@ -397,6 +397,17 @@ VARIANTS = {
         Variant("kv2x64-m128-s2-dqwlds", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
                 head_dims=(64,)),
+        # candidates for the d64 non-causal backward (0.97-1.08x cuDNN at 4K-32K, H200, session
+        # 35), two of the d128 non-causal forms' pieces on the d64 shape: the producer's lead
+        # bound (b) and the key block fastest (kf); CPU build 12-24 / 20-92 bytes spilled (the
+        # base 16-76). Not yet measured on a GPU. (lse/delta read under the products, d128's
+        # stats_early, spills 748-832 bytes at 128 query rows: not built)
+        Variant("kv2x64-m128-s2-dqwldsb", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
+                lead_bound=16, head_dims=(64,)),
+        Variant("kv2x64-m128-s2-dqwlds-kf", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
+                key_fastest=1, head_dims=(64,)),
         # the same with unordered dQ additions: 1.036x dqwlds in geometric mean but 0.95x at
         # non-causal 32K (session 27), under the rule NONDETERMINISTIC entries meet; not dispatched
         Variant("kv2x64-m128-s2-dqwls", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
