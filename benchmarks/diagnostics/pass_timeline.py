@@ -13,7 +13,8 @@ span minus sum is the device idle inside the call: host gaps, synchronisations),
 kernel's count and mean time per call; so a
 forward+backward slower than its forward and backward timed apart shows whether an extra
 kernel, a slower kernel or idle time is the cause. It answers for one run; timings for claims
-come from ``benchmarks/attention.py``. ``--bwd-variants`` runs the hf_flash provider once per named
+come from ``benchmarks/attention.py``. Each pass's JSON record also holds its wall-clock span
+(``wall``: Unix seconds), to read it against a GPU clock log. ``--bwd-variants`` runs the hf_flash provider once per named
 Gluon backward variant (``attention_bwd.pinned``), reported as ``hf_flash[bwd=NAME]``.
 """
 
@@ -24,6 +25,7 @@ import contextlib
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -141,7 +143,11 @@ def main(argv=None) -> None:
         with pin(), (context[0] if context else contextlib.nullcontext)():
             fns, kept = _passes(attn, leaves, dout_p)
             for p, fn in fns.items():
+                start = time.time()
                 res[p] = timeline(fn, args.calls)
+                # wall-clock span of the pass (warm-up included), to line up with a clock log
+                # such as `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw -lms 20`
+                res[p]["wall"] = [start, time.time()]
             kept.clear()
         out["providers"][name] = res
         sep = res["fwd"]["ms"] + res["bwd"]["ms"]
