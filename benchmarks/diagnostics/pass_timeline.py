@@ -14,8 +14,9 @@ kernel's count and mean time per call; so a
 forward+backward slower than its forward and backward timed apart shows whether an extra
 kernel, a slower kernel or idle time is the cause. It answers for one run; timings for claims
 come from ``benchmarks/attention.py``. Each pass's JSON record also holds its wall-clock span
-(``wall``: Unix seconds), to read it against a GPU clock log. ``--bwd-variants`` runs the hf_flash provider once per named
-Gluon backward variant (``attention_bwd.pinned``), reported as ``hf_flash[bwd=NAME]``.
+(``wall``: Unix seconds), to read it against a GPU clock log. ``--bwd-variants`` runs the
+hf_flash provider once per named Gluon backward variant (``attention_bwd.pinned``), reported as
+``hf_flash[bwd=NAME]``.
 """
 
 from __future__ import annotations

@@ -1241,15 +1241,15 @@ def _dq_writer(
     MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     PARITY: gl.constexpr,
-    WRITER: gl.constexpr, STORE_FIRST: gl.constexpr,
+    WRITER: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
     add them into the float32 accumulator by TMA reduce and hand the slots back once read.
     PARITY: two writers (WRITER 0 and 1), each taking the steps of its parity (the slots of that
     parity), so each has two steps' time for its chain of turn, reduce, read and release, and
     counts a block in a tile as soon as its additions have completed.
-    STORE_FIRST (DQ_ORDERED, dense calls): the block whose turn is 0 stores its tile instead of
-    adding it, so the accumulator needs no zero fill (the blocks after it add once it has counted).
+    DQ_ORDERED, dense calls: the block whose turn is 0 stores its tile instead of adding it, so
+    the accumulator needs no zero fill (the blocks after it add once it has counted).
     DQ_ORDERED: before adding into query tile (b, h, mt), wait until the semaphore of that tile
     counts the key blocks that add before this one (those below it, from
     :func:`_first_key_block` on), and count this one once the additions have completed, not only
@@ -1262,6 +1262,9 @@ def _dq_writer(
         gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
         window_right, KEYS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN, KEY_FASTEST,
     )  # fmt: skip
+    # dense ordered additions: the first turn stores (no zero fill; dq_accum_for); packed calls
+    # add into a zeroed accumulator, whose rows outside every sequence must read 0
+    STORE_FIRST: gl.constexpr = DQ_ORDERED and not VARLEN
     sem_tile0 = 0
     if VARLEN:
         gl.static_assert(not DQ_FRAG, "packed calls: the (H, Tq, D) accumulator, not fragment order")
@@ -1359,10 +1362,9 @@ def _attn_bwd_dkdv_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, DQ_STORE_FIRST: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
-    gl.static_assert(not DQ_STORE_FIRST or (DQ_ORDERED and not VARLEN), "store-first dQ: ordered, dense")
     dtype: gl.constexpr = q_desc.dtype
     if not RIGHT_WINDOW:
         window_right = 0  # no right window or causal: a literal, as in the builds without windows
@@ -1459,14 +1461,12 @@ def _attn_bwd_dkdv_kernel(
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0,
-                               DQ_STORE_FIRST)),
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0)),
                 # the second writer: the odd steps
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 1,
-                               DQ_STORE_FIRST)),
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 1)),
             ],
             [CONSUMER_WARPS, 1, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -1502,8 +1502,7 @@ def _attn_bwd_dkdv_kernel(
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0,
-                               DQ_STORE_FIRST)),
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0)),
             ],
             [CONSUMER_WARPS, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -1743,7 +1742,7 @@ def _attn_bwd_split_d_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, DQ_STORE_FIRST: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -2079,7 +2078,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         POLL_AHEAD=var.poll_ahead,
         DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
         LEAD_BOUND=var.lead_bound, STATS_EARLY=var.stats_early, DEFER_ARRIVE=var.defer_arrive,
-        DQ_STORE_FIRST=var.dq_ordered and not varlen, SOFTCAP=masks["SOFTCAP"], num_warps=4,
+        SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
