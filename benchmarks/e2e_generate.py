@@ -135,7 +135,9 @@ def run_compiled(model, batch, prompt, attn, n_new, repeats):
 def run_interleaved(model, batch, prompt, attns, cache_impl, n_new, repeats):
     """Rows of the eager (host-bound) runs: every provider is warmed up, then their timed runs
     alternate (A B A B ...), so a drift in the machine's speed during the point falls on all of
-    them alike; each keeps its best time."""
+    them alike; each keeps its best time. After each switch of the attention implementation an
+    untimed one-token run takes the switch's one-time cost, which would otherwise land in the
+    one-token time and bias the per-step estimate low (negative on the CPU test model)."""
     from transformers import StaticCache
 
     ids = _prompt(model, batch, prompt)
@@ -156,6 +158,10 @@ def run_interleaved(model, batch, prompt, attns, cache_impl, n_new, repeats):
             for attn in list(ones):
                 try:
                     model.set_attn_implementation(attn)
+                    # the first generate after a switch pays a one-time cost (~2 ms on the CPU
+                    # test model): untimed, so it does not inflate the one-token time and with it
+                    # shrink the per-step estimate (all-tokens minus one-token)
+                    gen(1)
                     ones[attn].append(gen(1)[0])
                     t, tokens[attn] = gen(n_new)
                     alls[attn].append(t)
