@@ -37,7 +37,9 @@ tanh(s * scale / cap)`` before the softmax.
 
 Work items are (batch, head, query tile) triples. Under causal masking (keys bounded on the
 right) they are numbered with (batch, head) fastest and the query tile counted from the end, so
-the items that see the most keys come first and the tail of the launch holds the short ones;
+the items that see the most keys come first and the tail of the launch holds the short ones; the
+tiles are aligned to the last row, so when the item's rows do not divide the query count the
+partial tile is the first rows' (few keys), not the last rows' (every key);
 otherwise the query tile runs fastest, so the items in flight share their K/V heads in L2. A
 program takes item program_id: one item per program (grid = items), or, for the ``persistent``
 variants, one program per SM whose producer loads the next item's Q and K/V while the consumers
@@ -57,8 +59,9 @@ tile would not fit beside Q and the K/V ring.
 
 Addressing goes through TMA descriptors over (batch, head, seq, dim) views with the tensors' own
 strides (int64 in the descriptor; tile coordinates are int32 per axis), so non-contiguous views
-and 1M-token sequences need no copies and cannot overflow. Rows past the end of a sequence are
-zero-filled on load and clipped on store by the TMA unit. The log-sum-exp is written with int64
+and 1M-token sequences need no copies and cannot overflow. Rows past the end of a sequence (or,
+in a causal call's first tile, before its start) are zero-filled on load and clipped on store by
+the TMA unit. The log-sum-exp is written with int64
 pointer arithmetic.
 
 Rows that see no key (causal with seqlen_q > seqlen_k) get output 0 and log-sum-exp +inf.
@@ -311,7 +314,9 @@ def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, C
     causal is window_right 0).
 
     Dense, keys bounded on the right (causal): (batch, head) runs fastest and query tiles are
-    counted from the end, so the items that see the most keys come first. Dense otherwise (every
+    counted from the end, so the items that see the most keys come first; the tiles end at the
+    last row, so m0 is negative for the first tile when ROWS does not divide q_len (its rows
+    before 0 read zeros from the TMA unit and are never stored). Dense otherwise (every
     item sees as many keys, bar a left window's first tiles): the query tile runs fastest, so the
     items running at one time share one or two K/V heads, which stay in L2 (with (batch, head)
     fastest, 132 items in flight read every head's K/V: 64-128 MB at 16K-32K tokens, over the
@@ -324,12 +329,17 @@ def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, C
         m0 = tile * ROWS
         b = 0  # packed tensors: one batch entry in the descriptors
     else:
-        if MASK_RIGHT and not HEAD_MAJOR:
-            bh = t % n_bh
-            m0 = (n_m - 1 - t // n_bh) * ROWS
-        elif MASK_RIGHT:
-            bh = t // n_m
-            m0 = (n_m - 1 - t % n_m) * ROWS
+        if MASK_RIGHT:
+            # tiles aligned to the last row: when ROWS does not divide q_len, the one partial
+            # tile holds the first rows (before row 0 it loads zeros and stores nothing), which
+            # see the fewest keys, not the last rows, which see them all
+            if HEAD_MAJOR:
+                bh = t // n_m
+                from_end = t % n_m
+            else:
+                bh = t % n_bh
+                from_end = t // n_bh
+            m0 = seqlen_q - (from_end + 1) * ROWS
         else:
             bh = t // n_m
             m0 = (t % n_m) * ROWS
@@ -722,7 +732,7 @@ def _consumer_item(
     lse_ptrs = Lse + h.to(gl.int64) * stride_lh + (q_off + offs).to(gl.int64) * stride_lm
     if not VARLEN:
         lse_ptrs += b.to(gl.int64) * stride_lb
-    gl.store(lse_ptrs, lse, mask=offs < q_len)
+    gl.store(lse_ptrs, lse, mask=(offs >= 0) & (offs < q_len))
     return it, tk
 
 
