@@ -400,7 +400,9 @@ VARIANTS = {
         # candidates for the d64 non-causal backward (0.97-1.08x cuDNN at 4K-32K, H200, session
         # 35), two of the d128 non-causal forms' pieces on the d64 shape: the producer's lead
         # bound (b) and the key block fastest (kf); CPU build 12-24 / 20-92 bytes spilled (the
-        # base 16-76). Not yet measured on a GPU. (lse/delta read under the products, d128's
+        # base 16-76). Session 36 (H200, 3 rounds, against dqwlds at 4K-32K): b 1.046 / 0.967 /
+        # 0.987 / 1.023x (no default); kf 1.012 / 0.993 / 0.979 / 1.077x, 5 rounds 1.018x at 16K,
+        # 1.029x at 24K, 1.044x at 32K: SEQLEN_VARIANTS from 24K. (lse/delta read under the products, d128's
         # stats_early, spills 748-832 bytes at 128 query rows: not built)
         Variant("kv2x64-m128-s2-dqwldsb", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
@@ -500,10 +502,14 @@ DEFAULT = {
 #   522 / 510 against dqwldfpsxa-dn's 490 / 494 at 16K / 32K (1.065 / 1.032x; rule >= 1.02 at
 #   both); chunks of four 0.98 / 1.03x. Shorter causal calls: the turn model puts the chunks'
 #   turn cost at 1-12% (dq_turns_model.py --key-fastest), so they keep DEFAULT.
+# - d64 non-causal 24K and longer, dqwlds-kf (session 36 calls 1-2; rule >= 1.02x dqwlds over
+#   the range, no point below 0.99): 470 / 476 TFLOP/s against 450 / 442 at 32K (5 / 3 rounds,
+#   1.044 / 1.077x), 467 against 454 at 24K (1.029x); 16K 0.979 / 1.018x keeps DEFAULT.
 # Calls outside a range or with a window were not measured and keep DEFAULT.
 SEQLEN_VARIANTS = {
     (128, False): ((2048, 4096, "kv2x64-m64-s2-dqwldfpsbrr-kf"),),
     (128, True): ((16384, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsxa-dn-kf2"),),
+    (64, False): ((24576, MAX_SEQLEN, "kv2x64-m128-s2-dqwlds-kf"),),
 }
 # (head dim, causal) -> the variant run when deterministic gradients are not required
 # (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than

@@ -38,8 +38,8 @@ tanh(s * scale / cap)`` before the softmax.
 Work items are (batch, head, query tile) triples. Under causal masking (keys bounded on the
 right) they are numbered with (batch, head) fastest and the query tile counted from the end, so
 the items that see the most keys come first and the tail of the launch holds the short ones; the
-tiles are aligned to the last row, so when the item's rows do not divide the query count the
-partial tile is the first rows' (few keys), not the last rows' (every key);
+items end at the last 64-row block, so when an item's blocks do not divide the query's the
+partial item is the first rows' (few keys), not the last rows' (every key);
 otherwise the query tile runs fastest, so the items in flight share their K/V heads in L2. A
 program takes item program_id: one item per program (grid = items), or, for the ``persistent``
 variants, one program per SM whose producer loads the next item's Q and K/V while the consumers
@@ -59,10 +59,10 @@ tile would not fit beside Q and the K/V ring.
 
 Addressing goes through TMA descriptors over (batch, head, seq, dim) views with the tensors' own
 strides (int64 in the descriptor; tile coordinates are int32 per axis), so non-contiguous views
-and 1M-token sequences need no copies and cannot overflow. Rows past the end of a sequence (or,
-in a causal call's first tile, before its start) are zero-filled on load and clipped on store by
-the TMA unit. The log-sum-exp is written with int64
-pointer arithmetic.
+and 1M-token sequences need no copies and cannot overflow. Rows past the end of a sequence are
+zero-filled on load and clipped on store by the TMA unit; no coordinate is negative (a causal
+item's blocks before row 0 load row 0's block and store nothing). The log-sum-exp is written
+with int64 pointer arithmetic.
 
 Rows that see no key (causal with seqlen_q > seqlen_k) get output 0 and log-sum-exp +inf.
 """
@@ -301,8 +301,8 @@ def schedule_entry(Sched, index, CuSeqQ, CuSeqK):
 
 @gluon.jit
 def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-               ROWS: gl.constexpr, BLOCK_N: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr,
-               VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr):  # fmt: skip
+               ROWS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASK_LEFT: gl.constexpr,
+               MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr):  # fmt: skip
     """Decode work item ``t``. Returns (b, h, kv_h, m0, lo, n_tiles, full_lo, full_hi, q_off,
     k_off, q_len, k_len): the item's query rows are [m0, m0 + ROWS) of a sequence of q_len
     queries and k_len keys that starts at row q_off (k_off) of the batch entry b; key tiles
@@ -314,15 +314,15 @@ def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, C
     causal is window_right 0).
 
     Dense, keys bounded on the right (causal): (batch, head) runs fastest and query tiles are
-    counted from the end, so the items that see the most keys come first; the tiles end at the
-    last row, so m0 is negative for the first tile when ROWS does not divide q_len (its rows
-    before 0 read zeros from the TMA unit and are never stored). Dense otherwise (every
-    item sees as many keys, bar a left window's first tiles): the query tile runs fastest, so the
-    items running at one time share one or two K/V heads, which stay in L2 (with (batch, head)
-    fastest, 132 items in flight read every head's K/V: 64-128 MB at 16K-32K tokens, over the
-    50 MB L2). Varlen: the head runs fastest over the
-    entries of ``Sched`` (int32 pairs (sequence, query tile), built by
-    :func:`varlen_schedule`; sequence -1: an empty item, no rows and no keys)."""
+    counted from the end, so the items that see the most keys come first; they end at the last
+    BLOCK_M-row block, so m0 is negative (a multiple of BLOCK_M) for the first item when ROWS
+    does not divide the block count: a consumer's rows are then all before row 0 or none are.
+    Dense otherwise (every item sees as many keys, bar a left window's first tiles): the query
+    tile runs fastest, so the items running at one time share one or two K/V heads, which stay
+    in L2 (with (batch, head) fastest, 132 items in flight read every head's K/V: 64-128 MB at
+    16K-32K tokens, over the 50 MB L2). Varlen: the head runs fastest over the entries of
+    ``Sched`` (int32 pairs (sequence, query tile), built by :func:`varlen_schedule`; sequence
+    -1: an empty item, no rows and no keys)."""
     if VARLEN:
         h = t % nheads
         _, tile, q_off, k_off, q_len, k_len = schedule_entry(Sched, t // nheads, CuSeqQ, CuSeqK)
@@ -330,16 +330,17 @@ def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, C
         b = 0  # packed tensors: one batch entry in the descriptors
     else:
         if MASK_RIGHT:
-            # tiles aligned to the last row: when ROWS does not divide q_len, the one partial
-            # tile holds the first rows (before row 0 it loads zeros and stores nothing), which
-            # see the fewest keys, not the last rows, which see them all
+            # items aligned to the last BLOCK_M-row block: when ROWS (CONSUMERS blocks) does not
+            # divide the query count, the first item, whose rows see the fewest keys, is the
+            # partial one (its blocks before row 0 are computed from row 0's Q and never
+            # stored), not the last, whose rows see every key
             if HEAD_MAJOR:
                 bh = t // n_m
                 from_end = t % n_m
             else:
                 bh = t % n_bh
                 from_end = t // n_bh
-            m0 = seqlen_q - (from_end + 1) * ROWS
+            m0 = (gl.cdiv(seqlen_q, BLOCK_M) - (from_end + 1) * (ROWS // BLOCK_M)) * BLOCK_M
         else:
             bh = t // n_m
             m0 = (t % n_m) * ROWS
@@ -378,10 +379,11 @@ def _producer_item(
     ``n_done`` the items started. Returns the new ``it``."""
     b, h, kv_h, m0, lo, n_tiles, full_lo, full_hi, q_off, k_off, q_len, k_len = _work_item(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-        BLOCK_M * CONSUMERS, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
+        BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
     )  # fmt: skip
     # varlen: rows past the sequence's end read the next sequence's (or zeros past the tensor's
-    # end); the consumers mask those keys and never store those rows
+    # end); the consumers mask those keys and never store those rows. A causal item's blocks
+    # before row 0 (m0 < 0) load row 0's block: no TMA coordinate is negative
     # the Q tiles are free once every consumer has issued its last S = Q K^T of the previous
     # item; a fresh barrier counts as having completed the phase before 0, so the first wait
     # (and the first pass through the K/V ring) does not block
@@ -389,7 +391,8 @@ def _producer_item(
     mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
         tma.async_copy_global_to_shared(
-            q_desc, [b, h, q_off + m0 + c * BLOCK_M, 0], q_bar, q_smem.index(c).reshape([1, 1, BLOCK_M, HEAD_DIM])
+            q_desc, [b, h, q_off + gl.maximum(m0 + c * BLOCK_M, 0), 0], q_bar,
+            q_smem.index(c).reshape([1, 1, BLOCK_M, HEAD_DIM]),
         )
     for j in range(lo, n_tiles):
         slot = it % STAGES
@@ -610,9 +613,9 @@ def _consumer_item(
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     b, h, kv_h, m0, lo, n_tiles, full_lo, full_hi, q_off, k_off, q_len, k_len = _work_item(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-        BLOCK_M * CONSUMERS, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
+        BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
     )  # fmt: skip
-    row0 = m0 + INDEX * BLOCK_M
+    row0 = m0 + INDEX * BLOCK_M  # < 0: a causal item's block before row 0, never stored
     # the rows' key positions, bottom-right aligned
     rows = row0 + gl.arange(0, BLOCK_M, layout=row_s) + (k_len - q_len)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
@@ -726,7 +729,7 @@ def _consumer_item(
             gl.store(o_ptrs, gl.convert_layout(out.to(dtype), st_layout), mask=gl.expand_dims(offs_m < q_len, 1))
         else:
             _store_tile(out.to(dtype), o_tile, o_desc, b, h, q_off + row0, BLOCK_M, HEAD_DIM)
-    else:
+    elif row0 >= 0:
         _store_tile(out.to(dtype), o_tile, o_desc, b, h, row0, BLOCK_M, HEAD_DIM)
     offs = row0 + gl.arange(0, BLOCK_M, layout=row_s)
     lse_ptrs = Lse + h.to(gl.int64) * stride_lh + (q_off + offs).to(gl.int64) * stride_lm
