@@ -160,7 +160,8 @@ def test_dense_calls_in_a_seqlen_range_take_its_variant():
         assert hb.variant_for(d, causal, seqlen_q=lo, window=(-1, 0 if causal else -1)) == name
         if not causal:
             assert hb.variant_for(d, causal, seqlen_q=lo, window=(-1, 5)) == hb.DEFAULT[(d, causal)]
-        assert hb.variant_for(d, causal, varlen=True) == hb.VARLEN_DEFAULT[(d, causal)]
+        if (d, causal) in hb.VARLEN_DEFAULT:  # packed d64 calls keep the Triton backward
+            assert hb.variant_for(d, causal, varlen=True) == hb.VARLEN_DEFAULT[(d, causal)]
 
 
 # ---- the dispatch rule, on CPU tensors with the device tests stubbed ----
