@@ -579,6 +579,49 @@ def _turn_pass(turn, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.
 
 
 @gluon.jit
+def _own_tiles(row0, lo, n_tiles, full_lo, full_hi, q_len, k_len, window_left, window_right,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr):
+    """One consumer's part of its item's key tiles [lo, n_tiles), from its own rows [row0,
+    row0 + BLOCK_M) (:func:`_work_item` counts the item's): (own, full_lo, full_hi), tiles [lo,
+    own) holding every key one of its rows sees (at least one: rows that see none compute a
+    masked tile, as a whole item would) and [full_lo, full_hi) those all its rows see whole. Under
+    causal masking a consumer's rows end up to ROWS - BLOCK_M rows before the item's, so it may
+    need one tile fewer; its later rows also see more tiles whole."""
+    first = row0 + (k_len - q_len)
+    last = first + BLOCK_M - 1
+    own = n_tiles
+    if MASK_RIGHT:
+        own = gl.cdiv(gl.minimum(k_len, gl.maximum(last + window_right + 1, 0)), BLOCK_N)
+        own = gl.minimum(gl.maximum(own, lo + 1), n_tiles)
+        full_hi = gl.minimum(gl.minimum(k_len // BLOCK_N, gl.maximum(first + window_right + 1, 0) // BLOCK_N), own)
+    if MASK_LEFT:
+        full_lo = gl.cdiv(gl.maximum(last - window_left, 0), BLOCK_N)
+    return own, full_lo, full_hi
+
+
+@gluon.jit
+def _pass_tiles(j0, n_tiles, it, tk, k_ready, v_ready, k_empty, v_empty, turn, INDEX: gl.constexpr,
+                STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, TURNS: gl.constexpr):
+    """Key tiles [j0, n_tiles) of the item that this consumer's rows never see: wait for each as
+    the computing consumers do, take its TURNS ping-pong turns and release it, so the ring's
+    arrival counts and the turn order stay those of a consumer that computed them. Returns the
+    new (it, tk)."""
+    for j in range(j0, n_tiles):
+        slot = it % STAGES
+        phase = (it // STAGES) & 1
+        mbarrier.wait(k_ready.index(slot), phase)
+        for _ in gl.static_range(TURNS):
+            _turn_wait(turn, tk, INDEX, PINGPONG)
+            _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
+            tk += 1
+        mbarrier.arrive(k_empty.index(slot))
+        mbarrier.wait(v_ready.index(slot), phase)
+        mbarrier.arrive(v_empty.index(slot))
+        it += 1
+    return it, tk
+
+
+@gluon.jit
 def _store_tile(out, o_tile, o_desc, b, h, row, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
     """TMA store of a BLOCK_M x HEAD_DIM output tile through its shared staging tile; rows past
     the tensor's end are clipped by the TMA unit."""
@@ -616,6 +659,10 @@ def _consumer_item(
         BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
     )  # fmt: skip
     row0 = m0 + INDEX * BLOCK_M  # < 0: a causal item's block before row 0, never stored
+    own, full_lo, full_hi = _own_tiles(
+        row0, lo, n_tiles, full_lo, full_hi, q_len, k_len, window_left, window_right, BLOCK_M, BLOCK_N,
+        MASK_LEFT, MASK_RIGHT,
+    )  # fmt: skip
     # the rows' key positions, bottom-right aligned
     rows = row0 + gl.arange(0, BLOCK_M, layout=row_s) + (k_len - q_len)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
@@ -638,7 +685,7 @@ def _consumer_item(
                 softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
             )  # fmt: skip
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            for j in range(lo + 1, n_tiles):
+            for j in range(lo + 1, own):
                 prev = it % STAGES
                 it += 1
                 slot = it % STAGES
@@ -676,7 +723,7 @@ def _consumer_item(
         else:
             mbarrier.arrive(q_empty)
     else:
-        for j in range(lo, n_tiles):
+        for j in range(lo, own):
             slot = it % STAGES
             phase = (it // STAGES) & 1
             mbarrier.wait(k_ready.index(slot), phase)
@@ -736,7 +783,9 @@ def _consumer_item(
     if not VARLEN:
         lse_ptrs += b.to(gl.int64) * stride_lb
     gl.store(lse_ptrs, lse, mask=(offs >= 0) & (offs < q_len))
-    return it, tk
+    # the item's key tiles past every key these rows see (causal): taken part in, not computed
+    return _pass_tiles(own, n_tiles, it, tk, k_ready, v_ready, k_empty, v_empty, turn, INDEX, STAGES, CONSUMERS,
+                       PINGPONG, 1 if OVERLAP else 2)  # fmt: skip
 
 
 @gluon.jit
