@@ -402,8 +402,8 @@ VARIANTS = {
         # bound (b) and the key block fastest (kf); CPU build 12-24 / 20-92 bytes spilled (the
         # base 16-76). Session 36 (H200, 3 rounds, against dqwlds at 4K-32K): b 1.046 / 0.967 /
         # 0.987 / 1.023x (no default); kf 1.012 / 0.993 / 0.979 / 1.077x, 5 rounds 1.018x at 16K,
-        # 1.029x at 24K, 1.044x at 32K: SEQLEN_VARIANTS from 24K. (lse/delta read under the products, d128's
-        # stats_early, spills 748-832 bytes at 128 query rows: not built)
+        # 1.029x at 24K, 1.044x at 32K: SEQLEN_VARIANTS from 24K. (lse/delta read under the
+        # products, d128's stats_early, spills 748-832 bytes at 128 query rows: not built)
         Variant("kv2x64-m128-s2-dqwldsb", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
                 lead_bound=16, head_dims=(64,)),
