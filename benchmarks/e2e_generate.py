@@ -101,6 +101,12 @@ def _prompt(model, batch, prompt):
 
 def _row(batch, prompt, attn, cache_impl, n_new, t_one, t_all, compiled):
     ms = (t_all - t_one) / (n_new - 1) * 1e3
+    if ms <= 0:
+        # the one-token run took as long as all of them: the decode steps are lost in the
+        # timing noise (a loaded host, too few new tokens); no per-step number to report
+        return _error_row(batch, prompt, attn, cache_impl, RuntimeError(
+            f"per-step time not measurable: {n_new} new tokens took {t_all * 1e3:.2f} ms, one took "
+            f"{t_one * 1e3:.2f} ms (timing noise over the decode steps; use more new tokens)"))
     return dict(
         batch=batch, prompt=prompt, attn=attn, cache=cache_impl, new_tokens=n_new,
         ms_per_step=ms, tokens_per_s=batch * 1e3 / ms, prefill_plus_setup_ms=t_one * 1e3,

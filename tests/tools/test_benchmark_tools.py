@@ -1,6 +1,8 @@
 """benchmarks/merge_results.py: a partial run replaces its rows in place and says which run
 measured each row (the committed results feed BENCHMARKS.md and the README's tables)."""
 
+import pytest
+
 from benchmarks.merge_results import merge
 
 
@@ -56,16 +58,21 @@ def test_e2e_generate_interleaves_providers_and_records_errors(monkeypatch):
         return real(model, ids, n, *a)
 
     monkeypatch.setattr(e2e_generate, "_generate", spy)
-    rows, tokens = e2e_generate.run_interleaved(model, 1, 8, ["hf_flash", "sdpa"], "dynamic", 4, 2)
+    # 16 new tokens: the per-step estimate (all tokens minus one, over 15 steps) stays well
+    # above the timing noise of a loaded 2-core runner
+    rows, tokens = e2e_generate.run_interleaved(model, 1, 8, ["hf_flash", "sdpa"], "dynamic", 16, 2)
     assert [r["attn"] for r in rows] == ["hf_flash", "sdpa"]
     assert all("error" not in r and r["ms_per_step"] > 0 for r in rows), rows
-    assert set(tokens) == {"hf_flash", "sdpa"} and tokens["sdpa"].shape == (1, 4)
-    timed = [a for a, n in order[2:] if n == 4]  # after one warm-up each
+    assert set(tokens) == {"hf_flash", "sdpa"} and tokens["sdpa"].shape == (1, 16)
+    timed = [a for a, n in order if n == 16]  # warm-ups generate 4 tokens, the switch runs 1
     assert timed == ["hf_flash", "sdpa", "hf_flash", "sdpa"]
 
     rows, tokens = e2e_generate.run_interleaved(model, 1, 8, ["no_such_attn", "sdpa"], "dynamic",
-                                                4, 1)  # fmt: skip
+                                                16, 1)  # fmt: skip
     assert "error" in rows[0] and rows[1]["ms_per_step"] > 0 and set(tokens) == {"sdpa"}
+    # a per-step estimate the noise swallowed is an error row, not a negative rate
+    row = e2e_generate._row(1, 8, "sdpa", "dynamic", 16, 0.010, 0.009, False)
+    assert "per-step time not measurable" in row["error"] and "ms_per_step" not in row
 
 
 def test_wgmma_wait_order_counts_exponentials_around_the_dp_wait():
@@ -149,6 +156,24 @@ def test_sass_step_mix_counts_the_step_without_the_masking_arm():
     assert step_paths(parse("\n".join(lines)), min_exp=5) == []
 
 
+def test_causal_items_model_counts_by_hand():
+    """benchmarks/diagnostics/causal_items_model.py on 256 causal queries, 192-row items of three
+    64-row consumers, 128-key tiles. From row 0: items at rows 0 and 192, two key tiles each on
+    every consumer (12). Ending at the last block: items at rows -128 and 64, one and two tiles
+    (3 + 6 = 9); per consumer, the second item's first consumer (rows 64-127) needs one (8; from
+    row 0, the first item's first two consumers one each: 10). Each block's own: 1, 1, 2, 2 (6)."""
+    from benchmarks.diagnostics.causal_items_model import consumer_tiles, needed_tiles
+
+    counts = {(a, r): consumer_tiles(256, 192, 64, 128, a, r) for a in ("start", "end") for r in ("item", "own")}
+    assert counts == {("start", "item"): 12, ("start", "own"): 10, ("end", "item"): 9, ("end", "own"): 8}
+    assert needed_tiles(256, 64, 128) == 6
+    # items that divide the length: the alignments agree, and 128-row items (d128) need nothing more
+    assert consumer_tiles(4096, 128, 64, 128, "start", "item") == consumer_tiles(4096, 128, 64, 128, "end", "item")
+    assert consumer_tiles(4096, 128, 64, 128, "end", "item") == needed_tiles(4096, 64, 128)
+    with pytest.raises(ValueError, match="multiple of block_m"):
+        consumer_tiles(256, 100, 64, 128, "end", "own")
+
+
 def test_dq_turns_model_counts_the_waits_of_the_ordered_additions():
     """benchmarks/diagnostics/dq_turns_model.py on a case counted by hand: 512 causal queries, 4
     key blocks of 128 (8, 6, 4 and 2 query tiles per head), 2 heads, 4 SMs (all concurrent).
@@ -173,8 +198,6 @@ def test_dq_turns_model_without_masking():
     steps). Block k waits k steps for its first turn and then trails block k - 1 by one step,
     so the last ends at step 19 for 16 steps of work per SM; without turns every block ends at 16.
     The persistent round order is modelled for causal programs only and says so."""
-    import pytest
-
     from benchmarks.diagnostics.dq_turns_model import simulate
 
     shape = dict(sms=4, kv_heads=1, group=2, causal=False)
