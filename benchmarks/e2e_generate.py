@@ -164,10 +164,7 @@ def run_interleaved(model, batch, prompt, attns, cache_impl, n_new, repeats):
             for attn in list(ones):
                 try:
                     model.set_attn_implementation(attn)
-                    # the first generate after a switch pays a one-time cost (~2 ms on the CPU
-                    # test model): untimed, so it does not inflate the one-token time and with it
-                    # shrink the per-step estimate (all-tokens minus one-token)
-                    gen(1)
+                    gen(1)  # untimed: takes the switch's one-time cost (see the docstring)
                     ones[attn].append(gen(1)[0])
                     t, tokens[attn] = gen(n_new)
                     alls[attn].append(t)

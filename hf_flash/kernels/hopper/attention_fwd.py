@@ -38,7 +38,7 @@ tanh(s * scale / cap)`` before the softmax.
 Work items are (batch, head, query tile) triples. Under causal masking (keys bounded on the
 right) they are numbered with (batch, head) fastest and the query tile counted from the end, so
 the items that see the most keys come first and the tail of the launch holds the short ones; the
-items end at the last 64-row block, so when an item's blocks do not divide the query's the
+items end at the last 64-row block, so when an item's rows do not divide the query count the
 partial item is the first rows' (few keys), not the last rows' (every key);
 otherwise the query tile runs fastest, so the items in flight share their K/V heads in L2. A
 program takes item program_id: one item per program (grid = items), or, for the ``persistent``
@@ -303,11 +303,11 @@ def schedule_entry(Sched, index, CuSeqQ, CuSeqK):
 def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
                ROWS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASK_LEFT: gl.constexpr,
                MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr):  # fmt: skip
-    """Decode work item ``t``. Returns (b, h, kv_h, m0, lo, n_tiles, full_lo, full_hi, q_off,
-    k_off, q_len, k_len): the item's query rows are [m0, m0 + ROWS) of a sequence of q_len
-    queries and k_len keys that starts at row q_off (k_off) of the batch entry b; key tiles
-    [lo, n_tiles) are visible to some row of the item, tiles [full_lo, full_hi) to every row and
-    inside the key range (the others need the mask).
+    """Decode work item ``t``. Returns (b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len,
+    k_len): the item's query rows are [m0, m0 + ROWS) of a sequence of q_len queries and k_len
+    keys that starts at row q_off (k_off) of the batch entry b; key tiles [lo, n_tiles) are
+    visible to some row of the item (each consumer's share and the tiles its rows see whole:
+    :func:`_own_tiles`).
 
     Query row i sits at key position ``i + k_len - q_len`` (bottom-right alignment) and sees key
     j iff ``pos - window_left <= j`` (MASK_LEFT) and ``j <= pos + window_right`` (MASK_RIGHT;
@@ -353,17 +353,13 @@ def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, C
     first = m0 + (k_len - q_len)  # key position of the item's first row
     last = first + ROWS - 1
     hi = k_len
-    full_hi = k_len // BLOCK_N
     if MASK_RIGHT:
         hi = gl.minimum(k_len, gl.maximum(last + window_right + 1, 0))
-        full_hi = gl.minimum(full_hi, gl.maximum(first + window_right + 1, 0) // BLOCK_N)
     n_tiles = gl.cdiv(hi, BLOCK_N)
     lo = 0
-    full_lo = 0
     if MASK_LEFT:
         lo = gl.minimum(gl.maximum(first - window_left, 0) // BLOCK_N, n_tiles)
-        full_lo = gl.cdiv(gl.maximum(last - window_left, 0), BLOCK_N)
-    return b, h, h // group, m0, lo, n_tiles, full_lo, gl.minimum(full_hi, n_tiles), q_off, k_off, q_len, k_len
+    return b, h, h // group, m0, lo, n_tiles, q_off, k_off, q_len, k_len
 
 
 @gluon.jit
@@ -377,7 +373,7 @@ def _producer_item(
 ):  # fmt: skip
     """Loads of one work item; ``it`` counts the K/V tiles loaded so far (ring slot and phase),
     ``n_done`` the items started. Returns the new ``it``."""
-    b, h, kv_h, m0, lo, n_tiles, full_lo, full_hi, q_off, k_off, q_len, k_len = _work_item(
+    b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
         BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
     )  # fmt: skip
@@ -579,24 +575,26 @@ def _turn_pass(turn, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.
 
 
 @gluon.jit
-def _own_tiles(row0, lo, n_tiles, full_lo, full_hi, q_len, k_len, window_left, window_right,
+def _own_tiles(row0, lo, n_tiles, q_len, k_len, window_left, window_right,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr):
-    """One consumer's part of its item's key tiles [lo, n_tiles), from its own rows [row0,
-    row0 + BLOCK_M) (:func:`_work_item` counts the item's): (own, full_lo, full_hi), tiles [lo,
-    own) holding every key one of its rows sees (at least one: rows that see none compute a
-    masked tile, as a whole item would) and [full_lo, full_hi) those all its rows see whole. Under
-    causal masking a consumer's rows end up to ROWS - BLOCK_M rows before the item's, so it may
-    need one tile fewer; its later rows also see more tiles whole."""
-    first = row0 + (k_len - q_len)
+    """One consumer's part of its item's key tiles [lo, n_tiles) (:func:`_work_item` counts the
+    item's), from its own rows [row0, row0 + BLOCK_M): (own, full_lo, full_hi), tiles [lo, own)
+    holding every key one of its rows sees (at least one: rows that see none compute a masked
+    tile, as a whole item would) and [full_lo, full_hi) those every one of its rows sees whole,
+    inside the key range (the others need the mask). Under causal masking a consumer's rows end
+    up to ROWS - BLOCK_M rows before the item's, so it may need one tile fewer."""
+    first = row0 + (k_len - q_len)  # key position of the consumer's first row
     last = first + BLOCK_M - 1
     own = n_tiles
+    full_hi = k_len // BLOCK_N
     if MASK_RIGHT:
         own = gl.cdiv(gl.minimum(k_len, gl.maximum(last + window_right + 1, 0)), BLOCK_N)
         own = gl.minimum(gl.maximum(own, lo + 1), n_tiles)
-        full_hi = gl.minimum(gl.minimum(k_len // BLOCK_N, gl.maximum(first + window_right + 1, 0) // BLOCK_N), own)
+        full_hi = gl.minimum(full_hi, gl.maximum(first + window_right + 1, 0) // BLOCK_N)
+    full_lo = 0
     if MASK_LEFT:
         full_lo = gl.cdiv(gl.maximum(last - window_left, 0), BLOCK_N)
-    return own, full_lo, full_hi
+    return own, full_lo, gl.minimum(full_hi, own)
 
 
 @gluon.jit
@@ -606,11 +604,11 @@ def _pass_tiles(j0, n_tiles, it, tk, k_ready, v_ready, k_empty, v_empty, turn, I
     the computing consumers do, take its TURNS ping-pong turns and release it, so the ring's
     arrival counts and the turn order stay those of a consumer that computed them. Returns the
     new (it, tk)."""
-    for j in range(j0, n_tiles):
+    for _ in range(j0, n_tiles):
         slot = it % STAGES
         phase = (it // STAGES) & 1
         mbarrier.wait(k_ready.index(slot), phase)
-        for _ in gl.static_range(TURNS):
+        for _t in gl.static_range(TURNS):
             _turn_wait(turn, tk, INDEX, PINGPONG)
             _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
             tk += 1
@@ -654,14 +652,13 @@ def _consumer_item(
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    b, h, kv_h, m0, lo, n_tiles, full_lo, full_hi, q_off, k_off, q_len, k_len = _work_item(
+    b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
         BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
     )  # fmt: skip
     row0 = m0 + INDEX * BLOCK_M  # < 0: a causal item's block before row 0, never stored
     own, full_lo, full_hi = _own_tiles(
-        row0, lo, n_tiles, full_lo, full_hi, q_len, k_len, window_left, window_right, BLOCK_M, BLOCK_N,
-        MASK_LEFT, MASK_RIGHT,
+        row0, lo, n_tiles, q_len, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT,
     )  # fmt: skip
     # the rows' key positions, bottom-right aligned
     rows = row0 + gl.arange(0, BLOCK_M, layout=row_s) + (k_len - q_len)
