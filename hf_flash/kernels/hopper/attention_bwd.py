@@ -98,7 +98,7 @@ producer loads the step's pair with its Q tile, and the consumers read it where 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -252,10 +252,6 @@ class Variant:
     # bytes of spills (CPU compile); dS's costs none
     defer_ds: bool = False
     defer_dq: bool = False
-    # the consumers' scores scaled before the step's mask and P^T = exp2(scaled - lse) (the form
-    # before session 37): an FMUL and an FADD per score where exp2(st * scale - lse) after the
-    # mask takes one FFMA; kept as "-sx" variants of the dense defaults for the A/B
-    scale_first: bool = False
 
     def __post_init__(self):
         if self.stats_early and not self.stats_smem:
@@ -440,12 +436,6 @@ VARIANTS = {
                 split_d=True, dq_atomic=True, dq_shared=True, head_dims=(128,)),
     )
 }  # fmt: skip
-# session 37's A/B: the dense defaults with the scale before the mask (scale_first), "-sx"
-VARIANTS.update({
-    f"{n}-sx": replace(VARIANTS[n], name=f"{n}-sx", scale_first=True)
-    for n in ("kv2x64-m64-s2-dqwldfpsbrr", "kv2x64-m64-s2-dqwldfpsbrr-kf", "kv2x64-m64-s2-dqwldfpsxa-dn",
-              "kv2x64-m64-s2-dqwldfpsxa-dn-kf2", "kv2x64-m128-s2-dqwlds", "kv2x64-m128-s2-dqwlds-kf")
-})  # fmt: skip
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
 # with unordered dQ additions); head dims without an entry keep the Triton backward.
 # H100, 2026-11-24 (.notes/hopper-bwd.md, session 16 call 4, 2 rounds): d128 dqwld (fused dQ,
@@ -935,7 +925,6 @@ def _consumer(
     DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr,
     STATS_SMEM: gl.constexpr,
     EXP_PER_BRANCH: gl.constexpr, STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
-    SCALE_FIRST: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -1016,6 +1005,7 @@ def _consumer(
         st = warpgroup_mma_wait(1, deps=(st,))
         if STATS_SMEM and not STATS_EARLY:
             lse2 = stats.slice(0, BLOCK_M).load(col_layout)
+        s2 = st * qk_scale
         # the steps whose tile needs a mask (a runtime branch: most steps need none)
         if MASK_LEFT or RIGHT_WINDOW:
             masked = (mt < m_unmasked_lo) | (mt >= m_unmasked_hi)
@@ -1027,27 +1017,17 @@ def _consumer(
         else:
             masked = key_tail
         # EXP_PER_BRANCH: the same exp2 written in both arms, not after the branch, so that ptxas
-        # keeps the exponentials under the dP^T product (see Variant.exp_per_branch). The mask
-        # goes on the raw scores and the scale into exp2's argument, so each score takes one FFMA
-        # (scaled before the branch, the product and the subtraction after it stayed apart: an
-        # FMUL and an FADD per score)
-        if SCALE_FIRST:
-            # the scale applied before the mask (Variant.scale_first): exp2(st * 1.0 - lse) folds
-            # to the subtraction alone
-            st = st * qk_scale
-            exp_scale = 1.0
-        else:
-            exp_scale = qk_scale
+        # keeps the exponentials under the dP^T product (see Variant.exp_per_branch)
         if masked:
             # P = 0 where not visible, so dS = 0 and those entries add exactly 0 to dK, dV and dQ
-            st = gl.where(_visible(keys, key_pos, rows, k_len, q_len, window_left, window_right, MASK_LEFT,
-                                   MASK_RIGHT, RIGHT_WINDOW, VARLEN), st, float("-inf"))  # fmt: skip
+            s2 = gl.where(_visible(keys, key_pos, rows, k_len, q_len, window_left, window_right, MASK_LEFT,
+                                   MASK_RIGHT, RIGHT_WINDOW, VARLEN), s2, float("-inf"))  # fmt: skip
             if EXP_PER_BRANCH:
-                pt = gl.exp2(st * exp_scale - gl.expand_dims(lse2, 0))
+                pt = gl.exp2(s2 - gl.expand_dims(lse2, 0))
         elif EXP_PER_BRANCH:
-            pt = gl.exp2(st * exp_scale - gl.expand_dims(lse2, 0))
+            pt = gl.exp2(s2 - gl.expand_dims(lse2, 0))
         if not EXP_PER_BRANCH:
-            pt = gl.exp2(st * exp_scale - gl.expand_dims(lse2, 0))
+            pt = gl.exp2(s2 - gl.expand_dims(lse2, 0))
         p_op = gl.convert_layout(pt.to(dtype), op_layout)
         dpt = warpgroup_mma_wait(0, deps=(dpt,))
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
@@ -1388,7 +1368,7 @@ def _attn_bwd_dkdv_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, SCALE_FIRST: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
     dtype: gl.constexpr = q_desc.dtype
@@ -1468,7 +1448,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, SCALE_FIRST)),
+                             DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1478,7 +1458,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, SCALE_FIRST)),
+                             DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1509,7 +1489,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, SCALE_FIRST)),
+                             DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1519,7 +1499,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, SCALE_FIRST)),
+                             DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1545,7 +1525,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, SCALE_FIRST)),
+                             DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1555,7 +1535,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, SCALE_FIRST)),
+                             DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1640,15 +1620,11 @@ def _split_d_consumer(
         mbarrier.wait(do_ready.index(slot), phase)
         dp = warpgroup_mma(do_tile, v_half.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s,))
-        # the mask goes on the unscaled scores (or tanh values) and the scale into exp2's
-        # argument: one FFMA per score (as _consumer's)
         if SOFTCAP:
             t = _tanh(s * softcap_in)
-            s2 = t
-            scale2 = softcap_out
+            s2 = t * softcap_out
         else:
-            s2 = s
-            scale2 = qk_scale
+            s2 = s * qk_scale
         if MASK_LEFT or RIGHT_WINDOW:
             if (mt < m_unmasked_lo) | (mt >= m_unmasked_hi):
                 # keys past the end (keys >= q_len) and, varlen, the next document's rows (P = 0,
@@ -1675,7 +1651,7 @@ def _split_d_consumer(
         else:
             if key_tail:
                 s2 = gl.where(gl.expand_dims(key_pos < k_len, 0), s2, float("-inf"))
-        p = gl.exp2(s2 * scale2 - gl.expand_dims(lse2, 1))
+        p = gl.exp2(s2 - gl.expand_dims(lse2, 1))
         delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
         dp = warpgroup_mma_wait(0, deps=(dp,))
         ds = p * (dp - gl.expand_dims(delta, 1))
@@ -1772,7 +1748,7 @@ def _attn_bwd_split_d_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, SCALE_FIRST: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -2108,7 +2084,6 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         POLL_AHEAD=var.poll_ahead,
         DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
         LEAD_BOUND=var.lead_bound, STATS_EARLY=var.stats_early, DEFER_ARRIVE=var.defer_arrive,
-        SCALE_FIRST=var.scale_first,
         SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
