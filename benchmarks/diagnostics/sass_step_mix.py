@@ -1,11 +1,13 @@
-"""The instructions of one Gluon forward step, per consumer code path, from the SASS (no GPU needed).
+"""The instructions of one Gluon attention step, per consumer code path, from the SASS (no GPU needed).
 
     PYTHONPATH=. python benchmarks/diagnostics/sass_step_mix.py \\
-        [--variants ws3x4-pp-s3 ws2x4-overlap-fma] [--head-dims 64 128] [--json OUT]
+        [--variants ws3x4-pp-s3 bwd:kv2x64-m64-s2-dqwldfpsbrr] [--head-dims 64 128] [--json OUT]
 
-Compiles each forward variant for sm_90a as ``hf_flash.kernels.hopper.compile_check`` does
-(bf16, causal and not), disassembles the cubin with Triton's nvdisasm and finds the consumers'
-main loops: the loops (a backward branch) whose body holds at least 64 ``MUFU.EX2``. For each it
+Compiles each variant (forward, or backward behind ``bwd:``) for sm_90a as
+``hf_flash.kernels.hopper.compile_check`` does (bf16, causal and not), disassembles the cubin with
+Triton's nvdisasm and finds the consumers' main loops: the loops (a backward branch) whose body
+holds a step's exponentials (one ``MUFU.EX2`` per score a thread holds: 64 for the forward's 64 x
+128 tiles, 32 for the d128 backward's 64 x 64, 64 for the d64 backward's 128 x 64). For each it
 reports the instructions of the loop's shortest path from its head to its back edge - the step
 that needs no mask, where the masking arm is a branch of its own - and that path's mix: the
 softmax's essential work (FMNMX, FFMA, MUFU.EX2, FADD, FMUL, F2FP) and what else runs there
@@ -18,7 +20,10 @@ essential work); the masking arm is a branch of its own (the loop body 500-700).
 the three d64 consumers carries 32 PRMT per step that the others do not (P's bf16 halves swapped
 after the pack: 467). Counting the loop body instead of the path once read as "the non-causal
 mask runs on every tile" and led to a mask-free copy of the step that measured 0.95-0.99x
-(.notes/hopper.md, session 34).
+(.notes/hopper.md, session 34). Backward (session 37): the d128 step is 397 instructions non-causal
+(an FMUL, an FSEL - the key-tail mask, if-converted - and an FADD per score before the exponential)
+and 396 causal; forms with one FFMA per score ran 330-364 but measured 0.88-0.93x non-causal
+(.notes/hopper-bwd.md): as in the forward, fewer instructions did not mean a faster step.
 
 Set TRITON_INTERPRET=0 (the tests' interpreter mode replaces Triton's kernels with Python objects).
 """
@@ -38,7 +43,7 @@ if __package__ in (None, ""):
 import torch  # noqa: E402
 
 from benchmarks.diagnostics.wgmma_wait_order import sass  # noqa: E402
-from hf_flash.kernels.hopper import attention_fwd, compile_check  # noqa: E402
+from hf_flash.kernels.hopper import attention_bwd, attention_fwd, compile_check  # noqa: E402
 
 DEFAULT_VARIANTS = ("ws3x4-pp-s3", "ws2x4-overlap-fma", "ws2x4-overlap-fma-dyn")
 ESSENTIAL = ("FMNMX", "FFMA", "MUFU.EX2", "FADD", "FMUL", "F2FP.BF16.F32.PACK_AB", "F2FP.F16.F32.PACK_AB")
@@ -123,23 +128,35 @@ def step_paths(instrs: list[tuple[int, str, int | None]], min_exp: int = 64) -> 
     return list(inner.values())
 
 
+def _variant(name: str):
+    """The forward variant ``name``, or the backward one behind ``bwd:`` (not the split-D forms,
+    whose tiles are [queries, keys]); None if there is none."""
+    if name.startswith(compile_check.BWD_PREFIX):
+        var = attention_bwd.VARIANTS.get(name[len(compile_check.BWD_PREFIX):])
+        return None if var is None or var.split_d else var
+    return attention_fwd.VARIANTS.get(name)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
     ap.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
     ap.add_argument("--json", type=Path, help="write the records here")
     args = ap.parse_args(argv)
-    unknown = [v for v in args.variants if v not in attention_fwd.VARIANTS]
+    unknown = [v for v in args.variants if _variant(v) is None]
     if unknown:
-        ap.error(f"unknown forward variants {unknown}; choose from {list(attention_fwd.VARIANTS)}")
+        ap.error(f"unknown variants {unknown}; choose from {list(attention_fwd.VARIANTS)} or "
+                 f"{[compile_check.BWD_PREFIX + n for n, v in attention_bwd.VARIANTS.items() if not v.split_d]}")
     records = []
     for name in args.variants:
+        var = _variant(name)
         for d in args.head_dims:
-            if d not in attention_fwd.VARIANTS[name].head_dims:
+            if d not in var.head_dims:
                 continue
             for causal in (False, True):
                 compiled, *_ = compile_check.compile_variant(name, d, causal, torch.bfloat16)
-                loops = step_paths(parse(sass(compiled.asm["cubin"])))
+                # one exponential per score a consumer thread holds (a warpgroup: 128 threads)
+                loops = step_paths(parse(sass(compiled.asm["cubin"])), min_exp=var.block_m * var.block_n // 128)
                 records.append({"variant": name, "head_dim": d, "causal": causal, "loops": loops})
                 for rec in loops:
                     mix = " ".join(f"{k}={v}" for k, v in rec["mix"].items())

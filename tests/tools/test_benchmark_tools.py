@@ -117,6 +117,22 @@ def test_wgmma_wait_order_counts_exponentials_around_the_dp_wait():
     assert exp_placement("\n".join(tail + [ex2])) == []
 
 
+def test_sass_step_mix_takes_forward_and_backward_variants():
+    """sass_step_mix.py resolves forward names and backward names behind ``bwd:`` (not the
+    split-D forms, whose tiles are [queries, keys]); the exponentials per step it looks for are
+    the scores a consumer thread holds."""
+    from benchmarks.diagnostics.sass_step_mix import _variant
+    from hf_flash.kernels.hopper import attention_bwd, attention_fwd
+
+    fwd = _variant("ws3x4-pp-s3")
+    assert fwd is attention_fwd.VARIANTS["ws3x4-pp-s3"] and fwd.block_m * fwd.block_n // 128 == 64
+    bwd = _variant("bwd:kv2x64-m64-s2-dqwldfpsbrr")
+    assert bwd is attention_bwd.VARIANTS["kv2x64-m64-s2-dqwldfpsbrr"] and bwd.block_m * bwd.block_n // 128 == 32
+    split_d = next(n for n, v in attention_bwd.VARIANTS.items() if v.split_d)
+    assert _variant("bwd:" + split_d) is None
+    assert _variant("kv2x64-m64-s2-dqwldfpsbrr") is None and _variant("bwd:nope") is None
+
+
 def test_sass_step_mix_counts_the_step_without_the_masking_arm():
     """benchmarks/diagnostics/sass_step_mix.py takes a loop's shortest head-to-back-edge path
     (the masking arm, a branch of its own, is skipped; out-of-range retry branches count as not
