@@ -10,7 +10,7 @@ and two per-consumer rules, against the tiles the causal triangle needs:
 
 - ``start``: items from row 0 (m0 = i * ROWS): when ROWS does not divide the length, the last
   item holds the last rows and runs every key tile on every consumer, the ones past the end too.
-- ``end``: items ending at the last BLOCK_M-row block (the kernel since session 36): the partial
+- ``end``: items ending at the last BLOCK_M-row block (the kernel's form): the partial
   item holds the first rows; its blocks before row 0 run one tile (or none with ``own``).
 - ``item``: every consumer runs the item's key tiles (up to the item's last row).
 - ``own``: a consumer runs only the tiles its own rows see (``_own_tiles``; the others it passes

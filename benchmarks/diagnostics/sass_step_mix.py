@@ -137,6 +137,12 @@ def _variant(name: str):
     return attention_fwd.VARIANTS.get(name)
 
 
+def exponentials_per_step(var) -> int:
+    """One exponential per score a consumer thread holds: a step's [block_m, block_n] tile over a
+    warpgroup's 128 threads (the loops :func:`step_paths` looks for hold at least this many)."""
+    return var.block_m * var.block_n // 128
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
@@ -155,8 +161,7 @@ def main(argv=None) -> None:
                 continue
             for causal in (False, True):
                 compiled, *_ = compile_check.compile_variant(name, d, causal, torch.bfloat16)
-                # one exponential per score a consumer thread holds (a warpgroup: 128 threads)
-                loops = step_paths(parse(sass(compiled.asm["cubin"])), min_exp=var.block_m * var.block_n // 128)
+                loops = step_paths(parse(sass(compiled.asm["cubin"])), min_exp=exponentials_per_step(var))
                 records.append({"variant": name, "head_dim": d, "causal": causal, "loops": loops})
                 for rec in loops:
                     mix = " ".join(f"{k}={v}" for k, v in rec["mix"].items())

@@ -121,13 +121,14 @@ def test_sass_step_mix_takes_forward_and_backward_variants():
     """sass_step_mix.py resolves forward names and backward names behind ``bwd:`` (not the
     split-D forms, whose tiles are [queries, keys]); the exponentials per step it looks for are
     the scores a consumer thread holds."""
-    from benchmarks.diagnostics.sass_step_mix import _variant
+    from benchmarks.diagnostics.sass_step_mix import _variant, exponentials_per_step
     from hf_flash.kernels.hopper import attention_bwd, attention_fwd
 
     fwd = _variant("ws3x4-pp-s3")
-    assert fwd is attention_fwd.VARIANTS["ws3x4-pp-s3"] and fwd.block_m * fwd.block_n // 128 == 64
+    assert fwd is attention_fwd.VARIANTS["ws3x4-pp-s3"] and exponentials_per_step(fwd) == 64
     bwd = _variant("bwd:kv2x64-m64-s2-dqwldfpsbrr")
-    assert bwd is attention_bwd.VARIANTS["kv2x64-m64-s2-dqwldfpsbrr"] and bwd.block_m * bwd.block_n // 128 == 32
+    assert bwd is attention_bwd.VARIANTS["kv2x64-m64-s2-dqwldfpsbrr"] and exponentials_per_step(bwd) == 32
+    assert exponentials_per_step(attention_bwd.VARIANTS["kv2x64-m128-s2-dqwlds"]) == 64  # d64: 128 rows
     split_d = next(n for n, v in attention_bwd.VARIANTS.items() if v.split_d)
     assert _variant("bwd:" + split_d) is None
     assert _variant("kv2x64-m64-s2-dqwldfpsbrr") is None and _variant("bwd:nope") is None
