@@ -98,7 +98,7 @@ producer loads the step's pair with its Q tile, and the consumers read it where 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -252,12 +252,6 @@ class Variant:
     # bytes of spills (CPU compile); dS's costs none
     defer_ds: bool = False
     defer_dq: bool = False
-    # False: the key-tail mask compiled in only where a program can need it (launch_args:
-    # key_tail), so dense calls at lengths that are a multiple of the program's keys build without
-    # it; True (every variant but the experiments): at every length
-    tail_mask: bool = True
-    # False: the launch passes enable_fp_fusion=False (ptxas keeps every multiply and add apart)
-    fp_fusion: bool = True
 
     def __post_init__(self):
         if self.stats_early and not self.stats_smem:
@@ -442,15 +436,6 @@ VARIANTS = {
                 split_d=True, dq_atomic=True, dq_shared=True, head_dims=(128,)),
     )
 }  # fmt: skip
-# session 38's A/B of the d128 non-causal default: without the key-tail mask at aligned lengths
-# and without multiply-add fusion (-nf: the FSELs gone, the FMUL and FADD per score kept), and
-# the producer's lead bound at 8 and 32 steps (-b8, -b32; the default 16)
-_BRR = "kv2x64-m64-s2-dqwldfpsbrr"
-VARIANTS.update({
-    f"{_BRR}-nf": replace(VARIANTS[_BRR], name=f"{_BRR}-nf", tail_mask=False, fp_fusion=False),
-    f"{_BRR}-b8": replace(VARIANTS[_BRR], name=f"{_BRR}-b8", lead_bound=8),
-    f"{_BRR}-b32": replace(VARIANTS[_BRR], name=f"{_BRR}-b32", lead_bound=32),
-})  # fmt: skip
 # DEFAULT maps (head dim, causal) to the variant the backward runs (deterministic: no variant
 # with unordered dQ additions); head dims without an entry keep the Triton backward.
 # H100, 2026-11-24 (.notes/hopper-bwd.md, session 16 call 4, 2 rounds): d128 dqwld (fused dQ,
@@ -940,7 +925,6 @@ def _consumer(
     DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr,
     STATS_SMEM: gl.constexpr,
     EXP_PER_BRANCH: gl.constexpr, STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
-    KEY_TAIL: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -968,12 +952,7 @@ def _consumer(
     # the last key tile sticks out of the sequence: its zero-filled keys (varlen: the next
     # document's) would get P = exp(-lse), harmless for dK/dV (rows clipped or not stored) but not
     # for dQ, so they are masked
-    if KEY_TAIL:
-        key_tail = key0 + BLOCK_N > k_len
-    else:
-        # the launch found every program's keys inside the sequence (dense, no window, the keys
-        # a multiple of the program's): no step needs the key-tail mask
-        key_tail = False
+    key_tail = key0 + BLOCK_N > k_len
     cols = gl.arange(0, BLOCK_M, layout=col_layout)
     st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
@@ -1389,7 +1368,7 @@ def _attn_bwd_dkdv_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, KEY_TAIL: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
     dtype: gl.constexpr = q_desc.dtype
@@ -1469,7 +1448,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, KEY_TAIL)),
+                             DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1479,7 +1458,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, KEY_TAIL)),
+                             DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1510,7 +1489,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, KEY_TAIL)),
+                             DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1520,7 +1499,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, KEY_TAIL)),
+                             DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1546,7 +1525,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, KEY_TAIL)),
+                             DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1556,7 +1535,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, KEY_TAIL)),
+                             DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1769,7 +1748,7 @@ def _attn_bwd_split_d_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, KEY_TAIL: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -2081,11 +2060,6 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         stride_lb, stride_lh, stride_lm = lse.stride(0), lse.stride(1), lse.stride(2)
         slots = 0
         dk_strides = (0, 0, 0, 0)  # dense dK/dV go out through TMA only
-    # the key-tail mask (keys past the sequence's end in a program's last key block) is compiled
-    # in only where some program can need it: packed calls (a document's end), windows (whose
-    # mask carries it), and dense calls whose keys are not a multiple of the program's
-    key_tail = (varlen or masks["MASK_LEFT"] or masks["RIGHT_WINDOW"] or var.tail_mask
-                or seqlen_k % var.keys != 0)  # fmt: skip
     # the cached launcher's order (hf_flash.kernels.launch): descriptors and pointers, integers,
     # floats, then the constexprs
     # split_d: each consumer stores its half of dK's and dV's columns
@@ -2110,11 +2084,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         POLL_AHEAD=var.poll_ahead,
         DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
         LEAD_BOUND=var.lead_bound, STATS_EARLY=var.stats_early, DEFER_ARRIVE=var.defer_arrive,
-        KEY_TAIL=key_tail,
         SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
-    if not var.fp_fusion:
-        kwargs["enable_fp_fusion"] = False
     return grid, args, kwargs
 
 
