@@ -121,8 +121,8 @@ from .. import configs
 from ..flash_bwd import stats_numel  # the buffer's layout is the preprocess's (re-exported)
 from ..launch import CachedLauncher
 from .attention_fwd import (
-    LOG2E, MAX_SEQLEN, _descriptor, _mma_layout, _per_tile, _tanh, _turn_pass, _turn_wait, mask_args,
-    schedule_entry, schedule_slots, seqlen_variant, tma_compatible, tma_descriptor, varlen_schedule,
+    LOG2E, MAX_SEQLEN, _descriptor, _mma_layout, _per_tile, _tanh, mask_args, schedule_entry, schedule_slots,
+    seqlen_variant, tma_compatible, tma_descriptor, varlen_schedule,
 )
 
 PRODUCER_REGS = 24
@@ -252,12 +252,6 @@ class Variant:
     # bytes of spills (CPU compile); dS's costs none
     defer_ds: bool = False
     defer_dq: bool = False
-    # dq_lag: the two consumers take turns (an mbarrier each, the forward's ping-pong) to issue
-    # their products, so one's exponentials and dS run under the other's products: 1, the S^T +
-    # dP^T pair of each step (consumer 0's, then 1's); 2, that and the dV + dK pair; 3, the lagged
-    # dQ product too. With turns dS is computed before the dV + dK pair is issued (not under the
-    # dV product). 0: no turns (each consumer issues when it is ready)
-    pingpong: int = 0
 
     def __post_init__(self):
         if self.stats_early and not self.stats_smem:
@@ -266,8 +260,6 @@ class Variant:
             raise ValueError(f"variant {self.name}: defer_ds / defer_dq need dq_lag and dq_writer")
         if self.key_fastest and self.split_d:
             raise ValueError(f"variant {self.name}: key_fastest has no split_d form")
-        if self.pingpong not in (0, 1, 2, 3) or (self.pingpong and not self.dq_lag):
-            raise ValueError(f"variant {self.name}: pingpong is 0-3, and needs dq_lag")
 
     @property
     def defer_arrive(self) -> int:
@@ -361,20 +353,6 @@ VARIANTS = {
         # (4). H200, session 32 calls 5 and 7, non-causal 4K-32K, 3 rounds: kf 0.99-1.05x
         # dqwldfpsbrr (geometric means 1.012, 1.018), its DRAM bytes / 5 at 8K; kf4 1.01-1.04x at
         # 4K-16K, 0.90x at 32K
-        # dqwldfpsbrr with the consumers taking turns to issue their products (pingpong): the S^T +
-        # dP^T pair (pp1), with the dV + dK pair (pp2), and the lagged dQ product too (pp3)
-        Variant("kv2x64-m64-s2-dqwldfpsbrr-pp1", block_m=64, block_n=64, stages=2, consumers=2,
-                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
-                dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
-                stats_early=True, pingpong=1, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsbrr-pp2", block_m=64, block_n=64, stages=2, consumers=2,
-                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
-                dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
-                stats_early=True, pingpong=2, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsbrr-pp3", block_m=64, block_n=64, stages=2, consumers=2,
-                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
-                dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
-                stats_early=True, pingpong=3, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwldfpsbrr-kf", block_m=64, block_n=64, stages=2, consumers=2,
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
                 dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
@@ -850,19 +828,17 @@ def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
 def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full, dq_empty, dq_desc, dq_zero,
                     sm_scale, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr,
                     DQ_N: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr,
-                    DEFER_DQ: gl.constexpr = False, turn=None, tk=0, TURN: gl.constexpr = False):  # fmt: skip
+                    DEFER_DQ: gl.constexpr = False):  # fmt: skip
     """dQ[rows q_row.. of head h, this consumer's DQ_N columns] += sum over the consumers c of
     dS_c K_c[:, columns], for step ``j`` (its dS tiles in buffer j % 2), added by TMA reduce."""
     par = j % 2
     mbarrier.wait(ds_ready.index(par), (j // 2) & 1)  # every consumer's dS of step j is stored
-    _turn_wait(turn, tk, INDEX, TURN)
     dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS).permute((1, 0)),
                            k_smem.index(0).slice(INDEX * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False,
                            is_async=True)  # fmt: skip
     for c in gl.static_range(1, CONSUMERS):
         dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS + c).permute((1, 0)),
                                k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok, is_async=True)
-    _turn_pass(turn, INDEX, CONSUMERS, TURN)
     dq = warpgroup_mma_wait(0, deps=(dq_tok,))
     mbarrier.arrive(ds_free.index(par))
     _dq_out(j, dq * sm_scale, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N,
@@ -949,7 +925,6 @@ def _consumer(
     DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr,
     STATS_SMEM: gl.constexpr,
     EXP_PER_BRANCH: gl.constexpr, STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
-    turn, PINGPONG: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -1014,21 +989,10 @@ def _consumer(
             lse2 = gl.load(Lse + l_base + rows, mask=rows < q_len, other=float("inf")) * LOG2E_C
         q_tile = q_smem.index(slot)
         do_tile = do_smem.index(slot)
-        if PINGPONG == 3:
-            # the parity of this step's first turn (the step before took three, the first two)
-            tk = gl.where(it > 0, (it - 1) & 1, 0)
-        elif PINGPONG == 1:
-            tk = it & 1  # one turn a step
-        else:
-            tk = 0  # two turns a step: the first is always even
         mbarrier.wait(q_ready.index(slot), phase)
-        if PINGPONG:
-            _turn_wait(turn, tk, INDEX, True)
         st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         mbarrier.wait(do_ready.index(slot), phase)
         dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        if PINGPONG:
-            _turn_pass(turn, INDEX, CONSUMERS, True)
         if STATS_EARLY:
             # the shared loads run under the products (Variant.stats_early)
             lse2 = stats.slice(0, BLOCK_M).load(col_layout)
@@ -1066,30 +1030,16 @@ def _consumer(
             pt = gl.exp2(s2 - gl.expand_dims(lse2, 0))
         p_op = gl.convert_layout(pt.to(dtype), op_layout)
         dpt = warpgroup_mma_wait(0, deps=(dpt,))
-        if PINGPONG:
-            # dS first, then the dV + dK pair in one turn (dS runs under the other consumer's
-            # products, not this one's dV: fewer values live across the turn's wait)
-            if not STATS_SMEM:
-                delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
-            elif not STATS_EARLY:
-                delta = stats.slice(BLOCK_M, BLOCK_M).load(col_layout)
-            ds = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
-            ds_op = gl.convert_layout(ds, op_layout)
-            _turn_wait(turn, tk + 1, INDEX, PINGPONG >= 2)
-            dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
-            dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
-            _turn_pass(turn, INDEX, CONSUMERS, PINGPONG >= 2)
-        else:
-            dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
-            # delta is read here, under the dV product, to keep it out of the registers before
-            if not STATS_SMEM:
-                delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
-            elif not STATS_EARLY:
-                delta = stats.slice(BLOCK_M, BLOCK_M).load(col_layout)
-            dst = pt * (dpt - gl.expand_dims(delta, 0))
-            ds = dst.to(dtype)
-            ds_op = gl.convert_layout(ds, op_layout)
-            dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
+        dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+        # delta is read here, under the dV product, to keep it out of the registers before
+        if not STATS_SMEM:
+            delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
+        elif not STATS_EARLY:
+            delta = stats.slice(BLOCK_M, BLOCK_M).load(col_layout)
+        dst = pt * (dpt - gl.expand_dims(delta, 0))
+        ds = dst.to(dtype)
+        ds_op = gl.convert_layout(ds, op_layout)
+        dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
         if DQ_LAG:
             par = it % 2
             mbarrier.wait(ds_free.index(par), ((it // 2) & 1) ^ 1)  # all dQ products of step it - 2 ran
@@ -1107,7 +1057,7 @@ def _consumer(
                 _dq_shared_step(it - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
                                 ds_free, dq_full,
                                 dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
-                                DQ_WRITER, DQ_FRAG, DEFER_ARRIVE & 2, turn, tk, PINGPONG == 3)  # fmt: skip
+                                DQ_WRITER, DQ_FRAG, DEFER_ARRIVE & 2)  # fmt: skip
             prev_h = h
             prev_mt = mt
         elif DQ_SHARED:
@@ -1167,7 +1117,7 @@ def _consumer(
             _dq_shared_step(n_steps - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
                             ds_free, dq_full,
                             dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
-                            DQ_WRITER, DQ_FRAG, False, turn, n_steps - 1, PINGPONG == 3)  # fmt: skip
+                            DQ_WRITER, DQ_FRAG)  # fmt: skip
     tma.store_wait(0)
     if DQ_SHARED:
         # the other consumers read this K tile in their dQ products: wait until the last step's
@@ -1418,7 +1368,7 @@ def _attn_bwd_dkdv_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, PINGPONG: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
     dtype: gl.constexpr = q_desc.dtype
@@ -1481,16 +1431,8 @@ def _attn_bwd_dkdv_kernel(
         # DQ_WRITER: slot (parity, consumer): that consumer fills it, the writer empties it
         mbarrier.init(dq_full.index(i), count=1)
         mbarrier.init(dq_empty.index(i), count=1)
-    if PINGPONG:
-        # turn c is consumer c's (the other arrives once per hand-over)
-        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(CONSUMERS):
-            mbarrier.init(turn.index(i), count=1)
-    else:
-        turn = kv_bar  # not used
 
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
-    gl.static_assert(PINGPONG == 0 or DQ_LAG, "the consumers' turns are the lagged dQ form's")
     gl.static_assert(DQ_WRITER or not DQ_PARITY, "two dQ writers need the writer form")
     gl.static_assert(DQ_ORDERED or LEAD_BOUND == 0, "the lead bound reads the ordered dQ counters")
     # (Gluon takes the partitions as a literal list: the forms differ by the dQ writers)
@@ -1506,7 +1448,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, turn, PINGPONG)),
+                             DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1516,7 +1458,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, turn, PINGPONG)),
+                             DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1547,7 +1489,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, turn, PINGPONG)),
+                             DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1557,7 +1499,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, turn, PINGPONG)),
+                             DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1583,7 +1525,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, turn, PINGPONG)),
+                             DEFER_ARRIVE)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1593,7 +1535,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, turn, PINGPONG)),
+                             DEFER_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1806,7 +1748,7 @@ def _attn_bwd_split_d_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, PINGPONG: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -1817,7 +1759,6 @@ def _attn_bwd_split_d_kernel(
     gl.static_assert(not STATS_SMEM, "the split-D consumers read lse/delta per row from global memory")
     gl.static_assert(not EXP_PER_BRANCH, "exp_per_branch is a transposed-frame (non-split-D) form")
     gl.static_assert(LEAD_BOUND == 0, "lead_bound: the transposed-frame ordered forms only")
-    gl.static_assert(PINGPONG == 0, "pingpong: the transposed-frame forms only")
     gl.static_assert(not STATS_EARLY, "stats_early: a stats_smem form")
     gl.static_assert(DEFER_ARRIVE == 0, "defer_ds / defer_dq: the dq_lag writer forms")
     if not RIGHT_WINDOW:
@@ -2143,7 +2084,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         POLL_AHEAD=var.poll_ahead,
         DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
         LEAD_BOUND=var.lead_bound, STATS_EARLY=var.stats_early, DEFER_ARRIVE=var.defer_arrive,
-        PINGPONG=var.pingpong, SOFTCAP=masks["SOFTCAP"], num_warps=4,
+        SOFTCAP=masks["SOFTCAP"], num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
