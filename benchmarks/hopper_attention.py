@@ -6,8 +6,6 @@ One run, same GPU, same inputs: for bf16, Hq=32, Hkv=8, head dims 128 and 64, ca
 S = 4K, 8K, 16K, 32K (batch 16K // S, at least 1, so every point has 16K-32K tokens), it times
 
   hopper:<variant>  hf_flash.kernels.hopper (Gluon), each variant named on the command line
-                    (``<variant>:nosplit``: without splitting the launch's last items,
-                    ``attention_fwd.tail_split``, for the A/B)
   hf_flash          hf_flash.flash_attn_func (the Triton kernels today)
   sdpa              F.scaled_dot_product_attention(..., enable_gqa=True), no backend forced
                     (cuDNN on an H100)
@@ -77,19 +75,14 @@ def providers(q, k, v, causal, variants):
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)
     fns = {}
-    for spec in variants:
-        name, _, opt = spec.partition(":")
-        if opt not in ("", "nosplit"):
-            raise ValueError(f"variant {spec!r}: the only option is ':nosplit'")
+    for name in variants:
         if q.shape[-1] not in hk.VARIANTS[name].head_dims:
             continue
-
-        def run(name=name, split=(0, 0) if opt else None):
-            hk.hopper_attention_forward(q, k, v, out, lse, softmax_scale=scale, causal=causal, variant=name,
-                                        split=split)  # fmt: skip
+        def run(name=name):
+            hk.hopper_attention_forward(q, k, v, out, lse, softmax_scale=scale, causal=causal, variant=name)
             return out
 
-        fns[f"hopper:{spec}"] = run
+        fns[f"hopper:{name}"] = run
     fns["hf_flash"] = lambda: flash_attn_func(q, k, v, causal=causal)
 
     def sdpa():

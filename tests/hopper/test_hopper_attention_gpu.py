@@ -23,7 +23,7 @@ def _hopper():
 needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU (H100/H200)")
 
 
-def _run(q, k, v, causal, variant=None, scale=None, window=(-1, -1), softcap=0.0, split=None):
+def _run(q, k, v, causal, variant=None, scale=None, window=(-1, -1), softcap=0.0):
     from hf_flash.kernels.hopper import attention_fwd as hk
 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -33,12 +33,12 @@ def _run(q, k, v, causal, variant=None, scale=None, window=(-1, -1), softcap=0.0
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), dtype=torch.float32, device=q.device)
     hk.hopper_attention_forward(q, k, v, out, lse, softmax_scale=scale, causal=causal, variant=variant,
-                                window=window, softcap=softcap, split=split)  # fmt: skip
+                                window=window, softcap=softcap)  # fmt: skip
     return out, lse
 
 
-def _check(q, k, v, causal, variant=None, scale=None, window=(-1, -1), softcap=0.0, split=None):
-    out, lse = _run(q, k, v, causal, variant, scale, window, softcap, split)
+def _check(q, k, v, causal, variant=None, scale=None, window=(-1, -1), softcap=0.0):
+    out, lse = _run(q, k, v, causal, variant, scale, window, softcap)
     opts = dict(causal=causal, softmax_scale=scale, window_size=window, softcap=softcap)
     ref, ref_lse = attention_ref(q, k, v, upcast=True, return_lse=True, **opts)
     ref_lp = attention_ref(q, k, v, upcast=False, **opts)
@@ -148,74 +148,6 @@ def test_many_items_per_program(variant, head_dim):
     q, k, v = _qkv(4, 1500, 1100, 16, 4, head_dim, torch.bfloat16, seed=3)
     for causal in (True, False):
         _check(q, k, v, causal, variant=variant)
-
-
-def _split_variants():
-    from hf_flash.kernels.hopper import attention_fwd as hk
-
-    return [(name, d) for name, d in _variant_head_dims() if hk.split_eligible(name, False)]
-
-
-@needs_hopper
-@pytest.mark.parametrize("split", [(5, 3), (128, 9), (1, 2)], ids=["tail5x3", "all-items-x9", "one-item-x2"])
-@pytest.mark.parametrize("variant,head_dim", _split_variants())
-def test_split_last_items_match_reference(variant, head_dim, split):
-    # the launch's last items in key chunks (attention_fwd.tail_split), merged after the launch:
-    # odd lengths (a partial last query tile, a partial last key tile inside the last chunk),
-    # chunks of one tile (ksplit = the key tiles), GQA; 2 x 8 heads x 8 query tiles = 128 items
-    from hf_flash.kernels.hopper import attention_fwd as hk
-
-    q, k, v = _qkv(2, 1000, 1100, 8, 2, head_dim, torch.bfloat16, seed=7)
-    if hk.VARIANTS[variant].rows != 128:  # 192-row items: 2 x 8 x 6 = 96 items
-        split = (min(split[0], 96), split[1])
-    _check(q, k, v, False, variant=variant, split=split)
-    _check(q, k, v, False, variant=variant, split=split, softcap=30.0)
-
-
-@needs_hopper
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_launches_split_their_last_items_where_the_tail_is_short(head_dim):
-    # a shape whose items leave a short last wave on this GPU: the default launch splits it
-    # (tail_split) and matches the reference; the same launch unsplit agrees within the rule too
-    from hf_flash.kernels import configs
-    from hf_flash.kernels.hopper import attention_fwd as hk
-
-    sms = configs.sm_count(torch.device("cuda"), 132)
-    variant = hk.default_variant(head_dim, False, seqlen_q=4096)
-    rows, block_n = hk.VARIANTS[variant].rows, hk.VARIANTS[variant].block_n
-    heads = 4
-    n_m = (sms + 4) // heads + 1  # (n_m * heads) % sms is small
-    seqlen = n_m * rows - 37
-    n_m = -(-seqlen // rows)
-    tail, ksplit = hk.tail_split(heads * n_m, -(-seqlen // block_n), sms)
-    assert tail and ksplit >= 2, (heads * n_m, sms)
-    q, k, v = _qkv(1, seqlen, seqlen, heads, 1, head_dim, torch.bfloat16, seed=9)
-    _check(q, k, v, False)
-    _check(q, k, v, False, split=(0, 0))
-
-
-@needs_hopper
-def test_split_launch_under_cuda_graph_and_bad_splits():
-    from hf_flash.kernels.hopper import attention_fwd as hk
-
-    q, k, v = _qkv(2, 1000, 1100, 8, 2, 128, torch.bfloat16, seed=11)
-    ref, ref_lse = _run(q, k, v, False, split=(6, 4))
-    out = torch.empty_like(q)
-    lse = torch.empty(2, 8, 1000, device="cuda", dtype=torch.float32)
-    kwargs = dict(softmax_scale=128**-0.5, causal=False, split=(6, 4))
-    hk.hopper_attention_forward(q, k, v, out, lse, **kwargs)  # compiled before the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        hk.hopper_attention_forward(q, k, v, out, lse, **kwargs)
-    out.fill_(float("nan"))
-    lse.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
-    with pytest.raises(ValueError, match="dense calls without a mask"):
-        hk.hopper_attention_forward(q, k, v, out, lse, softmax_scale=0.1, causal=True, split=(2, 2))
-    with pytest.raises(ValueError, match="ksplit"):
-        hk.hopper_attention_forward(q, k, v, out, lse, softmax_scale=0.1, causal=False, split=(2, 10))
 
 
 # ---- packed (varlen) calls: cu_seqlens, per-sequence bottom-right alignment ----

@@ -32,14 +32,6 @@ SPECS += [
     for prefix in ("", compile_check.VARLEN_PREFIX) for d in hk.HEAD_DIMS for causal in (False, True)
     for feat in ("window", "softcap", "window-softcap")
 ]  # fmt: skip
-# the launch's last items split into key chunks (tail_split): the variants dense non-causal calls
-# run, bfloat16
-SPECS += [
-    (name, d, False, "bfloat16", "split")
-    for name in dict.fromkeys([hk.DEFAULT[(d, False)] for d in (64, 128)]
-                              + [v for (d, c), r in hk.SEQLEN_VARIANTS.items() if not c for _, _, v in r])
-    for d in hk.VARIANTS[name].head_dims if d in (64, 128)
-]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -356,76 +348,3 @@ def test_forward_path_packed(on_hopper, monkeypatch):
 def test_supports_needs_an_sm90_cuda_tensor():
     # no monkeypatch: CPU tensors are never covered
     assert not hk.supports(*_qkv(), causal=True)
-
-
-def test_tail_split_policy():
-    # d128 at 16K tokens x 32 heads: 4,096 items on 132 SMs leave 4 in the last wave; each is
-    # split into as many chunks as the idle SMs allow, at most one per key tile
-    assert hk.tail_split(4096, 64, 132) == (4, 33)
-    assert hk.tail_split(4096, 32, 132) == (4, 32)
-    assert hk.tail_split(8192, 256, 132) == (8, 16)
-    assert hk.tail_split(2816, 22, 132) == (44, 3)  # d64 (192-row items) at 4K
-    assert hk.tail_split(2752, 43, 132) == (0, 0)  # 112 in the last wave: not split
-    assert hk.tail_split(264, 32, 132) == (0, 0)  # no partial wave
-    assert hk.tail_split(100, 32, 132) == (0, 0)  # less than a wave
-    assert hk.tail_split(4096, 1, 132) == (0, 0)  # one key tile: nothing to split
-    assert hk.split_eligible("ws2x4-overlap-fma-dyn", False)
-    assert not hk.split_eligible("ws2x4-overlap-fma-dyn", True)
-    assert not hk.split_eligible("ws2x4-overlap-fma", False, window=(256, 256))
-    assert not hk.split_eligible("ws2x4-overlap-fma", False, varlen=True)
-    assert not hk.split_eligible("ws2x4-overlap-fma-d256", False)  # its output shares Q's tile
-
-
-def test_launch_args_refuse_a_split_they_cannot_run():
-    q = torch.empty(1, 1000, 8, 128, dtype=torch.bfloat16)
-    k = torch.empty(1, 1100, 2, 128, dtype=torch.bfloat16)
-    lse = torch.empty(1, 8, 1000)
-    opts = dict(softmax_scale=0.1, variant="ws2x4-overlap-fma")
-    with pytest.raises(ValueError, match="dense calls without a mask"):
-        hk.launch_args(q, k, k, q, lse, causal=True, split=(2, 2), **opts)
-    with pytest.raises(ValueError, match="ksplit"):
-        hk.launch_args(q, k, k, q, lse, causal=False, split=(2, 10), **opts)  # 9 key tiles
-    with pytest.raises(ValueError, match="tail"):
-        hk.launch_args(q, k, k, q, lse, causal=False, split=(65, 2), **opts)  # 64 items
-    grid, args, kwargs = hk.launch_args(q, k, k, q, lse, causal=False, split=(4, 3), **opts)
-    assert grid == (64 - 4 + 4 * 3,) and kwargs["SPLIT"]
-    assert args[10].shape == (4 * 3 * 128, 128) and args[11].shape == (4 * 3 * 128,)
-
-
-def test_split_combine_merges_key_chunks_exactly():
-    # partial outputs and log-sum-exps over key chunks, merged by the combine kernel (Triton's
-    # interpreter on the CPU), equal attention over all the keys; rows past the queries' end are
-    # not written
-    from hf_flash.reference import attention_ref
-
-    g = torch.Generator().manual_seed(0)
-    batch, sq, sk, h, d, rows = 1, 300, 250, 2, 64, 128
-    q, k, v = (torch.randn(batch, n, h, d, generator=g) for n in (sq, sk, sk))
-    n_m = -(-sq // rows)
-    tail, bounds = 2, [0, 100, 180, 250]  # the last two items (of 2 heads x 3 tiles), 3 chunks
-    n_reg = batch * h * n_m - tail
-    o_part = torch.zeros(tail * 3 * rows, d)
-    lse_part = torch.full((tail * 3 * rows,), float("-inf"))
-    for i in range(tail):
-        u = n_reg + i
-        hh, m0 = u // n_m, (u % n_m) * rows
-        qi = q[:, m0:m0 + rows, hh:hh + 1]
-        for c in range(3):
-            kc, vc = (t[:, bounds[c]:bounds[c + 1], hh:hh + 1] for t in (k, v))
-            o, lse_c = attention_ref(qi, kc, vc, return_lse=True)
-            n = o.shape[1]
-            row0 = (i * 3 + c) * rows
-            o_part[row0:row0 + n] = o[0, :, 0]
-            lse_part[row0:row0 + n] = lse_c[0, 0]
-    out = torch.full((batch, sq, h, d), float("nan"))
-    lse = torch.full((batch, h, sq), float("nan"))
-    hk.split_combine(o_part, lse_part, out, lse, n_reg=n_reg, tail=tail, ksplit=3, n_m=n_m, rows=rows)
-    ref, ref_lse = attention_ref(q, k, v, return_lse=True)
-    for i in range(tail):
-        u = n_reg + i
-        hh, m0 = u // n_m, (u % n_m) * rows
-        m1 = min(m0 + rows, sq)
-        torch.testing.assert_close(out[:, m0:m1, hh], ref[:, m0:m1, hh], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(lse[:, hh, m0:m1], ref_lse[:, hh, m0:m1], atol=1e-5, rtol=1e-5)
-    # items before the tail are the kernel's, not the combine's
-    assert torch.isnan(out[:, :, 0]).all() and torch.isnan(lse[:, 0]).all()

@@ -301,10 +301,8 @@ def schedule_entry(Sched, index, CuSeqQ, CuSeqK):
 
 @gluon.jit
 def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-               n_reg, ksplit,
                ROWS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASK_LEFT: gl.constexpr,
-               MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-               SPLIT: gl.constexpr):  # fmt: skip
+               MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr):  # fmt: skip
     """Decode work item ``t``. Returns (b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len,
     k_len): the item's query rows are [m0, m0 + ROWS) of a sequence of q_len queries and k_len
     keys that starts at row q_off (k_off) of the batch entry b; key tiles [lo, n_tiles) are
@@ -324,15 +322,7 @@ def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, C
     in L2 (with (batch, head) fastest, 132 items in flight read every head's K/V: 64-128 MB at
     16K-32K tokens, over the 50 MB L2). Varlen: the head runs fastest over the entries of
     ``Sched`` (int32 pairs (sequence, query tile), built by :func:`varlen_schedule`; sequence
-    -1: an empty item, no rows and no keys).
-
-    SPLIT (dense, no mask; :func:`tail_split`): items from ``n_reg`` on are chunks: item
-    ``n_reg + i`` is chunk ``i % ksplit`` of the key tiles of item ``n_reg + i // ksplit`` (the
-    launch's last items, split so they spread over the SMs the tail would leave idle)."""
-    if SPLIT:
-        chunk = gl.maximum(t - n_reg, 0)
-        is_chunk = t >= n_reg
-        t = gl.where(is_chunk, n_reg + chunk // ksplit, t)
+    -1: an empty item, no rows and no keys)."""
     if VARLEN:
         h = t % nheads
         _, tile, q_off, k_off, q_len, k_len = schedule_entry(Sched, t // nheads, CuSeqQ, CuSeqK)
@@ -369,11 +359,6 @@ def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, C
     lo = 0
     if MASK_LEFT:
         lo = gl.minimum(gl.maximum(first - window_left, 0) // BLOCK_N, n_tiles)
-    if SPLIT:
-        # chunk c of ksplit: key tiles [c * n / ksplit, (c + 1) * n / ksplit) (n >= ksplit)
-        c = chunk % ksplit
-        lo = gl.where(is_chunk, c * n_tiles // ksplit, lo)
-        n_tiles = gl.where(is_chunk, (c + 1) * n_tiles // ksplit, n_tiles)
     return b, h, h // group, m0, lo, n_tiles, q_off, k_off, q_len, k_len
 
 
@@ -381,16 +366,16 @@ def _work_item(t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, C
 def _producer_item(
     t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right, n_reg, ksplit,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr, SPLIT: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
     """Loads of one work item; ``it`` counts the K/V tiles loaded so far (ring slot and phase),
     ``n_done`` the items started. Returns the new ``it``."""
     b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-        n_reg, ksplit, BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR, SPLIT,
+        BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
     )  # fmt: skip
     # varlen: rows past the sequence's end read the next sequence's (or zeros past the tensor's
     # end); the consumers mask those keys and never store those rows. A causal item's blocks
@@ -462,10 +447,10 @@ def _producer(
     q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
     nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-    Counter, item_smem, item_ready, item_empty, n_items, n_reg, ksplit,
+    Counter, item_smem, item_ready, item_empty,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, PERSISTENT: gl.constexpr,
-    VARLEN: gl.constexpr, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr, SPLIT: gl.constexpr,
+    VARLEN: gl.constexpr, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
     if PERSISTENT:
         # items program_id, then (DYNAMIC) whatever the counter hands out or (static) every
@@ -474,14 +459,14 @@ def _producer(
         it = 0
         n_done = 0
         t = gl.program_id(0)
-        while t < n_items:
+        while t < n_bh * n_m:
             if DYNAMIC:
                 _publish_item(t, n_done, item_smem, item_ready, item_empty)
             it = _producer_item(
                 t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                 q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
-                Sched, CuSeqQ, CuSeqK, window_left, window_right, n_reg, ksplit, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                CONSUMERS, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR, SPLIT,
+                Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
+                MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
             )  # fmt: skip
             n_done += 1
             if DYNAMIC:
@@ -495,8 +480,8 @@ def _producer(
         _producer_item(
             gl.program_id(0), zero, zero, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
             q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
-            Sched, CuSeqQ, CuSeqK, window_left, window_right, n_reg, ksplit, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-            CONSUMERS, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR, SPLIT,
+            Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
+            MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
         )  # fmt: skip
 
 
@@ -647,50 +632,15 @@ def _store_tile(out, o_tile, o_desc, b, h, row, BLOCK_M: gl.constexpr, HEAD_DIM:
 
 
 @gluon.jit
-def _store_output(out, lse, o_tile, o_desc, Out, Lse, b, h, row0, q_off, q_len, stride_om, stride_oh,
-                  stride_lb, stride_lh, stride_lm, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  NUM_WARPS: gl.constexpr, VARLEN: gl.constexpr, ROW_S: gl.constexpr):  # fmt: skip
-    """A consumer's normalised output rows [row0, row0 + BLOCK_M) (in Out's dtype) and their
-    log-sum-exp; rows before 0 or past q_len are not written."""
-    dtype: gl.constexpr = o_desc.dtype
-    if VARLEN:
-        if row0 + BLOCK_M > q_len:
-            # a tile that crosses the sequence's end: a TMA store would write the next
-            # sequence's rows, so only the rows inside are stored, element-wise (one such tile
-            # per sequence and head), from a layout with 8 consecutive elements per thread
-            # (16-byte stores; the wgmma layout's pairs would need a pointer per pair)
-            st_layout: gl.constexpr = gl.BlockedLayout(
-                [1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [NUM_WARPS, 1], [1, 0]
-            )
-            offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, st_layout))
-            offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, st_layout))
-            o_ptrs = (
-                Out + h.to(gl.int64) * stride_oh + gl.expand_dims((q_off + offs_m).to(gl.int64) * stride_om, 1)
-                + gl.expand_dims(offs_d, 0)
-            )  # fmt: skip
-            gl.store(o_ptrs, gl.convert_layout(out.to(dtype), st_layout), mask=gl.expand_dims(offs_m < q_len, 1))
-        else:
-            _store_tile(out.to(dtype), o_tile, o_desc, b, h, q_off + row0, BLOCK_M, HEAD_DIM)
-    elif row0 >= 0:
-        _store_tile(out.to(dtype), o_tile, o_desc, b, h, row0, BLOCK_M, HEAD_DIM)
-    offs = row0 + gl.arange(0, BLOCK_M, layout=ROW_S)
-    lse_ptrs = Lse + h.to(gl.int64) * stride_lh + (q_off + offs).to(gl.int64) * stride_lm
-    if not VARLEN:
-        lse_ptrs += b.to(gl.int64) * stride_lb
-    gl.store(lse_ptrs, lse, mask=(offs >= 0) & (offs < q_len))
-
-
-@gluon.jit
 def _consumer_item(
     t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
     o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
     nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-    qk_scale, softcap_in, softcap_out, OPart, LsePart, n_reg, ksplit,
+    qk_scale, softcap_in, softcap_out,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-    SPLIT: gl.constexpr,
 ):  # fmt: skip
     """One work item of one consumer partition. ``it`` (K/V tiles consumed so far), ``tk``
     (ping-pong turns taken) and ``n_done`` (items done) carry the barrier phases from item to
@@ -704,7 +654,7 @@ def _consumer_item(
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-        n_reg, ksplit, BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR, SPLIT,
+        BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
     )  # fmt: skip
     row0 = m0 + INDEX * BLOCK_M  # < 0: a causal item's block before row 0, never stored
     own, full_lo, full_hi = _own_tiles(
@@ -805,22 +755,31 @@ def _consumer_item(
         m_log2 = m_i
     lse = gl.where(empty, float("inf"), (m_log2 + gl.log2(l_safe)) * LN2)
 
-    if SPLIT:
-        if t >= n_reg:
-            # a chunk item (:func:`_work_item`): its rows' output over the chunk's keys (float32,
-            # normalised) and their log-sum-exp go to the launch's scratch at row (t - n_reg) *
-            # ROWS + r, for :func:`_split_combine_kernel` to merge once the launch is done
-            prow = (t - n_reg) * (CONSUMERS * BLOCK_M) + INDEX * BLOCK_M
-            offs_r = prow + gl.arange(0, BLOCK_M, layout=row_o)
-            offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-            gl.store(OPart + gl.expand_dims(offs_r.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(offs_d, 0), out)
-            gl.store(LsePart + prow + gl.arange(0, BLOCK_M, layout=row_s), lse)
+    if VARLEN:
+        if row0 + BLOCK_M > q_len:
+            # a tile that crosses the sequence's end: a TMA store would write the next
+            # sequence's rows, so only the rows inside are stored, element-wise (one such tile
+            # per sequence and head), from a layout with 8 consecutive elements per thread
+            # (16-byte stores; the wgmma layout's pairs would need a pointer per pair)
+            st_layout: gl.constexpr = gl.BlockedLayout(
+                [1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [NUM_WARPS, 1], [1, 0]
+            )
+            offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, st_layout))
+            offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, st_layout))
+            o_ptrs = (
+                Out + h.to(gl.int64) * stride_oh + gl.expand_dims((q_off + offs_m).to(gl.int64) * stride_om, 1)
+                + gl.expand_dims(offs_d, 0)
+            )  # fmt: skip
+            gl.store(o_ptrs, gl.convert_layout(out.to(dtype), st_layout), mask=gl.expand_dims(offs_m < q_len, 1))
         else:
-            _store_output(out, lse, o_tile, o_desc, Out, Lse, b, h, row0, q_off, q_len, stride_om, stride_oh,
-                          stride_lb, stride_lh, stride_lm, BLOCK_M, HEAD_DIM, NUM_WARPS, VARLEN, row_s)  # fmt: skip
-    else:
-        _store_output(out, lse, o_tile, o_desc, Out, Lse, b, h, row0, q_off, q_len, stride_om, stride_oh,
-                      stride_lb, stride_lh, stride_lm, BLOCK_M, HEAD_DIM, NUM_WARPS, VARLEN, row_s)  # fmt: skip
+            _store_tile(out.to(dtype), o_tile, o_desc, b, h, q_off + row0, BLOCK_M, HEAD_DIM)
+    elif row0 >= 0:
+        _store_tile(out.to(dtype), o_tile, o_desc, b, h, row0, BLOCK_M, HEAD_DIM)
+    offs = row0 + gl.arange(0, BLOCK_M, layout=row_s)
+    lse_ptrs = Lse + h.to(gl.int64) * stride_lh + (q_off + offs).to(gl.int64) * stride_lm
+    if not VARLEN:
+        lse_ptrs += b.to(gl.int64) * stride_lb
+    gl.store(lse_ptrs, lse, mask=(offs >= 0) & (offs < q_len))
     # the item's key tiles past every key these rows see (causal): taken part in, not computed
     return _pass_tiles(own, n_tiles, it, tk, k_ready, v_ready, k_empty, v_empty, turn, INDEX, STAGES, CONSUMERS,
                        PINGPONG, 1 if OVERLAP else 2)  # fmt: skip
@@ -837,7 +796,6 @@ def _consumer(
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
     item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-    OPart, LsePart, n_items, n_reg, ksplit, SPLIT: gl.constexpr,
 ):  # fmt: skip
     q_tile = q_smem.index(INDEX)
     o_tile = o_smem.index(INDEX)
@@ -851,14 +809,14 @@ def _consumer(
             t = _read_item(0, item_smem, item_ready, item_empty, NUM_WARPS)
         else:
             t = gl.program_id(0)
-        while t < n_items:
+        while t < n_bh * n_m:
             it, tk = _consumer_item(
                 t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
                 v_empty, turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                 nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-                qk_scale, softcap_in, softcap_out, OPart, LsePart, n_reg, ksplit, INDEX, BLOCK_M, BLOCK_N,
-                HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS,
-                PINGPONG, FMA_SCALE, VARLEN, HEAD_MAJOR, SPLIT,
+                qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
+                MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
+                HEAD_MAJOR,
             )  # fmt: skip
             n_done += 1
             if DYNAMIC:
@@ -872,32 +830,28 @@ def _consumer(
             gl.program_id(0), zero, zero, zero, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
             k_empty, v_empty, turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-            qk_scale, softcap_in, softcap_out, OPart, LsePart, n_reg, ksplit, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM,
-            STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE,
-            VARLEN, HEAD_MAJOR, SPLIT,
+            qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
+            MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
+            HEAD_MAJOR,
         )  # fmt: skip
     tma.store_wait(0)
 
 
 @gluon.jit
 def _attn_fwd_kernel(
-    q_desc, k_desc, v_desc, o_desc, Out, Lse, Sched, CuSeqQ, CuSeqK, Counter, OPart, LsePart,
+    q_desc, k_desc, v_desc, o_desc, Out, Lse, Sched, CuSeqQ, CuSeqK, Counter,
     stride_om, stride_oh, stride_lb, stride_lh, stride_lm,
-    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, n_items, n_reg, ksplit,
-    qk_scale, softcap_in, softcap_out,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_in, softcap_out,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
     PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr, DYNAMIC: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr, SPLIT: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
-    # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows (SPLIT:
-    # the last n_bh * n_m - n_reg of them as ksplit chunks each: n_items in all); a program takes
-    # item program_id (PERSISTENT: then program_id + num_programs, ..., or DYNAMIC: the items an
-    # atomic counter hands out)
-    gl.static_assert(not (SPLIT and (VARLEN or MASK_LEFT or MASK_RIGHT)),
-                     "split items: dense calls without a mask only")
+    # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
+    # program takes item program_id (PERSISTENT: then program_id + num_programs, ..., or DYNAMIC:
+    # the items an atomic counter hands out)
     if not RIGHT_WINDOW:
         # no right window, or causal (0): a literal, so those builds carry no window register
         # (the three-consumer packed causal builds spill otherwise)
@@ -953,21 +907,19 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, OPart, LsePart, n_items, n_reg, ksplit,
-                             SPLIT)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, OPart, LsePart, n_items, n_reg, ksplit,
-                             SPLIT)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
-                             item_empty, n_items, n_reg, ksplit, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
-                             MASK_LEFT, MASK_RIGHT, PERSISTENT, VARLEN, DYNAMIC, HEAD_MAJOR, SPLIT)),
+                             item_empty, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
+                             PERSISTENT, VARLEN, DYNAMIC, HEAD_MAJOR)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -982,29 +934,26 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, OPart, LsePart, n_items, n_reg, ksplit,
-                             SPLIT)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, OPart, LsePart, n_items, n_reg, ksplit,
-                             SPLIT)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, OPart, LsePart, n_items, n_reg, ksplit,
-                             SPLIT)),
+                             item_empty, DYNAMIC, HEAD_MAJOR)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
-                             item_empty, n_items, n_reg, ksplit, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
-                             MASK_LEFT, MASK_RIGHT, PERSISTENT, VARLEN, DYNAMIC, HEAD_MAJOR, SPLIT)),
+                             item_empty, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
+                             PERSISTENT, VARLEN, DYNAMIC, HEAD_MAJOR)),
             ],
             [CONSUMER_WARPS, CONSUMER_WARPS, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
@@ -1221,38 +1170,13 @@ def varlen_schedule(cu_seqlens_q, cu_seqlens_k, tokens_q, *, rows, block_n, caus
     return torch.stack((torch.where(valid, doc, -1), torch.where(valid, tile, 0)), 1).to(torch.int32)
 
 
-def tail_split(n_items: int, n_tiles: int, n_sms: int) -> tuple[int, int]:
-    """How a launch of ``n_items`` equal work items of ``n_tiles`` key tiles each ends on
-    ``n_sms`` SMs: (tail, ksplit), the last ``tail`` items (those of the last, partial wave)
-    each split into ``ksplit`` chunks of key tiles, so the tail's work spreads over the SMs it
-    would leave idle; (0, 0) for no split (less than a wave, no partial wave, or too full a last
-    wave to split each of its items in two). 4,096 items on 132 SMs (d128, 16K tokens x 32
-    heads) end with 4 items in the last wave: 3% of the SMs' time idle without a split."""
-    if n_items < n_sms or n_tiles < 2:
-        return 0, 0
-    tail = n_items % n_sms
-    ksplit = min(n_sms // tail, n_tiles) if tail else 0
-    return (tail, ksplit) if ksplit >= 2 else (0, 0)
-
-
-def split_eligible(variant: str, causal: bool, window=(-1, -1), varlen: bool = False) -> bool:
-    """Whether the launch may split its last items (:func:`tail_split`): dense calls whose items
-    are all alike (no causal mask, no window; a softcap is fine) on a variant that stages its
-    output in a tile of its own (not head dim 256's output-in-Q form)."""
-    masks = mask_args(causal, window)
-    return not (varlen or causal or masks["MASK_LEFT"] or masks["MASK_RIGHT"] or VARIANTS[variant].o_in_q)
-
-
 def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens_q=None, cu_seqlens_k=None,
-                sched=None, window=(-1, -1), softcap=0.0, split=(0, 0)):  # fmt: skip
+                sched=None, window=(-1, -1), softcap=0.0):  # fmt: skip
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the
     CPU compile check, so both build the same kernel. ``window`` and ``softcap`` as in
     :func:`mask_args`. Packed (varlen) calls pass cu_seqlens and
     their work items ``sched`` (:func:`varlen_schedule`; the compile check passes an unwritten
-    tensor of :func:`schedule_slots` entries: only its dtype matters for compiling). ``split``
-    = (tail, ksplit) splits the last ``tail`` items into ``ksplit`` key chunks each
-    (:func:`tail_split`; only where :func:`split_eligible`), whose partial outputs go to float32
-    scratch (positional args 10 and 11) for :func:`split_combine` to merge."""
+    tensor of :func:`schedule_slots` entries: only its dtype matters for compiling)."""
     var = VARIANTS[variant]
     varlen = cu_seqlens_q is not None
     nheads, head_dim = q.shape[-2:]
@@ -1284,34 +1208,14 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         grid = (min(n_bh * n_m, configs.sm_count(q.device, 132)) if var.persistent else n_bh * n_m,)
         stride_om, stride_oh = out.stride(1), out.stride(2)
         stride_lb, stride_lh, stride_lm = lse.stride(0), lse.stride(1), lse.stride(2)
-    n_items = n_reg = n_bh * n_m
-    tail, ksplit = split
-    o_part = lse_part = None
-    if tail:
-        n_tiles = configs.cdiv(seqlen_k, var.block_n)
-        if not split_eligible(variant, causal, window, varlen):
-            raise ValueError(f"split items: dense calls without a mask on a variant with its own output tile only "
-                             f"(variant {variant}, causal={bool(causal)}, window={tuple(window)}, varlen={varlen})")
-        if not (0 < tail <= n_bh * n_m and 2 <= ksplit <= n_tiles):
-            raise ValueError(f"split {split}: need 0 < tail <= {n_bh * n_m} items and 2 <= ksplit <= {n_tiles} "
-                             "key tiles")
-        n_reg = n_bh * n_m - tail
-        n_items = n_reg + tail * ksplit
-        o_part = torch.empty(tail * ksplit * var.rows, head_dim, dtype=torch.float32, device=q.device)
-        lse_part = torch.empty(tail * ksplit * var.rows, dtype=torch.float32, device=q.device)
-        if var.persistent:
-            grid = (min(n_items, configs.sm_count(q.device, 132)),)
-        else:
-            grid = (n_items,)
     args = (
         _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
         _descriptor(out, var.block_m), out, lse, sched, cu_seqlens_q, cu_seqlens_k,
         # dynamic persistent launches: the item counter, zeroed per launch (stream-ordered, so
         # concurrent launches and CUDA graph replays each start from 0)
-        torch.zeros(1, dtype=torch.int32, device=q.device) if var.dynamic else None, o_part, lse_part,
+        torch.zeros(1, dtype=torch.int32, device=q.device) if var.dynamic else None,
         stride_om, stride_oh, stride_lb, stride_lh, stride_lm,
         nheads, nheads // nheads_k, n_bh, n_m, seqlen_q, seqlen_k, masks["window_left"], masks["window_right"],
-        n_items, n_reg, ksplit,
         float(softmax_scale) * LOG2E, masks["softcap_in"], masks["softcap_out"],
     )  # fmt: skip
     kwargs = dict(
@@ -1320,67 +1224,14 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
         FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
-        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, SPLIT=bool(tail),
+        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs
 
 
-@triton.jit
-def _split_combine_kernel(OPart, LsePart, Out, Lse, n_reg, ksplit, n_m, nheads, seqlen_q,
-                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_lm,
-                          ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):  # fmt: skip
-    """Rows [BLOCK_R * program 1, ...) of split item ``n_reg + program 0``: out = sum over its
-    chunks c of exp(lse_c - lse) * out_c, lse = log(sum_c exp(lse_c)), in float32, merged in
-    chunk order (one pass, the running maximum rescaling the sum as the softmax does)."""
-    i = tl.program_id(0)
-    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-    d = tl.arange(0, HEAD_DIM)
-    inside = r < ROWS
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
-    for c in range(ksplit):
-        row = (i * ksplit + c) * ROWS + r
-        lse_c = tl.load(LsePart + row, mask=inside, other=float("-inf"))
-        out_c = tl.load(OPart + row.to(tl.int64)[:, None] * HEAD_DIM + d[None, :], mask=inside[:, None], other=0.0)
-        m_new = tl.maximum(m, lse_c)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        keep = tl.exp(m - m_safe)
-        w = tl.exp(lse_c - m_safe)
-        acc = acc * keep[:, None] + out_c * w[:, None]
-        total = total * keep + w
-        m = m_new
-    u = n_reg + i
-    bh = u // n_m
-    b = (bh // nheads).to(tl.int64)
-    h = (bh % nheads).to(tl.int64)
-    q_row = (u % n_m) * ROWS + r
-    stored = inside & (q_row < seqlen_q)
-    out = acc / total[:, None]
-    o_ptrs = Out + b * stride_ob + h * stride_oh + q_row.to(tl.int64)[:, None] * stride_os + d[None, :]
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=stored[:, None])
-    tl.store(Lse + b * stride_lb + h * stride_lh + q_row.to(tl.int64) * stride_lm, m + tl.log(total), mask=stored)
-
-
-def split_combine(o_part, lse_part, out, lse, *, n_reg, tail, ksplit, n_m, rows) -> None:
-    """Merge the chunks of a split launch's last ``tail`` items (:func:`launch_args`' scratch)
-    into ``out`` (B, S, H, D) and ``lse`` (B, H, S)."""
-    block_r = 64
-    _split_combine_kernel[(tail, triton.cdiv(rows, block_r))](
-        o_part, lse_part, out, lse, n_reg, ksplit, n_m, out.shape[2], out.shape[1],
-        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
-        ROWS=rows, HEAD_DIM=out.shape[3], BLOCK_R=block_r, num_warps=8,
-    )  # fmt: skip
-
-
-# False: no launch splits its last items (the benchmarks' A/B); tail_split decides otherwise
-TAIL_SPLIT = True
-
-
 def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, variant=None, cu_seqlens_q=None,
-                             cu_seqlens_k=None, order="document", window=(-1, -1), softcap=0.0,
-                             split=None) -> None:  # fmt: skip
+                             cu_seqlens_k=None, order="document", window=(-1, -1), softcap=0.0) -> None:  # fmt: skip
     """Forward attention on Hopper. Layouts as ``hf_flash.kernels.flash_fwd.flash_attn_forward``:
     dense q/out (B, Sq, H, D), k/v (B, Sk, Hk, D), lse (B, H, Sq); packed (cu_seqlens given)
     q/out (Tq, H, D), k/v (Tk, Hk, D), lse (H, Tq), cu_seqlens int32 (batch + 1,) on q's device.
@@ -1389,9 +1240,7 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
     (checked by the caller); out must be TMA-compatible like q. ``variant`` names an entry of
     ``VARIANTS`` (default: :func:`default_variant`); ``order`` is the packed
     calls' item order (:func:`varlen_schedule`). Packed rows outside every sequence are not
-    written; no host sync reads cu_seqlens. Dense calls without a mask split the launch's last
-    items over the SMs the tail would leave idle (:func:`tail_split`, when ``TAIL_SPLIT``);
-    ``split`` = (tail, ksplit) sets that instead ((0, 0): none)."""
+    written; no host sync reads cu_seqlens."""
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k go together")
@@ -1426,35 +1275,22 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
     if variant is None:
         variant = default_variant(head_dim, causal, varlen, window, 0 if varlen else q.shape[1], softcap)
     sched = None
-    var = VARIANTS[variant]
     if varlen:
+        var = VARIANTS[variant]
         sched = varlen_schedule(
             cu_seqlens_q, cu_seqlens_k, tokens_q, rows=var.rows, block_n=var.block_n, causal=causal, order=order
         )
-    if split is None:
-        split = (0, 0)
-        if TAIL_SPLIT and split_eligible(variant, causal, window, varlen):
-            n_m = configs.cdiv(q.shape[1], var.rows)
-            split = tail_split(q.shape[0] * q.shape[2] * n_m, configs.cdiv(k.shape[1], var.block_n),
-                               configs.sm_count(q.device, 132))  # fmt: skip
     grid, args, kwargs = launch_args(
         q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal, variant=variant,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window, softcap=softcap,
-        split=split,
     )  # fmt: skip
-    key = (variant, head_dim, varlen,
-           *(kwargs[f] for f in ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW", "SOFTCAP", "SPLIT")))  # fmt: skip
+    key = (variant, head_dim, varlen, *(kwargs[f] for f in ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW", "SOFTCAP")))
     meta = _LAUNCH_META.get(key)
     if meta is None:
         meta = _LAUNCH_META[key] = _FORWARD.meta(**kwargs)
-    # launch_args' order: 4 descriptors and 8 pointers, 16 integers, 3 floats
+    # launch_args' order: 4 descriptors and 6 pointers, 13 integers, 3 floats
     with torch.cuda.device(q.device):
-        _FORWARD(grid, args[:12], args[12:28], args[28:], meta)
-        if split[0]:
-            tail, ksplit = split
-            n_m = configs.cdiv(q.shape[1], var.rows)
-            split_combine(args[10], args[11], out, lse, n_reg=q.shape[0] * q.shape[2] * n_m - tail, tail=tail,
-                          ksplit=ksplit, n_m=n_m, rows=var.rows)  # fmt: skip
+        _FORWARD(grid, args[:10], args[10:23], args[23:], meta)
 
 
 _FORWARD = CachedLauncher(_attn_fwd_kernel)
@@ -1465,5 +1301,4 @@ __all__ = [
     "hopper_attention_forward", "supports", "mask_args", "default_variant",
     "tma_compatible", "varlen_schedule", "varlen_builds", "VARIANTS",
     "DEFAULT", "VARLEN_DEFAULT", "VARLEN_DISPATCH_HEAD_DIMS", "SOFTCAP_DISPATCH_HEAD_DIMS", "launch_args",
-    "tail_split", "split_eligible", "split_combine",
 ]

@@ -78,15 +78,12 @@ BWD_VARLEN_PREFIX = "bwd-varlen:"
 
 
 # the masks a spec's optional fifth element names: a sliding window on both sides (one side when
-# causal), a softcap, or both (the forms the window and softcap builds of the kernels compile);
-# or the forward's split last items
+# causal), a softcap, or both (the forms the window and softcap builds of the kernels compile)
 FEATURES = {
     "": {},
     "window": {"window": (256, 256)},
     "softcap": {"softcap": 30.0},
     "window-softcap": {"window": (256, 256), "softcap": 30.0},
-    # the launch's last items split into key chunks (attention_fwd.tail_split; dense, no mask)
-    "split": {"split": (4, 8)},
 }
 
 
