@@ -906,6 +906,8 @@ def parse_args(argv=None):
                    help="compile FlexAttention with dynamic shapes or once per shape")  # fmt: skip
     p.add_argument("--warmup-ms", type=float, default=10.0)
     p.add_argument("--rep-ms", type=float, default=40.0)
+    p.add_argument("--min-calls", type=int, default=1,
+                   help="at least this many timed calls per measurement (long calls: rep-ms grows)")  # fmt: skip
     p.add_argument("--packed", action="store_true",
                    help="instead of the grid: the packed rows (12 documents in 16K tokens, causal)")
     p.add_argument("--rounds", type=int, default=None,
@@ -969,7 +971,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks/attention.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    timing = {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms}
+    timing = {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "min_calls": args.min_calls}
     t0 = time.time()
     if args.packed:
         rows = run_packed(args, timing)

@@ -332,3 +332,49 @@ def test_backward_benchmark_runs_a_named_variant_at_every_length():
             assert hb.variant_for(128, False, False, s) == other
             assert hb.variant_for(128, True, False, s) == other
     assert hb.DEFAULT == default and {k: tuple(v) for k, v in hb.SEQLEN_VARIANTS.items()} == ranges
+
+
+def test_bench_ms_min_calls_grows_the_repetition_window(monkeypatch):
+    """benchmarks.harness.bench_ms(min_calls=n): one call is timed first and the timing loop's
+    window (rep_ms) grows to hold n calls of that length; calls shorter than rep_ms / n keep
+    rep_ms. The CUDA events and Triton's timing loop are replaced (no GPU): what is checked is
+    the window handed to the loop."""
+    import sys
+    import types
+
+    import torch
+
+    from benchmarks import harness
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, other):
+            return call_ms
+
+    seen = []
+
+    def fake_do_bench(fn, warmup, rep, quantiles):
+        seen.append(rep)
+        return 1.0, 0.5, 1.5
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    fake_testing = types.SimpleNamespace(do_bench=fake_do_bench)
+    import triton
+
+    monkeypatch.setitem(sys.modules, "triton.testing", fake_testing)
+    monkeypatch.setattr(triton, "testing", fake_testing, raising=False)
+    calls = []
+    for call_ms in (120.0, 2.0):
+        harness.bench_ms(lambda: calls.append(1), rep_ms=40, min_calls=5)
+    assert seen == [pytest.approx(1.1 * 5 * 120.0), 40]
+    assert len(calls) == 2  # the one timed call each; the loop itself is the fake's
+    assert harness.bench_ms(lambda: None, rep_ms=40) == {"ms": 1.0, "p20_ms": 0.5, "p80_ms": 1.5}
+    assert seen[-1] == 40  # min_calls 1: no call timed first
+    with pytest.raises(ValueError, match="min_calls"):
+        harness.bench_ms(lambda: None, min_calls=0)
