@@ -343,6 +343,7 @@ def test_bench_ms_min_calls_grows_the_repetition_window(monkeypatch):
     import types
 
     import torch
+    import triton
 
     from benchmarks import harness
 
@@ -365,8 +366,6 @@ def test_bench_ms_min_calls_grows_the_repetition_window(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     fake_testing = types.SimpleNamespace(do_bench=fake_do_bench)
-    import triton
-
     monkeypatch.setitem(sys.modules, "triton.testing", fake_testing)
     monkeypatch.setattr(triton, "testing", fake_testing, raising=False)
     calls = []
