@@ -20,10 +20,11 @@ essential work); the masking arm is a branch of its own (the loop body 500-700).
 the three d64 consumers carries 32 PRMT per step that the others do not (P's bf16 halves swapped
 after the pack: 467). Counting the loop body instead of the path once read as "the non-causal
 mask runs on every tile" and led to a mask-free copy of the step that measured 0.95-0.99x
-(.notes/hopper.md, session 34). Backward (session 37): the d128 step is 397 instructions non-causal
-(an FMUL, an FSEL - the key-tail mask, if-converted - and an FADD per score before the exponential)
-and 396 causal; forms with one FFMA per score ran 330-364 but measured 0.88-0.93x non-causal
-(.notes/hopper-bwd.md): as in the forward, fewer instructions did not mean a faster step.
+(.notes/hopper.md, session 34). Backward: the d128 step is 397 instructions non-causal (an
+FMUL, an FSEL - the key-tail mask, if-converted - and an FADD per score before the exponential)
+and 396 causal; forms without the FSELs (one FFMA per score: 330-347; FMUL and FADD kept apart:
+364) measured 0.88-0.95x non-causal (.notes/hopper-bwd.md): as in the forward, fewer
+instructions did not mean a faster step.
 
 Set TRITON_INTERPRET=0 (the tests' interpreter mode replaces Triton's kernels with Python objects).
 """
