@@ -188,6 +188,34 @@ def test_ordered_dq_repeats_bitwise(variant, head_dim, causal, monkeypatch):
     _check(q, k, v, causal, variant=variant, monkeypatch=monkeypatch, seed=11)
 
 
+def _tail_variants():
+    from hf_flash.kernels.hopper.attention_bwd import VARIANTS
+
+    return [name for name, var in VARIANTS.items() if var.tail_split]
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant", _tail_variants())
+def test_tail_pieces_match_and_repeat_bitwise(variant, monkeypatch):
+    """A launch of whole-unit waves whose partial last wave runs in pieces (tail_split): the
+    pieces wait on the ordered dQ turns of programs launched before them and their dK/dV
+    partials are added in piece order, so the gradients match the reference and repeat
+    bitwise (odd lengths: a key tail and a query tail in the pieced units)."""
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    batch, sq, sk, h, hk = 2, 3000, 3100, 16, 4
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n_whole, pieces = hb.tail_plan(batch * hk * -(-sk // 128), h // hk * -(-sq // 64), sms)
+    assert n_whole >= sms and pieces >= 2, (n_whole, pieces)
+    q, k, v = _qkv(batch, sq, sk, h, hk, 128, torch.bfloat16, seed=21)
+    dout = torch.randn_like(q)
+    a = _backward(q, k, v, dout, False, variant=variant, monkeypatch=monkeypatch)
+    for _ in range(2):
+        b = _backward(q, k, v, dout, False, variant=variant, monkeypatch=monkeypatch)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    _check(q, k, v, False, variant=variant, monkeypatch=monkeypatch, seed=21)
+
+
 def _ordered_defaults():
     """(variant, head dim) of the ordered-dQ variants dense calls run by default."""
     from hf_flash.kernels.hopper.attention_bwd import DEFAULT, SEQLEN_VARIANTS, VARIANTS

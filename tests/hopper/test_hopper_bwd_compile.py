@@ -59,6 +59,9 @@ SPECS += [(prefix + hb.variant_for(d, causal, prefix == compile_check.BWD_VARLEN
           for prefix in ("bwd:", compile_check.BWD_VARLEN_PREFIX)
           for d in hb.covered_head_dims(prefix == compile_check.BWD_VARLEN_PREFIX)
           for causal in (True, False)]  # fmt: skip
+# the tail-pieced forms (tail_split: built with pieces only for dense calls without a mask)
+SPECS += [("bwd:" + name, d, False, "float16") for name, var in hb.VARIANTS.items() if var.tail_split
+          for d in var.head_dims]  # fmt: skip
 # the softcap (the split-D d256 form only), with and without a window, dense and packed
 SPECS += [(prefix + hb.variant_for(256, causal, prefix == compile_check.BWD_VARLEN_PREFIX), 256, causal,
            "bfloat16", features)
@@ -555,3 +558,91 @@ def test_rows_without_keys_counts_the_rows_that_see_none(causal, window):
                 assert sees or blind == i, "rows without keys form a prefix"
                 blind += not sees
             assert hb.rows_without_keys(sq, sk, causal, window) == blind, (sq, sk)
+
+
+def test_tail_plan_splits_the_partial_wave():
+    """The last n_units % SMs units run in pieces when that shortens the launch by >= 1%: the
+    smallest piece count whose rounds of pieces (times the longest piece) end soonest."""
+    # the bar's d128 non-causal shapes on 132 SMs: 1,024 units (16K tokens) = 7 waves + 100;
+    # five pieces of a unit: 500 pieces in 4 rounds of 1/5 = 0.8 of a wave instead of 1
+    for steps in (256, 512, 1024):
+        assert hb.tail_plan(1024, steps, 132) == (924, 5)
+    # 32K: 2,048 units = 15 waves + 68; seven pieces: 476 in 4 rounds of 1/7
+    assert hb.tail_plan(2048, 2048, 132) == (1980, 7)
+    # fewer units than SMs: all of them in pieces (36 x 3 = 108 programs)
+    assert hb.tail_plan(36, 68, 132) == (0, 3)
+    # whole waves, a tail no split shortens (112 of 114 SMs busy), too few steps: whole units
+    assert hb.tail_plan(264, 256, 132) == (264, 0)
+    assert hb.tail_plan(1024, 256, 114) == (1024, 0)
+    assert hb.tail_plan(4, 5, 132) == (4, 0)
+    # the pieces' steps cover a unit once, in order
+    for steps, pieces in ((256, 5), (68, 3), (2048, 7), (9, 2)):
+        ends = [p * steps // pieces for p in range(pieces + 1)]
+        assert ends[0] == 0 and ends[-1] == steps and all(a < b for a, b in zip(ends, ends[1:]))
+
+
+def test_tail_launch_checks_its_pieces():
+    """A pieced launch: the grid holds the whole units and every piece; refused for variants
+    without tail_split, masked calls and short buffers, before anything is launched."""
+    name = next(n for n, v in hb.VARIANTS.items() if v.tail_split)
+    var = hb.VARIANTS[name]
+    q, k, v, out, dout, dk, dv = _call(sq=1025, sk=1100)
+    lse = torch.empty(2, 8, 1025)
+    sem = torch.zeros(hb.dq_sem_count(q, name), dtype=torch.int32)
+    stats = torch.empty(hb.stats_numel(2, 8, 1025, var.block_m))
+    n_units = 2 * 2 * 9
+    tail = (n_units - 4, 3, *hb.tail_buffers(4, 3, var.keys, 128, "cpu"))
+    assert tail[2].numel() == 4 * 3 * 2 * var.keys * 128 and tail[3].numel() == 12
+
+    def launch(variant=name, tail=tail, causal=False, **kw):
+        return hb.launch_args(q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, variant), sem,
+                              stats, softmax_scale=0.1, causal=causal, variant=variant, tail=tail, **kw)  # fmt: skip
+
+    grid, args, kwargs = launch()
+    assert grid == (n_units - 4 + 4 * 3,) and kwargs["TAIL"] is True
+    # pointers 16-17: the workspace and its map; integers 33-34: whole units, pieces per tail unit
+    assert args[16] is tail[2] and args[17] is tail[3] and args[33:35] == (n_units - 4, 3)
+    assert launch(tail=None)[2]["TAIL"] is False and launch(tail=None)[0] == (n_units,)
+    other = "kv2x64-m64-s2-dqwldfpsbrr"
+    assert not hb.VARIANTS[other].tail_split
+    with pytest.raises(ValueError, match="no tail pieces"):
+        launch(variant=other)
+    with pytest.raises(ValueError, match="without a causal mask or window"):
+        launch(causal=True)
+    with pytest.raises(ValueError, match="without a causal mask or window"):
+        launch(window=(64, 64))
+    with pytest.raises(ValueError, match="n_whole"):
+        launch(tail=(n_units, 3, *tail[2:]))
+    with pytest.raises(ValueError, match="part must be float32"):
+        launch(tail=(*tail[:2], tail[2][:-1], tail[3]))
+    with pytest.raises(ValueError, match="part_map must be int32"):
+        launch(tail=(*tail[:3], tail[3].float()))
+
+
+def test_tail_sum_adds_the_pieces_in_order(device):
+    """The pieces' partials of each tail unit added in piece order (bitwise as a sequential
+    float32 sum), dK scaled, stored at the unit's (b, kv_h, first key), rows past the keys
+    dropped, nothing else written (Triton kernel: the interpreter on the CPU; float32 gradients,
+    so the comparison is exact)."""
+    batch, seqlen_k, heads_k, head_dim, keys, pieces = 2, 300, 3, 64, 128, 3
+    units = [(1, 2, 256), (0, 0, 0), (1, 1, 128)]  # (b, kv_h, n0); the first crosses the end
+    g = torch.Generator().manual_seed(0)
+    part = torch.randn(len(units) * pieces * 2 * keys * head_dim, generator=g)
+    part_map = torch.tensor(units, dtype=torch.int32).flatten()
+    dk = torch.full((batch, seqlen_k, heads_k, head_dim), float("nan"))
+    dv = torch.full_like(dk, float("nan"))
+    hb.tail_sum((0, pieces, part.to(device), part_map.to(device)), dk := dk.to(device), dv := dv.to(device), 0.125,
+                keys)  # fmt: skip
+    parts = part.view(len(units), pieces, 2, keys, head_dim)
+    for t, (b, h, n0) in enumerate(units):
+        total = parts[t, 0]
+        for p in range(1, pieces):
+            total = total + parts[t, p]
+        rows = min(keys, seqlen_k - n0)
+        assert torch.equal(dk[b, n0:n0 + rows, h].cpu(), total[0, :rows] * 0.125)
+        assert torch.equal(dv[b, n0:n0 + rows, h].cpu(), total[1, :rows])
+    written = torch.zeros(batch, seqlen_k, heads_k, dtype=torch.bool)
+    for b, h, n0 in units:
+        written[b, n0:n0 + keys, h] = True
+    assert dk.isnan().all(-1).cpu().equal(~written) and dv.isnan().all(-1).cpu().equal(~written)
+

@@ -252,6 +252,14 @@ class Variant:
     # bytes of spills (CPU compile); dS's costs none
     defer_ds: bool = False
     defer_dq: bool = False
+    # dense calls without a mask: the units of the last, partial wave (n_units mod SMs of them) run
+    # as pieces, each a range of the unit's steps (:func:`tail_plan`), so the idle SMs of that wave
+    # share its work. Pieces are numbered unit by unit after the whole units: a piece waits only
+    # on pieces launched before it (the previous key block's, same steps), so the ordered dQ
+    # turns hold. A piece stores its dK/dV partial (float32) in a workspace and
+    # :func:`_tail_sum` adds a unit's partials in piece order (deterministic) and stores dK/dV.
+    # Needs stages 2 (piece starts on multiples of 4 steps keep the rings' phases)
+    tail_split: bool = False
 
     def __post_init__(self):
         if self.stats_early and not self.stats_smem:
@@ -260,6 +268,8 @@ class Variant:
             raise ValueError(f"variant {self.name}: defer_ds / defer_dq need dq_lag and dq_writer")
         if self.key_fastest and self.split_d:
             raise ValueError(f"variant {self.name}: key_fastest has no split_d form")
+        if self.tail_split and (self.split_d or self.stages != 2):
+            raise ValueError(f"variant {self.name}: tail_split needs the transposed frame and 2 stages")
 
     @property
     def defer_arrive(self) -> int:
@@ -361,6 +371,15 @@ VARIANTS = {
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
                 dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
                 stats_early=True, key_fastest=4, head_dims=(128,)),
+        # dqwldfpsbrr and its kf form with the partial last wave in pieces (tail_split)
+        Variant("kv2x64-m64-s2-dqwldfpsbrr-ts", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, stats_smem=True, lead_bound=16, stats_early=True, tail_split=True,
+                head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfpsbrr-kf-ts", block_m=64, block_n=64, stages=2, consumers=2,
+                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
+                dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
+                stats_early=True, key_fastest=1, tail_split=True, head_dims=(128,)),
         # dS and dQ tiles handed on a phase after their stores (defer_ds, defer_dq): the causal d128
         # default of session 30 (below: its tiles-down walk). H200, session 30 calls 3-4: causal
         # 1.00-1.03x dqwldfpsx; non-causal it lifts dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17%
@@ -713,6 +732,34 @@ def _step_tile(it, kv_h, group, m_hi, m_lo, TILES_DOWN: gl.constexpr):
 
 
 @gluon.jit
+def _unit(n_whole, pieces, TAIL: gl.constexpr):
+    """(unit, piece) of this program: programs below ``n_whole`` run unit pid whole (piece -1);
+    TAIL, the others piece (pid - n_whole) % pieces of unit n_whole + (pid - n_whole) // pieces."""
+    pid = gl.program_id(0)
+    unit = pid
+    piece = pid * 0 - 1
+    if TAIL:
+        if pid >= n_whole:
+            unit = n_whole + (pid - n_whole) // pieces
+            piece = (pid - n_whole) % pieces
+    return unit, piece
+
+
+@gluon.jit
+def _piece_steps(piece, pieces, n_steps, TAIL: gl.constexpr):
+    """Steps [lo, hi) of piece ``piece`` of a unit of ``n_steps`` steps (all of them for piece
+    -1): the piece-th of ``pieces`` near-equal ranges. The loops count a program's own steps
+    from 0 for the rings' phases (its barriers are fresh) and use lo + that for the tiles."""
+    lo = n_steps * 0
+    hi = n_steps
+    if TAIL:
+        if piece >= 0:
+            lo = piece * n_steps // pieces
+            hi = (piece + 1) * n_steps // pieces
+    return lo, hi
+
+
+@gluon.jit
 def _producer(
     q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem, stats_smem,
     kv_bar, q_ready, do_ready, q_empty, do_empty,
@@ -720,10 +767,11 @@ def _producer(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
     TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, STATS_SMEM: gl.constexpr, Sem,
-    LEAD_BOUND: gl.constexpr,
+    LEAD_BOUND: gl.constexpr, n_whole, pieces, PartMap, TAIL: gl.constexpr,
 ):  # fmt: skip
+    unit, piece = _unit(n_whole, pieces, TAIL)
     b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+        unit, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
         window_right, BLOCK_N * CONSUMERS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN, KEY_FASTEST,
     )  # fmt: skip
     # LEAD_BOUND (dense, unmasked: every key block of a head group walks the same steps): the
@@ -745,15 +793,28 @@ def _producer(
             v_desc, [b, kv_h, k_off + n0 + c * BLOCK_N, 0], kv_bar, v_smem.index(c).reshape([1, 1, BLOCK_N, HEAD_DIM])
         )
     per_head = m_hi - m_lo
-    for it in range(group * per_head):
+    lo, hi = _piece_steps(piece, pieces, group * per_head, TAIL)
+    if TAIL:
+        if piece == 0:
+            # where the tail unit's dK/dV rows go (:func:`_tail_sum`): (b, kv_h, n0)
+            lane = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+            where = gl.where(lane == 0, b, gl.where(lane == 1, kv_h, n0))
+            gl.store(PartMap + (unit - n_whole) * 3 + lane, where, mask=lane < 3)
+    for j in range(0, hi - lo):
+        it = lo + j  # the unit's step; j counts this program's (its barriers start at phase 0)
         h, mt = _step_tile(it, kv_h, group, m_hi, m_lo, TILES_DOWN)
         m0 = mt * BLOCK_M
-        slot = it % STAGES
+        slot = j % STAGES
         # a fresh barrier counts as having completed the phase before 0: the first pass through
         # the ring does not wait
-        phase = ((it // STAGES) & 1) ^ 1
+        phase = ((j // STAGES) & 1) ^ 1
         if LEAD > 0:
-            if it >= FAR:
+            # (not in a piece: the bound's arithmetic counts from the unit's first step)
+            if TAIL:
+                bound = (it >= FAR) & (piece < 0)
+            else:
+                bound = it >= FAR
+            if bound:
                 # the follower (the program of the next key block) close behind (it has added
                 # into the tile of step it - FAR) but not within LEAD steps: wait until it is. A
                 # follower further back (not launched yet, or launched a wave later) is not waited
@@ -925,6 +986,7 @@ def _consumer(
     DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr,
     STATS_SMEM: gl.constexpr,
     EXP_PER_BRANCH: gl.constexpr, STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
+    n_whole, pieces, Part, PartMap, TAIL: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -934,8 +996,9 @@ def _consumer(
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # along the queries
     row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)  # along the keys
+    unit, piece = _unit(n_whole, pieces, TAIL)
     b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+        unit, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
         window_right, BLOCK_N * CONSUMERS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN, KEY_FASTEST,
     )  # fmt: skip
     k_tile = k_smem.index(INDEX)
@@ -968,11 +1031,13 @@ def _consumer(
     # DQ_LAG: the (head, query tile) of the previous step, whose dQ product is still to run
     prev_h = kv_h * group
     prev_mt = gl.to_tensor(m_lo)
-    for it in range(group * per_head):
+    lo, hi = _piece_steps(piece, pieces, group * per_head, TAIL)
+    for j in range(0, hi - lo):
+        it = lo + j  # the unit's step; j counts this program's (its barriers start at phase 0)
         h, mt = _step_tile(it, kv_h, group, m_hi, m_lo, TILES_DOWN)
         rows = mt * BLOCK_M + cols
-        slot = it % STAGES
-        phase = (it // STAGES) & 1
+        slot = j % STAGES
+        phase = (j // STAGES) & 1
         if STATS_SMEM:
             # lse (times log2 e) and delta of the step's rows, in the slot of its Q tile (read
             # once the S^T and dP^T products have landed: no vector held across them)
@@ -998,10 +1063,10 @@ def _consumer(
             lse2 = stats.slice(0, BLOCK_M).load(col_layout)
             delta = stats.slice(BLOCK_M, BLOCK_M).load(col_layout)
         if DEFER_ARRIVE & 2:
-            # the dQ tile of step it - 2 (stored at the end of the step before) goes to its writer
+            # the dQ tile of step j - 2 (stored at the end of the step before) goes to its writer
             # now that the products of this step are issued (Variant.defer_dq)
-            if it >= 2:
-                _hand_on(dq_full.index((it % 2) * CONSUMERS + INDEX))
+            if j >= 2:
+                _hand_on(dq_full.index((j % 2) * CONSUMERS + INDEX))
         st = warpgroup_mma_wait(1, deps=(st,))
         if STATS_SMEM and not STATS_EARLY:
             lse2 = stats.slice(0, BLOCK_M).load(col_layout)
@@ -1041,8 +1106,8 @@ def _consumer(
         ds_op = gl.convert_layout(ds, op_layout)
         dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
         if DQ_LAG:
-            par = it % 2
-            mbarrier.wait(ds_free.index(par), ((it // 2) & 1) ^ 1)  # all dQ products of step it - 2 ran
+            par = j % 2
+            mbarrier.wait(ds_free.index(par), ((j // 2) & 1) ^ 1)  # all dQ products of step j - 2 ran
             ds_smem.index(par * CONSUMERS + INDEX).store(ds)
             if not DEFER_ARRIVE & 1:
                 _hand_on(ds_ready.index(par))
@@ -1053,8 +1118,8 @@ def _consumer(
             if DEFER_ARRIVE & 1:
                 # the dS stores have drained under the dV and dK products (Variant.defer_ds)
                 _hand_on(ds_ready.index(par))
-            if it > 0:
-                _dq_shared_step(it - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
+            if j > 0:
+                _dq_shared_step(j - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
                                 ds_free, dq_full,
                                 dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
                                 DQ_WRITER, DQ_FRAG, DEFER_ARRIVE & 2)  # fmt: skip
@@ -1063,9 +1128,9 @@ def _consumer(
         elif DQ_SHARED:
             # dS^T of both consumers through shared memory (double-buffered by step parity):
             # dQ[:, cols] = sum over the consumers c of dS_c K_c[:, cols]
-            par = it % 2
-            dph = (it // 2) & 1
-            mbarrier.wait(ds_free.index(par), dph ^ 1)  # both consumers are done with step it - 2
+            par = j % 2
+            dph = (j // 2) & 1
+            mbarrier.wait(ds_free.index(par), dph ^ 1)  # both consumers are done with step j - 2
             ds_smem.index(par * CONSUMERS + INDEX).store(ds)
             _hand_on(ds_ready.index(par))
             dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
@@ -1082,7 +1147,7 @@ def _consumer(
             mbarrier.arrive(q_empty.index(slot))
             dq = warpgroup_mma_wait(0, deps=(dq_tok,))
             mbarrier.arrive(ds_free.index(par))
-            _dq_out(it, dq * sm_scale, b, h, q_off + mt * BLOCK_M, dq_smem, dq_full, dq_empty, dq_desc, INDEX,
+            _dq_out(j, dq * sm_scale, b, h, q_off + mt * BLOCK_M, dq_smem, dq_full, dq_empty, dq_desc, INDEX,
                     CONSUMERS, BLOCK_M,
                     DQ_N, DQ_WRITER, DQ_FRAG)  # fmt: skip
         elif DQ_ATOMIC:
@@ -1106,15 +1171,14 @@ def _consumer(
             dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
             mbarrier.arrive(q_empty.index(slot))
 
-    n_steps = group * per_head
     if DQ_LAG:
         if DEFER_ARRIVE & 2:
-            # the dQ tile of step n_steps - 2, stored in the loop's last step
-            if n_steps >= 2:
-                _hand_on(dq_full.index((n_steps % 2) * CONSUMERS + INDEX))
+            # the dQ tile of step hi - 2, stored in the loop's last step
+            if hi - lo >= 2:
+                _hand_on(dq_full.index(((hi - lo) % 2) * CONSUMERS + INDEX))
         # the last step's dQ tile is handed on at once (no step follows to hide the fence under)
-        if n_steps > 0:
-            _dq_shared_step(n_steps - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
+        if hi > lo:
+            _dq_shared_step(hi - lo - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
                             ds_free, dq_full,
                             dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
                             DQ_WRITER, DQ_FRAG)  # fmt: skip
@@ -1122,8 +1186,20 @@ def _consumer(
     if DQ_SHARED:
         # the other consumers read this K tile in their dQ products: wait until the last step's
         # products of all of them are done before it is overwritten
-        if n_steps > 0:
-            mbarrier.wait(ds_free.index((n_steps - 1) % 2), ((n_steps - 1) // 2) & 1)
+        if hi > lo:
+            mbarrier.wait(ds_free.index((hi - lo - 1) % 2), ((hi - lo - 1) // 2) & 1)
+    if TAIL:
+        if piece >= 0:
+            # a piece: its float32 partial (unscaled) to the workspace, slot (tail unit, piece),
+            # dK then dV, KEYS x HEAD_DIM each (the producer of piece 0 says where they go)
+            tail = unit - n_whole
+            KEYS: gl.constexpr = BLOCK_N * CONSUMERS
+            rk = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout)) + INDEX * BLOCK_N
+            cd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+            off = gl.expand_dims(rk * HEAD_DIM, 1) + gl.expand_dims(cd, 0)
+            base = (tail * pieces + piece).to(gl.int64) * (2 * KEYS * HEAD_DIM)
+            gl.store(Part + base + off, dk)
+            gl.store(Part + base + KEYS * HEAD_DIM + off, dv)
     dk = dk * sm_scale  # dS is taken w.r.t. the scaled scores
     if VARLEN:
         if key_tail:
@@ -1153,14 +1229,24 @@ def _consumer(
                                             k_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))  # fmt: skip
             tma.async_copy_shared_to_global(dv_desc, [b, kv_h, k_off + key0, 0],
                                             v_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))  # fmt: skip
+    elif TAIL:
+        if piece < 0:  # a piece's partial went to the workspace above
+            _store_dkdv(dk, dv, k_tile, v_tile, dk_desc, dv_desc, b, kv_h, key0, BLOCK_N, HEAD_DIM)
     else:
-        # K and V are no longer read: their tiles stage this partition's dK and dV for the store
-        k_tile.store(dk.to(dtype))
-        v_tile.store(dv.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(dk_desc, [b, kv_h, key0, 0], k_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))
-        tma.async_copy_shared_to_global(dv_desc, [b, kv_h, key0, 0], v_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))
+        _store_dkdv(dk, dv, k_tile, v_tile, dk_desc, dv_desc, b, kv_h, key0, BLOCK_N, HEAD_DIM)
     tma.store_wait(0)
+
+
+@gluon.jit
+def _store_dkdv(dk, dv, k_tile, v_tile, dk_desc, dv_desc, b, kv_h, key0, BLOCK_N: gl.constexpr,
+                HEAD_DIM: gl.constexpr):  # fmt: skip
+    """A dense program's dK and dV rows out by TMA, staged in its K and V tiles (no longer read)."""
+    dtype: gl.constexpr = dk_desc.dtype
+    k_tile.store(dk.to(dtype))
+    v_tile.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [b, kv_h, key0, 0], k_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))
+    tma.async_copy_shared_to_global(dv_desc, [b, kv_h, key0, 0], v_tile.reshape([1, 1, BLOCK_N, HEAD_DIM]))
 
 
 @gluon.jit
@@ -1247,7 +1333,7 @@ def _dq_writer(
     MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, DQ_ORDERED: gl.constexpr, DQ_FRAG: gl.constexpr,
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     PARITY: gl.constexpr,
-    WRITER: gl.constexpr,
+    WRITER: gl.constexpr, n_whole, pieces, TAIL: gl.constexpr,
 ):  # fmt: skip
     """The dQ writer (one warp): per step, wait for every consumer's dQ tile in slot step % 2,
     add them into the float32 accumulator by TMA reduce and hand the slots back once read.
@@ -1263,9 +1349,11 @@ def _dq_writer(
 
     Varlen: the counters are per (head, document, query tile), query tile i of document d at
     ``h * n_slots_q + cu_seqlens_q[d] // BLOCK_M + d + i`` (n_slots_q = Tq // BLOCK_M + batch: the
-    documents' tiles never share a slot); the key-block index counts within the document."""
+    documents' tiles never share a slot); the key-block index counts within the document.
+    TAIL: a piece walks its steps only (:func:`_piece_steps`)."""
+    unit, piece = _unit(n_whole, pieces, TAIL)
     b, kv_h, doc, n0, n_m, m_lo, m_hi, m_full, m_full_hi, q_off, k_off, q_len, k_len = _steps(
-        gl.program_id(0), n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+        unit, n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
         window_right, KEYS, BLOCK_M, MASK_LEFT, MASK_RIGHT, VARLEN, KEY_FASTEST,
     )  # fmt: skip
     # dense ordered additions: the first turn stores (no zero fill; dq_accum_for); packed calls
@@ -1280,15 +1368,16 @@ def _dq_writer(
     kt = n0 // KEYS
     nheads = nheads_k * group
     per_head = m_hi - m_lo
-    n_steps = group * per_head
+    lo, hi = _piece_steps(piece, pieces, group * per_head, TAIL)
     # POLL_AHEAD: the value of this step's counter, read during the previous step (the first
     # step reads it where it starts; no turn is -1)
     ahead = lane * 0 - 1
     FIRST: gl.constexpr = WRITER if PARITY else 0
     STRIDE: gl.constexpr = 2 if PARITY else 1
-    for it in range(FIRST, n_steps, STRIDE):
+    for j in range(FIRST, hi - lo, STRIDE):
+        it = lo + j  # the unit's step; j counts this program's (its barriers start at phase 0)
         h, mt = _step_tile(it, kv_h, group, m_hi, m_lo, TILES_DOWN)
-        par = it % 2
+        par = j % 2
         if DQ_ORDERED:
             # one int32 counter per (b, h, query tile), every lane reading it; this block's turn
             # is its key-block index counted from the tile's first block: every block between
@@ -1307,7 +1396,7 @@ def _dq_writer(
             lane = _warp_sync_fence(lane)
         for c in gl.static_range(CONSUMERS):
             slot = par * CONSUMERS + c
-            mbarrier.wait(dq_full.index(slot), (it // 2) & 1)
+            mbarrier.wait(dq_full.index(slot), (j // 2) & 1)
             if DQ_FRAG:
                 # flat accumulator: tile ((b * H + h) * n_m + mt) * CONSUMERS + c, 16 box rows each
                 tile = ((b * nheads + h) * n_m + mt) * CONSUMERS + c
@@ -1329,7 +1418,7 @@ def _dq_writer(
                     _tma_reduce_add(dq_desc, [b, h, q_off + mt * BLOCK_M, c * DQ_N], src)
         if DQ_ORDERED:
             if POLL_AHEAD:
-                if it + STRIDE < n_steps:
+                if j + STRIDE < hi - lo:
                     h_next, mt_next = _step_tile(it + STRIDE, kv_h, group, m_hi, m_lo, TILES_DOWN)
                     ahead = _load_acquire(
                         _dq_counter(Sem, b, h_next, mt_next, nheads, n_m, n_slots_q, sem_tile0, lane, VARLEN)
@@ -1345,20 +1434,20 @@ def _dq_writer(
                 # count this block in the previous step's tile once those additions have
                 # completed (all but this step's CONSUMERS bulk groups, one per tile), so their
                 # latency runs under this step
-                if it > 0:
+                if j > 0:
                     lane = _release_add_one(sem_prev, _bulk_wait(lane, CONSUMERS))
                 sem_prev = sem
     if DQ_ORDERED and not PARITY:
-        if n_steps > 0:
+        if hi > lo:
             lane = _release_add_one(sem_prev, _bulk_wait(lane, 0))
 
 
 @gluon.jit
 def _attn_bwd_dkdv_kernel(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, stats_desc, Lse, Delta, Sem, Sched, CuSeqQ, CuSeqK,
-    DK, DV,
+    DK, DV, Part, PartMap,
     stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-    stride_dkm, stride_dkh, stride_dvm, stride_dvh, n_slots_q, window_left, window_right,
+    stride_dkm, stride_dkh, stride_dvm, stride_dvh, n_slots_q, window_left, window_right, n_whole, pieces,
     qk_scale, sm_scale, softcap_in, softcap_out,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
@@ -1368,7 +1457,7 @@ def _attn_bwd_dkdv_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, TAIL: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
     dtype: gl.constexpr = q_desc.dtype
@@ -1435,6 +1524,7 @@ def _attn_bwd_dkdv_kernel(
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
     gl.static_assert(DQ_WRITER or not DQ_PARITY, "two dQ writers need the writer form")
     gl.static_assert(DQ_ORDERED or LEAD_BOUND == 0, "the lead bound reads the ordered dQ counters")
+    gl.static_assert(not TAIL or (STAGES == 2 and not VARLEN), "tail pieces: dense calls, 2 stages")
     # (Gluon takes the partitions as a literal list: the forms differ by the dQ writers)
     if DQ_PARITY:
         gl.warp_specialize(
@@ -1448,7 +1538,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE)),
+                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1458,21 +1548,24 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE)),
+                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, Sem, LEAD_BOUND)),
+                             VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, Sem, LEAD_BOUND, n_whole, pieces,
+                             PartMap, TAIL)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0)),
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0,
+                               n_whole, pieces, TAIL)),
                 # the second writer: the odd steps
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 1)),
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 1,
+                               n_whole, pieces, TAIL)),
             ],
             [CONSUMER_WARPS, 1, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -1489,7 +1582,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE)),
+                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1499,16 +1592,18 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE)),
+                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, Sem, LEAD_BOUND)),
+                             VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, Sem, LEAD_BOUND, n_whole, pieces,
+                             PartMap, TAIL)),
                 (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, Sem, n_bhk, nheads_k, group, seqlen_q,
                                seqlen_k, Sched, CuSeqQ, CuSeqK, n_slots_q, window_left, window_right, BLOCK_M,
                                BLOCK_N * CONSUMERS, HEAD_DIM // CONSUMERS, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0)),
+                               DQ_ORDERED, DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, POLL_AHEAD, DQ_PARITY, 0,
+                               n_whole, pieces, TAIL)),
             ],
             [CONSUMER_WARPS, 1, 1],
             [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
@@ -1525,7 +1620,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE)),
+                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1535,12 +1630,13 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE)),
+                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, Sem, LEAD_BOUND)),
+                             VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, Sem, LEAD_BOUND, n_whole, pieces,
+                             PartMap, TAIL)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -1736,9 +1832,9 @@ def _split_d_store(dk_stage, dv_stage, dk_desc, dv_desc, b, kv_h, row, col, KEYS
 @gluon.jit
 def _attn_bwd_split_d_kernel(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, stats_desc, Lse, Delta, Sem, Sched, CuSeqQ, CuSeqK,
-    DK, DV,
+    DK, DV, Part, PartMap,
     stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, group, seqlen_q, seqlen_k,
-    stride_dkm, stride_dkh, stride_dvm, stride_dvh, n_slots_q, window_left, window_right,
+    stride_dkm, stride_dkh, stride_dvm, stride_dvh, n_slots_q, window_left, window_right, n_whole, pieces,
     qk_scale, sm_scale, softcap_in, softcap_out,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
@@ -1748,7 +1844,7 @@ def _attn_bwd_split_d_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, TAIL: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -1758,6 +1854,7 @@ def _attn_bwd_split_d_kernel(
     gl.static_assert(not (DQ_LAG or DQ_WRITER or DQ_ORDERED or DQ_FRAG), "dQ, if any, by unordered TMA reduces")
     gl.static_assert(not STATS_SMEM, "the split-D consumers read lse/delta per row from global memory")
     gl.static_assert(not EXP_PER_BRANCH, "exp_per_branch is a transposed-frame (non-split-D) form")
+    gl.static_assert(not TAIL, "tail pieces: the transposed-frame form only")
     gl.static_assert(LEAD_BOUND == 0, "lead_bound: the transposed-frame ordered forms only")
     gl.static_assert(not STATS_EARLY, "stats_early: a stats_smem form")
     gl.static_assert(DEFER_ARRIVE == 0, "defer_ds / defer_dq: the dq_lag writer forms")
@@ -1819,7 +1916,8 @@ def _attn_bwd_split_d_kernel(
                          kv_bar, q_ready, do_ready, q_empty, do_empty,
                          n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                          window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, 1, MASK_LEFT, MASK_RIGHT,
-                         VARLEN, TILES_DOWN, KEY_FASTEST, False, Sem, 0)),
+                         VARLEN, TILES_DOWN, KEY_FASTEST, False, Sem, 0, n_whole, pieces, PartMap,
+                         False)),
         ],
         [CONSUMER_WARPS, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -1983,7 +2081,7 @@ def varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, tokens_k, variant, causal, o
 
 def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, stats=None, *, softmax_scale, causal,
                 variant, cu_seqlens_q=None, cu_seqlens_k=None, sched=None, window=(-1, -1),
-                softcap=0.0):  # fmt: skip
+                softcap=0.0, tail=None):  # fmt: skip
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the CPU
     compile check, so both build the same kernel. ``dq_accum``: the float32 (B, Sq, H, D)
     accumulator the ``dq_atomic`` variants add dQ into (:func:`dq_accum_for`: zeroed, except for
@@ -1995,7 +2093,8 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
     (H, Tq); programs = entries of ``sched`` (:func:`varlen_key_schedule`; the compile check passes
     an unwritten tensor of ``attention_fwd.schedule_slots`` entries) x K/V heads. ``window`` as in
     :func:`attention_fwd.mask_args`; ``softcap`` > 0 only for the split-D variant
-    (:func:`supports`)."""
+    (:func:`supports`). ``tail``: a ``tail_split`` variant's pieces, ``(n_whole, pieces, part,
+    part_map)`` (:func:`tail_plan`, :func:`tail_buffers`), or None for whole units only."""
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k go together")
@@ -2060,6 +2159,23 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         stride_lb, stride_lh, stride_lm = lse.stride(0), lse.stride(1), lse.stride(2)
         slots = 0
         dk_strides = (0, 0, 0, 0)  # dense dK/dV go out through TMA only
+    n_units = grid[0]
+    part = part_map = None
+    n_whole, pieces = n_units, 0
+    if tail is not None:
+        n_whole, pieces, part, part_map = tail
+        if not var.tail_split:
+            raise ValueError(f"variant {variant} has no tail pieces (tail_split)")
+        if varlen or masks["MASK_LEFT"] or masks["MASK_RIGHT"]:
+            raise ValueError("tail pieces are for dense calls without a causal mask or window")
+        if not (0 <= n_whole < n_units and pieces >= 2):
+            raise ValueError(f"tail: n_whole must be in [0, {n_units}) and pieces >= 2, got {n_whole}, {pieces}")
+        want = tail_numel(n_units - n_whole, pieces, var.keys, head_dim)
+        if part is None or part.dtype != torch.float32 or part.numel() < want[0]:
+            raise ValueError(f"tail: part must be float32 with >= {want[0]} elements (tail_buffers)")
+        if part_map is None or part_map.dtype != torch.int32 or part_map.numel() < want[1]:
+            raise ValueError(f"tail: part_map must be int32 with >= {want[1]} elements (tail_buffers)")
+        grid = (n_whole + (n_units - n_whole) * pieces,)
     # the cached launcher's order (hf_flash.kernels.launch): descriptors and pointers, integers,
     # floats, then the constexprs
     # split_d: each consumer stores its half of dK's and dV's columns
@@ -2069,9 +2185,9 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         _descriptor(dout, var.block_m), _descriptor(dk, var.block_n, out_cols), _descriptor(dv, var.block_n, out_cols),
         dq_desc, stats_desc,
         lse, delta, dq_sem if var.dq_ordered else lse, sched, cu_seqlens_q, cu_seqlens_k,
-        dk if varlen else None, dv if varlen else None,
+        dk if varlen else None, dv if varlen else None, part, part_map,
         stride_lb, stride_lh, stride_lm, n_bhk, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k,
-        *dk_strides, slots, masks["window_left"], masks["window_right"],
+        *dk_strides, slots, masks["window_left"], masks["window_right"], n_whole, pieces,
         float(softmax_scale) * LOG2E, float(softmax_scale), masks["softcap_in"], masks["softcap_out"],
     )  # fmt: skip
     kwargs = dict(
@@ -2084,9 +2200,101 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         POLL_AHEAD=var.poll_ahead,
         DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
         LEAD_BOUND=var.lead_bound, STATS_EARLY=var.stats_early, DEFER_ARRIVE=var.defer_arrive,
-        SOFTCAP=masks["SOFTCAP"], num_warps=4,
+        SOFTCAP=masks["SOFTCAP"], TAIL=pieces > 0, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
+
+
+def tail_plan(n_units: int, steps: int, sms: int, max_pieces: int = 8, min_saving: float = 0.01):
+    """(n_whole, pieces) for a ``tail_split`` launch of ``n_units`` equal units of ``steps`` steps
+    on ``sms`` SMs (one program each): the last ``n_units % sms`` units (the partial wave) run as
+    ``pieces`` pieces each (:func:`_piece_steps`), the smallest count in 2..max_pieces that
+    minimises the tail's span (rounds of pieces over the SMs times the longest piece, in units),
+    kept if it shortens the launch by at least ``min_saving`` of its waves; (n_units, 0) when no
+    split does."""
+    tail = n_units % sms
+    if tail == 0 or steps < 8:
+        return n_units, 0
+    waves = -(-n_units // sms)
+    best_span, best = 1.0, 0
+    for k in range(2, max_pieces + 1):
+        if steps // k < 4:
+            break
+        ends = [(i * steps // k) // 4 * 4 for i in range(k)] + [steps]
+        longest = max(b - a for a, b in zip(ends, ends[1:])) / steps
+        span = -(-tail * k // sms) * longest
+        if span < best_span - 1e-9:
+            best_span, best = span, k
+    if not best or (1.0 - best_span) / waves < min_saving:
+        return n_units, 0
+    return n_units - tail, best
+
+
+def tail_numel(n_tail: int, pieces: int, keys: int, head_dim: int) -> tuple:
+    """Elements of the tail pieces' workspace (float32: a dK and a dV partial of ``keys`` x
+    ``head_dim`` per piece) and of its map (int32: (b, kv_h, first key) per tail unit)."""
+    return n_tail * pieces * 2 * keys * head_dim, n_tail * 3
+
+
+def tail_buffers(n_tail: int, pieces: int, keys: int, head_dim: int, device) -> tuple:
+    """The tail pieces' (part, part_map) buffers (:func:`tail_numel`); every element is written
+    by the pieces before :func:`tail_sum` reads it."""
+    n_part, n_map = tail_numel(n_tail, pieces, keys, head_dim)
+    return (torch.empty(n_part, device=device, dtype=torch.float32),
+            torch.empty(n_map, device=device, dtype=torch.int32))  # fmt: skip
+
+
+@triton.jit
+def _tail_sum(Part, PartMap, DK, DV, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, seqlen_k,
+              pieces, sm_scale, KEYS: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+    """dK (axis 1 = 0, times sm_scale) or dV (1) of rows [ROWS * axis 2, + ROWS) of tail unit
+    ``axis 0``: its pieces' partials added in piece order, stored where the unit's map says (rows
+    past seqlen_k dropped)."""
+    t = tl.program_id(0)
+    which = tl.program_id(1)
+    r = tl.program_id(2) * ROWS + tl.arange(0, ROWS)[:, None]
+    c = tl.arange(0, HEAD_DIM)[None, :]
+    acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    for p in range(pieces):
+        base = ((t * pieces + p) * 2 + which).to(tl.int64) * (KEYS * HEAD_DIM)
+        acc += tl.load(Part + base + r * HEAD_DIM + c)
+    b = tl.load(PartMap + t * 3).to(tl.int64)
+    kv_h = tl.load(PartMap + t * 3 + 1).to(tl.int64)
+    rows = tl.load(PartMap + t * 3 + 2) + r
+    inside = rows < seqlen_k
+    if which == 0:
+        ptrs = DK + b * stride_kb + rows.to(tl.int64) * stride_ks + kv_h * stride_kh + c
+        tl.store(ptrs, (acc * sm_scale).to(DK.dtype.element_ty), mask=inside)
+    else:
+        ptrs = DV + b * stride_vb + rows.to(tl.int64) * stride_vs + kv_h * stride_vh + c
+        tl.store(ptrs, acc.to(DV.dtype.element_ty), mask=inside)
+
+
+_TAIL_SUM = CachedLauncher(_tail_sum)
+_TAIL_ROWS = 32
+
+
+def tail_sum(tail, dk: torch.Tensor, dv: torch.Tensor, softmax_scale: float, keys: int) -> None:
+    """dK and dV of the tail units of a pieced launch (``tail`` as :func:`launch_args` took it):
+    each unit's partials added in piece order, dK scaled, cast to dk's dtype. Dense dk/dv (B,
+    Sk, Hk, D) with unit stride along D."""
+    n_whole, pieces, part, part_map = tail
+    n_tail = part_map.numel() // 3
+    head_dim = dk.shape[-1]
+    meta = _TAIL_SUM.meta(KEYS=keys, HEAD_DIM=head_dim, ROWS=_TAIL_ROWS, num_warps=4)
+    _TAIL_SUM((n_tail, 2, keys // _TAIL_ROWS), (part, part_map, dk, dv),
+              (*dk.stride()[:3], *dv.stride()[:3], dk.shape[1], pieces), (float(softmax_scale),), meta)  # fmt: skip
+
+
+_SM_COUNT: dict = {}
+
+
+def _sm_count(device) -> int:
+    """Streaming multiprocessors of ``device`` (cached)."""
+    n = _SM_COUNT.get(device)
+    if n is None:
+        n = _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
 
 
 def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale, causal,
@@ -2131,19 +2339,28 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     if var.dq_ordered:
         dq_sem = torch.zeros(dq_sem_count(q, variant, cu_seqlens_q), device=q.device, dtype=torch.int32)
     sched = varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, k.shape[0], variant, causal, order) if varlen else None
+    tail = None
+    if var.tail_split and not varlen and not any(mask_args(causal, window)[f] for f in ("MASK_LEFT", "MASK_RIGHT")):
+        n_units = q.shape[0] * k.shape[2] * configs.cdiv(k.shape[1], var.keys)
+        n_whole, pieces = tail_plan(n_units, q.shape[2] // k.shape[2] * configs.cdiv(q.shape[1], var.block_m),
+                                    _sm_count(q.device))  # fmt: skip
+        if pieces:
+            tail = (n_whole, pieces, *tail_buffers(n_units - n_whole, pieces, var.keys, q.shape[-1], q.device))
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, stats, softmax_scale=softmax_scale, causal=causal,
         variant=variant, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window,
-        softcap=softcap,
+        softcap=softcap, tail=tail,
     )  # fmt: skip
-    switches = ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW", "SOFTCAP")
+    switches = ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW", "SOFTCAP", "TAIL")
     key = (variant, q.shape[-1], varlen, *(kwargs[f] for f in switches))
     meta = _LAUNCH_META.get(key)
     if meta is None:
         meta = _LAUNCH_META[key] = (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD).meta(**kwargs)
-    # launch_args' order: 8 descriptors and 8 pointers, 15 integers, 4 floats
+    # launch_args' order: 8 descriptors and 10 pointers, 17 integers, 4 floats
     with torch.cuda.device(q.device):
-        (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD)(grid, args[:16], args[16:31], args[31:], meta)
+        (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD)(grid, args[:18], args[18:35], args[35:], meta)
+        if tail is not None:
+            tail_sum(tail, dk, dv, softmax_scale, var.keys)
     if var.dq_frag:
         with torch.cuda.device(q.device):
             dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers)
@@ -2180,6 +2397,7 @@ def kernel_for(variant: str):
 
 __all__ = [
     "hopper_attention_backward", "supports", "launch_args", "kernel_for", "dq_accum_for", "dq_sem_count",
+    "tail_plan", "tail_numel", "tail_buffers", "tail_sum",
     "rows_without_keys",
     "dq_frag_to_bshd", "stats_numel",
     "variant_for", "covered_head_dims", "varlen_builds", "VARIANTS", "DEFAULT", "NONDETERMINISTIC", "VARLEN_DEFAULT",

@@ -125,11 +125,17 @@ def compile_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloa
     elif variant.startswith(BWD_PREFIX):
         var = attention_bwd.VARIANTS[variant[len(BWD_PREFIX):]]
         stats = torch.empty(attention_bwd.stats_numel(batch, nheads, SEQLEN, var.block_m)) if var.stats_smem else None
+        tail = None
+        if var.tail_split and not causal and not masks:
+            # the pieced form (the whole-unit one is the variant without tail_split): the last
+            # unit in two pieces
+            n_units = batch * nheads_k * -(-SEQLEN // var.keys)
+            tail = (n_units - 1, 2, *attention_bwd.tail_buffers(1, 2, var.keys, head_dim, "cpu"))
         _, args, kwargs = attention_bwd.launch_args(
             q, k, v, out, lse, torch.empty_like(lse), torch.empty_like(k), torch.empty_like(k),
             attention_bwd.dq_accum_for(q, var.name) if var.dq_atomic else None,
             torch.zeros(attention_bwd.dq_sem_count(q, var.name), dtype=torch.int32), stats,
-            softmax_scale=head_dim**-0.5, causal=causal, variant=var.name, **masks,
+            softmax_scale=head_dim**-0.5, causal=causal, variant=var.name, tail=tail, **masks,
         )  # fmt: skip
         compiled = compile_sm90(attention_bwd.kernel_for(var.name), args, kwargs)
         rows, block_n = var.keys, var.block_m
