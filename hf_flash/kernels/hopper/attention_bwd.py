@@ -782,6 +782,10 @@ def _producer(
     if LEAD > 0:
         lane = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
         need = n0 // (BLOCK_N * CONSUMERS) + 2
+        if TAIL:
+            # a piece is not held back (the bound's arithmetic counts from a unit's first step):
+            # a count no follower reaches
+            need = gl.where(piece < 0, need, 1 << 30)
     # varlen: key rows past the document's end (and query rows past it, below) are the next
     # document's; the consumers mask them and never store them
     mbarrier.expect(kv_bar, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
@@ -809,12 +813,7 @@ def _producer(
         # the ring does not wait
         phase = ((j // STAGES) & 1) ^ 1
         if LEAD > 0:
-            # (not in a piece: the bound's arithmetic counts from the unit's first step)
-            if TAIL:
-                bound = (it >= FAR) & (piece < 0)
-            else:
-                bound = it >= FAR
-            if bound:
+            if it >= FAR:
                 # the follower (the program of the next key block) close behind (it has added
                 # into the tile of step it - FAR) but not within LEAD steps: wait until it is. A
                 # follower further back (not launched yet, or launched a wave later) is not waited
