@@ -371,11 +371,10 @@ VARIANTS = {
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
                 dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
                 stats_early=True, key_fastest=4, head_dims=(128,)),
-        # dqwldfpsbrr and its kf form with the partial last wave in pieces (tail_split)
-        Variant("kv2x64-m64-s2-dqwldfpsbrr-ts", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, lead_bound=16, stats_early=True, tail_split=True,
-                head_dims=(128,)),
+        # kf with the partial last wave in pieces (tail_split). H200, session 39 calls 1-2 (4 and
+        # 5 rounds), non-causal: kf-ts 0.98-1.06x kf at 2K-32K (geometric means 1.014, 1.010);
+        # the same pieces in dqwldfpsbrr's order measured 0.91-0.93x dqwldfpsbrr at every length
+        # (dropped; the loss exceeded what the whole tail takes at 32K, not explained)
         Variant("kv2x64-m64-s2-dqwldfpsbrr-kf-ts", block_m=64, block_n=64, stages=2, consumers=2,
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
                 dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
@@ -514,9 +513,12 @@ DEFAULT = {
 # key block fastest in the program numbering (key_fastest), so the ~132 programs in flight
 # stream the Q and dO of a few (batch, head group) pairs instead of every pair's (up to 256 MB,
 # over the 50 MB L2). H200, 3-5 rounds:
-# - d128 non-causal 2K-4K, kf (session 33 call 4, 5 rounds): backward 469 / 502 TFLOP/s against
-#   dqwldfpsbrr's 435 / 482 at 2K / 4K (1.078 / 1.041x; the rule fixed before the run asked >= 1.02
-#   at both); at 8K-32K kf measured 0.99-1.03x in two runs (session 32): longer calls keep DEFAULT.
+# - d128 non-causal 2K and longer, kf with the last wave in pieces (kf-ts; session 39 call 2, 5
+#   rounds): backward 487 / 508 / 511 / 519 / 524 TFLOP/s at 2K / 4K / 8K / 16K / 32K against the
+#   defaults of then (kf at 2K-4K: 482 / 499; dqwldfpsbrr above: 499 / 516 / 502), 1.010 / 1.018 /
+#   1.024 / 1.006 / 1.044x (the rule fixed before the run: geometric mean >= 1.01, no point below
+#   0.99). kf alone had taken 2K-4K since session 33 (1.078 / 1.041x dqwldfpsbrr); at 8K-32K it
+#   measured 0.99-1.03x in four runs.
 # - d128 causal 16K and longer, dn in chunks of two head groups (session 33 call 7, 3 rounds):
 #   522 / 510 against dqwldfpsxa-dn's 490 / 494 at 16K / 32K (1.065 / 1.032x; rule >= 1.02 at
 #   both); chunks of four 0.98 / 1.03x. Shorter causal calls: the turn model puts the chunks'
@@ -526,7 +528,7 @@ DEFAULT = {
 #   1.044 / 1.077x), 467 against 454 at 24K (1.029x); 16K 0.979 / 1.018x keeps DEFAULT.
 # Calls outside a range or with a window were not measured and keep DEFAULT.
 SEQLEN_VARIANTS = {
-    (128, False): ((2048, 4096, "kv2x64-m64-s2-dqwldfpsbrr-kf"),),
+    (128, False): ((2048, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsbrr-kf-ts"),),
     (128, True): ((16384, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsxa-dn-kf2"),),
     (64, False): ((24576, MAX_SEQLEN, "kv2x64-m128-s2-dqwlds-kf"),),
 }
