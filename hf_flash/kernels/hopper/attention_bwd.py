@@ -379,6 +379,10 @@ VARIANTS = {
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
                 dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
                 stats_early=True, key_fastest=1, tail_split=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfpsbrr-kf2-ts", block_m=64, block_n=64, stages=2, consumers=2,
+                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
+                dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
+                stats_early=True, key_fastest=2, tail_split=True, head_dims=(128,)),
         # dS and dQ tiles handed on a phase after their stores (defer_ds, defer_dq): the causal d128
         # default of session 30 (below: its tiles-down walk). H200, session 30 calls 3-4: causal
         # 1.00-1.03x dqwldfpsx; non-causal it lifts dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17%
