@@ -374,15 +374,15 @@ VARIANTS = {
         # kf with the partial last wave in pieces (tail_split). H200, session 39 calls 1-2 (4 and
         # 5 rounds), non-causal: kf-ts 0.98-1.06x kf at 2K-32K (geometric means 1.014, 1.010);
         # the same pieces in dqwldfpsbrr's order measured 0.91-0.93x dqwldfpsbrr at every length
-        # (dropped; the loss exceeded what the whole tail takes at 32K, not explained)
+        # (dropped; the loss exceeded what the whole tail takes at 32K, not explained), in chunks
+        # of two head groups (key_fastest=2) 0.99 / 0.98 / 0.98x kf-ts at 8K / 16K / 32K (call 6,
+        # dropped). ncu at 32K (call 5): kf-ts keeps the SMs active 98.7% of the cycles against
+        # dqwldfpsbrr's 96.2% in the same elapsed cycles, and runs 5% faster at a 5% higher clock
+        # with 2.5x fewer DRAM bytes
         Variant("kv2x64-m64-s2-dqwldfpsbrr-kf-ts", block_m=64, block_n=64, stages=2, consumers=2,
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
                 dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
                 stats_early=True, key_fastest=1, tail_split=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsbrr-kf2-ts", block_m=64, block_n=64, stages=2, consumers=2,
-                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
-                dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
-                stats_early=True, key_fastest=2, tail_split=True, head_dims=(128,)),
         # dS and dQ tiles handed on a phase after their stores (defer_ds, defer_dq): the causal d128
         # default of session 30 (below: its tiles-down walk). H200, session 30 calls 3-4: causal
         # 1.00-1.03x dqwldfpsx; non-causal it lifts dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17%
