@@ -179,13 +179,19 @@ def test_ordered_dq_repeats_bitwise(variant, head_dim, causal, monkeypatch):
     """The dq_ordered variants add into each query tile of dQ in a fixed order of the key
     blocks: the gradients repeat bitwise, on a grid of several waves of programs (so programs
     wait on others that started earlier, never on one not yet started) and odd lengths."""
-    q, k, v = _qkv(2, 4000, 4100, 16, 4, head_dim, torch.bfloat16, seed=11)
+    _repeats_bitwise_and_matches(_qkv(2, 4000, 4100, 16, 4, head_dim, torch.bfloat16, seed=11), causal, variant,
+                                 monkeypatch, seed=11)  # fmt: skip
+
+
+def _repeats_bitwise_and_matches(qkv, causal, variant, monkeypatch, seed):
+    """Three backward calls of ``variant`` give bitwise-equal gradients, which match the reference."""
+    q, k, v = qkv
     dout = torch.randn_like(q)
     a = _backward(q, k, v, dout, causal, variant=variant, monkeypatch=monkeypatch)
     for _ in range(2):
         b = _backward(q, k, v, dout, causal, variant=variant, monkeypatch=monkeypatch)
         assert all(torch.equal(x, y) for x, y in zip(a, b))
-    _check(q, k, v, causal, variant=variant, monkeypatch=monkeypatch, seed=11)
+    _check(q, k, v, causal, variant=variant, monkeypatch=monkeypatch, seed=seed)
 
 
 def _tail_variants():
@@ -207,13 +213,8 @@ def test_tail_pieces_match_and_repeat_bitwise(variant, monkeypatch):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n_whole, pieces = hb.tail_plan(batch * hk * -(-sk // 128), h // hk * -(-sq // 64), sms)
     assert n_whole >= sms and pieces >= 2, (n_whole, pieces)
-    q, k, v = _qkv(batch, sq, sk, h, hk, 128, torch.bfloat16, seed=21)
-    dout = torch.randn_like(q)
-    a = _backward(q, k, v, dout, False, variant=variant, monkeypatch=monkeypatch)
-    for _ in range(2):
-        b = _backward(q, k, v, dout, False, variant=variant, monkeypatch=monkeypatch)
-        assert all(torch.equal(x, y) for x, y in zip(a, b))
-    _check(q, k, v, False, variant=variant, monkeypatch=monkeypatch, seed=21)
+    _repeats_bitwise_and_matches(_qkv(batch, sq, sk, h, hk, 128, torch.bfloat16, seed=21), False, variant,
+                                 monkeypatch, seed=21)  # fmt: skip
 
 
 def _ordered_defaults():
