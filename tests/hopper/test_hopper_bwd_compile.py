@@ -523,6 +523,8 @@ def test_variant_refuses_forms_it_has_no_code_for():
     for flag in ("defer_ds", "defer_dq"):
         with pytest.raises(ValueError, match="need dq_lag and dq_writer"):
             hb.Variant("x", dq_atomic=True, dq_shared=True, **{flag: True}, **base)
+    with pytest.raises(ValueError, match="tail_split has no split_d form"):
+        hb.Variant("x", split_d=True, tail_split=True, **base)
     writer = dict(dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, **base)
     assert [hb.Variant("x", defer_ds=ds, defer_dq=dq, **writer).defer_arrive
             for ds, dq in ((False, False), (True, False), (False, True), (True, True))] == [0, 1, 2, 3]

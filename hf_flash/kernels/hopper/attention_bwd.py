@@ -258,7 +258,8 @@ class Variant:
     # on pieces launched before it (the previous key block's, same steps), so the ordered dQ
     # turns hold. A piece stores its dK/dV partial (float32) in a workspace and
     # :func:`_tail_sum` adds a unit's partials in piece order (deterministic) and stores dK/dV.
-    # Needs stages 2 (piece starts on multiples of 4 steps keep the rings' phases)
+    # A piece's loops count its own steps from 0 for the barriers' phases (they start fresh in
+    # every program). Not with split_d
     tail_split: bool = False
 
     def __post_init__(self):
@@ -268,8 +269,8 @@ class Variant:
             raise ValueError(f"variant {self.name}: defer_ds / defer_dq need dq_lag and dq_writer")
         if self.key_fastest and self.split_d:
             raise ValueError(f"variant {self.name}: key_fastest has no split_d form")
-        if self.tail_split and (self.split_d or self.stages != 2):
-            raise ValueError(f"variant {self.name}: tail_split needs the transposed frame and 2 stages")
+        if self.tail_split and self.split_d:
+            raise ValueError(f"variant {self.name}: tail_split has no split_d form")
 
     @property
     def defer_arrive(self) -> int:
@@ -1529,7 +1530,7 @@ def _attn_bwd_dkdv_kernel(
     gl.static_assert(CONSUMERS == 2, "two consumer partitions")
     gl.static_assert(DQ_WRITER or not DQ_PARITY, "two dQ writers need the writer form")
     gl.static_assert(DQ_ORDERED or LEAD_BOUND == 0, "the lead bound reads the ordered dQ counters")
-    gl.static_assert(not TAIL or (STAGES == 2 and not VARLEN), "tail pieces: dense calls, 2 stages")
+    gl.static_assert(not (TAIL and VARLEN), "tail pieces: dense calls only")
     # (Gluon takes the partitions as a literal list: the forms differ by the dQ writers)
     if DQ_PARITY:
         gl.warp_specialize(
@@ -2318,7 +2319,9 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     cu_seqlens. A ``stats_smem`` variant (dense calls only: :func:`launch_args` refuses packed
     ones) reads lse and delta from ``stats``, the buffer the backward preprocess writes with them
     (``flash_bwd.backward_preprocess(..., stats_m=variant's block_m)``). Returns whether dq was
-    written (else the caller runs a dQ kernel)."""
+    written (else the caller runs a dQ kernel). A ``tail_split`` variant on a dense call without
+    a mask runs the launch's partial last wave in pieces (:func:`tail_plan` on this GPU's SM
+    count) and then :func:`tail_sum` for those units' dK/dV."""
     varlen = cu_seqlens_q is not None
     variant = variant or variant_for(q.shape[-1], causal, varlen, 0 if varlen else q.shape[1], window)
     var = VARIANTS[variant]
