@@ -62,6 +62,7 @@ SPECS += [(prefix + hb.variant_for(d, causal, prefix == compile_check.BWD_VARLEN
 # the tail-pieced forms (tail_split: built with pieces only for dense calls without a mask)
 SPECS += [("bwd:" + name, d, False, "float16") for name, var in hb.VARIANTS.items() if var.tail_split
           for d in var.head_dims]  # fmt: skip
+SPECS = list(dict.fromkeys(SPECS))  # a default also listed above is compiled once
 # the softcap (the split-D d256 form only), with and without a window, dense and packed
 SPECS += [(prefix + hb.variant_for(256, causal, prefix == compile_check.BWD_VARLEN_PREFIX), 256, causal,
            "bfloat16", features)
@@ -469,15 +470,22 @@ def test_preprocess_refuses_a_statistics_buffer_it_cannot_lay_out():
         flash_bwd.backward_preprocess(out[0], out[0], None, lse[0], cu_seqlens_q=cu, max_seqlen_q=97, stats_m=64)
 
 
+def _stats_call(name, sq, sk):
+    """A dense call's tensors (:func:`_call`) with the lse, dQ counters and statistics buffer a
+    stats_smem variant ``name`` launches with."""
+    q, k, v, out, dout, dk, dv = _call(sq=sq, sk=sk)
+    lse = torch.empty(2, 8, sq)
+    sem = torch.zeros(hb.dq_sem_count(q, name), dtype=torch.int32)
+    stats = torch.empty(hb.stats_numel(2, 8, sq, hb.VARIANTS[name].block_m))
+    return q, k, v, dout, dk, dv, lse, sem, stats
+
+
 def test_stats_variant_launch_needs_its_buffer():
     """A stats_smem variant's launch takes the statistics buffer of the call's size, dense calls
     only; its descriptor is the eighth descriptor (the others pass q's in that place)."""
     name = next(n for n, v in hb.VARIANTS.items() if v.stats_smem)
     var = hb.VARIANTS[name]
-    q, k, v, out, dout, dk, dv = _call(sq=97, sk=97)
-    lse = torch.empty(2, 8, 97)
-    sem = torch.zeros(hb.dq_sem_count(q, name), dtype=torch.int32)
-    stats = torch.empty(hb.stats_numel(2, 8, 97, var.block_m))
+    q, k, v, dout, dk, dv, lse, sem, stats = _stats_call(name, 97, 97)
     grid, args, kwargs = hb.launch_args(q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, name),
                                         sem, stats, softmax_scale=0.1, causal=True, variant=name)  # fmt: skip
     assert kwargs["STATS_SMEM"] is True and args[7].base is stats and args[7].block_shape == [2, var.block_m]
@@ -588,10 +596,8 @@ def test_tail_launch_checks_its_pieces():
     without tail_split, masked calls and short buffers, before anything is launched."""
     name = next(n for n, v in hb.VARIANTS.items() if v.tail_split)
     var = hb.VARIANTS[name]
-    q, k, v, out, dout, dk, dv = _call(sq=1025, sk=1100)
-    lse = torch.empty(2, 8, 1025)
-    sem = torch.zeros(hb.dq_sem_count(q, name), dtype=torch.int32)
-    stats = torch.empty(hb.stats_numel(2, 8, 1025, var.block_m))
+    assert var.stats_smem
+    q, k, v, dout, dk, dv, lse, sem, stats = _stats_call(name, 1025, 1100)
     n_units = 2 * 2 * 9
     tail = (n_units - 4, 3, *hb.tail_buffers(4, 3, var.keys, 128, "cpu"))
     assert tail[2].numel() == 4 * 3 * 2 * var.keys * 128 and tail[3].numel() == 12
@@ -648,3 +654,21 @@ def test_tail_sum_adds_the_pieces_in_order(device):
         written[b, n0:n0 + keys, h] = True
     assert dk.isnan().all(-1).cpu().equal(~written) and dv.isnan().all(-1).cpu().equal(~written)
 
+
+
+def test_tail_for_plans_pieces_only_for_unmasked_dense_calls():
+    """The backward's launcher asks _tail_for for a launch's pieces: the plan of tail_plan for the
+    call's units and steps (132 SMs off the GPU) with buffers of its size; none for a variant
+    without tail_split, a causal or windowed call, or a launch no split shortens."""
+    name = next(n for n, v in hb.VARIANTS.items() if v.tail_split)
+    var = hb.VARIANTS[name]
+    q, k = _t(2, 3000, 16, 128), _t(2, 3100, 4, 128)
+    n_units, steps = 2 * 4 * 25, 4 * 47
+    n_whole, pieces, part, part_map = hb._tail_for(q, k, name, False, (-1, -1))
+    assert (n_whole, pieces) == hb.tail_plan(n_units, steps, 132) == (132, 7)
+    assert (part.numel(), part_map.numel()) == hb.tail_numel(n_units - n_whole, pieces, var.keys, 128)
+    assert hb._tail_for(q, k, "kv2x64-m64-s2-dqwldfpsbrr", False, (-1, -1)) is None
+    assert hb._tail_for(q, k, name, True, (-1, -1)) is None
+    assert hb._tail_for(q, k, name, False, (256, 256)) is None
+    q2, k2 = _t(2, 4096, 32, 128), _t(2, 4224, 8, 128)  # 2 x 8 x 33 = 264 units: two whole waves
+    assert hb._tail_for(q2, k2, name, False, (-1, -1)) is None

@@ -2287,20 +2287,25 @@ def tail_sum(tail, dk: torch.Tensor, dv: torch.Tensor, softmax_scale: float, key
     n_whole, pieces, part, part_map = tail
     n_tail = part_map.numel() // 3
     head_dim = dk.shape[-1]
-    meta = _TAIL_SUM.meta(KEYS=keys, HEAD_DIM=head_dim, ROWS=_TAIL_ROWS, num_warps=4)
+    meta = _TAIL_SUM.meta_for(KEYS=keys, HEAD_DIM=head_dim, ROWS=_TAIL_ROWS, num_warps=4)
     _TAIL_SUM((n_tail, 2, keys // _TAIL_ROWS), (part, part_map, dk, dv),
               (*dk.stride()[:3], *dv.stride()[:3], dk.shape[1], pieces), (float(softmax_scale),), meta)  # fmt: skip
 
 
-_SM_COUNT: dict = {}
-
-
-def _sm_count(device) -> int:
-    """Streaming multiprocessors of ``device`` (cached)."""
-    n = _SM_COUNT.get(device)
-    if n is None:
-        n = _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return n
+def _tail_for(q, k, variant: str, causal: bool, window):
+    """The ``tail`` of a dense launch (:func:`launch_args`): a ``tail_split`` variant on a call
+    without a mask gets its pieces (:func:`tail_plan` on q's GPU) and their buffers; None when
+    the variant has none, the call is masked or no split shortens the launch."""
+    var = VARIANTS[variant]
+    masks = mask_args(causal, window)
+    if not var.tail_split or masks["MASK_LEFT"] or masks["MASK_RIGHT"]:
+        return None
+    n_units = q.shape[0] * k.shape[2] * configs.cdiv(k.shape[1], var.keys)
+    steps = q.shape[2] // k.shape[2] * configs.cdiv(q.shape[1], var.block_m)
+    n_whole, pieces = tail_plan(n_units, steps, configs.sm_count(q.device, 132))
+    if not pieces:
+        return None
+    return (n_whole, pieces, *tail_buffers(n_units - n_whole, pieces, var.keys, q.shape[-1], q.device))
 
 
 def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale, causal,
@@ -2347,13 +2352,7 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     if var.dq_ordered:
         dq_sem = torch.zeros(dq_sem_count(q, variant, cu_seqlens_q), device=q.device, dtype=torch.int32)
     sched = varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, k.shape[0], variant, causal, order) if varlen else None
-    tail = None
-    if var.tail_split and not varlen and not any(mask_args(causal, window)[f] for f in ("MASK_LEFT", "MASK_RIGHT")):
-        n_units = q.shape[0] * k.shape[2] * configs.cdiv(k.shape[1], var.keys)
-        n_whole, pieces = tail_plan(n_units, q.shape[2] // k.shape[2] * configs.cdiv(q.shape[1], var.block_m),
-                                    _sm_count(q.device))  # fmt: skip
-        if pieces:
-            tail = (n_whole, pieces, *tail_buffers(n_units - n_whole, pieces, var.keys, q.shape[-1], q.device))
+    tail = None if varlen else _tail_for(q, k, variant, causal, window)
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, stats, softmax_scale=softmax_scale, causal=causal,
         variant=variant, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window,
