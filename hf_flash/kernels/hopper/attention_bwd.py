@@ -384,6 +384,21 @@ VARIANTS = {
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
                 dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
                 stats_early=True, key_fastest=1, tail_split=True, head_dims=(128,)),
+        # kf-ts without the lead bound (dqwldfpsrr), with a bound of 64 steps (b64), and with
+        # unordered dQ additions (dqwlfpsrr, not deterministic; the bound reads the ordered
+        # counters, so none): session 40's measure of what the turns and the bound cost kf-ts
+        Variant("kv2x64-m64-s2-dqwldfpsrr-kf-ts", block_m=64, block_n=64, stages=2, consumers=2,
+                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
+                dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True,
+                stats_early=True, key_fastest=1, tail_split=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfpsb64rr-kf-ts", block_m=64, block_n=64, stages=2, consumers=2,
+                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
+                dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=64,
+                stats_early=True, key_fastest=1, tail_split=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwlfpsrr-kf-ts", block_m=64, block_n=64, stages=2, consumers=2,
+                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
+                dq_frag=True, dq_parity=True, stats_smem=True,
+                stats_early=True, key_fastest=1, tail_split=True, head_dims=(128,)),
         # dS and dQ tiles handed on a phase after their stores (defer_ds, defer_dq): the causal d128
         # default of session 30 (below: its tiles-down walk). H200, session 30 calls 3-4: causal
         # 1.00-1.03x dqwldfpsx; non-causal it lifts dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17%
