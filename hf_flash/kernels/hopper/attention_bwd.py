@@ -428,6 +428,10 @@ VARIANTS = {
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 dq_frag=True, dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
                 tiles_down=True, key_fastest=4, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfpsxa-dn-kf2-sd", block_m=64, block_n=64, stages=2, consumers=2,
+                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
+                dq_frag=True, dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
+                tiles_down=True, key_fastest=2, scaled_ds=True, head_dims=(128,)),
         # head dim 64 with FA3's 128 query rows per step and the ordered dQ inside: the per-column
         # lse/delta vectors of a 128-wide tile are what spilled that shape (420-1144 bytes, CPU
         # compile, session 24); through shared memory it builds with 12/16 bytes non-causal and
@@ -435,6 +439,9 @@ VARIANTS = {
         Variant("kv2x64-m128-s2-dqwlds", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
                 head_dims=(64,)),
+        Variant("kv2x64-m128-s2-dqwlds-sd", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
+                scaled_ds=True, head_dims=(64,)),
         # candidates for the d64 non-causal backward (0.97-1.08x cuDNN at 4K-32K, H200, session
         # 35), two of the d128 non-causal forms' pieces on the d64 shape: the producer's lead
         # bound (b) and the key block fastest (kf); CPU build 12-24 / 20-92 bytes spilled (the
