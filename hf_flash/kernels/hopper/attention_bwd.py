@@ -19,6 +19,8 @@ each, the query tiles that can see its keys:
       dV  += P^T dO                    (P^T from registers, dO from shared memory)
       dK  += dS^T Q                    (dS^T from registers, Q from shared memory)
 
+  (dK and dQ are scaled by the softmax scale once their products are done; ``scaled_ds``
+  variants put the scale into dS^T instead);
   all as asynchronous wgmma: S^T and dP^T are issued back to back and P^T is computed while
   dP^T runs; dS^T is computed while the dV product runs. Registers move from the producer (24)
   to the consumers through ``setmaxnreg``.
