@@ -264,8 +264,8 @@ class Variant:
     # every program). Not with split_d
     tail_split: bool = False
     # dS^T carries the softmax scale (dS = P (scale dP - scale delta): one FMA per score with the
-    # scaled delta, 16 multiplies per thread and step for delta), so neither the dQ tile of every
-    # step (32 multiplies per thread) nor dK at the end is scaled. Not with split_d
+    # scaled delta, one multiply per query column a thread holds for delta), so neither the dQ
+    # tile of every step (a multiply per element) nor dK at the end is scaled. Not with split_d
     scaled_ds: bool = False
 
     def __post_init__(self):
@@ -1224,8 +1224,9 @@ def _consumer(
             mbarrier.wait(ds_free.index((hi - lo - 1) % 2), ((hi - lo - 1) // 2) & 1)
     if TAIL:
         if piece >= 0:
-            # a piece: its float32 partial (scaled only with SCALED_DS) to the workspace, slot (tail unit, piece),
-            # dK then dV, KEYS x HEAD_DIM each (the producer of piece 0 says where they go)
+            # a piece: its float32 partial (dK scaled only with SCALED_DS) to the workspace, slot
+            # (tail unit, piece), dK then dV, KEYS x HEAD_DIM each (the producer of piece 0 says
+            # where they go)
             tail = unit - n_whole
             KEYS: gl.constexpr = BLOCK_N * CONSUMERS
             rk = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout)) + INDEX * BLOCK_N
