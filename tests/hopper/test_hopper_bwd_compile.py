@@ -246,10 +246,9 @@ def test_backward_path_head_dim_256(on_hopper):
 
 def test_backward_head_dims_follow_default(on_hopper, monkeypatch):
     """A head dim is covered exactly when DEFAULT names a variant for it: dense d64 runs the
-    128-row form with lse/delta in shared memory (non-causal with dS^T scaled); packed d64 calls
-    (no VARLEN_DEFAULT entry) and soft-capped ones keep the Triton backward."""
-    assert hb.variant_for(64, False) == "kv2x64-m128-s2-dqwlds-sd"
-    assert hb.variant_for(64, True) == "kv2x64-m128-s2-dqwlds"
+    128-row form with lse/delta in shared memory; packed d64 calls (no VARLEN_DEFAULT entry) and
+    soft-capped ones keep the Triton backward."""
+    assert hb.variant_for(64, False) == hb.variant_for(64, True) == "kv2x64-m128-s2-dqwlds"
     assert _path(_call(64)) == "hopper"
     assert _path(_call(64), causal=True, window_right=0) == "hopper"
     assert _path(_call(64), window_left=16, window_right=4) == "hopper"
@@ -471,10 +470,10 @@ def test_preprocess_refuses_a_statistics_buffer_it_cannot_lay_out():
         flash_bwd.backward_preprocess(out[0], out[0], None, lse[0], cu_seqlens_q=cu, max_seqlen_q=97, stats_m=64)
 
 
-def _stats_call(name, sq, sk, d=128):
+def _stats_call(name, sq, sk):
     """A dense call's tensors (:func:`_call`) with the lse, dQ counters and statistics buffer a
     stats_smem variant ``name`` launches with."""
-    q, k, v, out, dout, dk, dv = _call(d=d, sq=sq, sk=sk)
+    q, k, v, out, dout, dk, dv = _call(sq=sq, sk=sk)
     lse = torch.empty(2, 8, sq)
     sem = torch.zeros(hb.dq_sem_count(q, name), dtype=torch.int32)
     stats = torch.empty(hb.stats_numel(2, 8, sq, hb.VARIANTS[name].block_m))
@@ -506,17 +505,6 @@ def test_stats_variant_launch_needs_its_buffer():
     assert kwargs["STATS_SMEM"] is False and args[7] is args[0]
 
 
-def test_scaled_ds_reaches_the_kernel():
-    """The kernel's SCALED_DS follows the variant (dS^T carrying the softmax scale), so the d64
-    non-causal default and its unscaled causal twin build different kernels."""
-    for name, want in (("kv2x64-m128-s2-dqwlds-sd", True), ("kv2x64-m128-s2-dqwlds", False)):
-        assert hb.VARIANTS[name].scaled_ds is want
-        q, k, v, dout, dk, dv, lse, sem, stats = _stats_call(name, 97, 97, d=64)
-        _, _, kwargs = hb.launch_args(q, k, v, dout, lse, torch.empty_like(lse), dk, dv, hb.dq_accum_for(q, name),
-                                      sem, stats, softmax_scale=0.1, causal=False, variant=name)  # fmt: skip
-        assert kwargs["SCALED_DS"] is want
-
-
 def test_packed_longest_order_keeps_key_blocks_ascending():
     """The "longest" packed order puts the documents with the most work first and keeps each
     document's key blocks in ascending order (the ordered dQ waits only on programs launched
@@ -545,8 +533,6 @@ def test_variant_refuses_forms_it_has_no_code_for():
             hb.Variant("x", dq_atomic=True, dq_shared=True, **{flag: True}, **base)
     with pytest.raises(ValueError, match="tail_split has no split_d form"):
         hb.Variant("x", split_d=True, tail_split=True, **base)
-    with pytest.raises(ValueError, match="scaled_ds has no split_d form"):
-        hb.Variant("x", split_d=True, scaled_ds=True, **base)
     writer = dict(dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, **base)
     assert [hb.Variant("x", defer_ds=ds, defer_dq=dq, **writer).defer_arrive
             for ds, dq in ((False, False), (True, False), (False, True), (True, True))] == [0, 1, 2, 3]

@@ -19,8 +19,6 @@ each, the query tiles that can see its keys:
       dV  += P^T dO                    (P^T from registers, dO from shared memory)
       dK  += dS^T Q                    (dS^T from registers, Q from shared memory)
 
-  (dK and dQ are scaled by the softmax scale once their products are done; ``scaled_ds``
-  variants put the scale into dS^T instead);
   all as asynchronous wgmma: S^T and dP^T are issued back to back and P^T is computed while
   dP^T runs; dS^T is computed while the dV product runs. Registers move from the producer (24)
   to the consumers through ``setmaxnreg``.
@@ -263,10 +261,6 @@ class Variant:
     # A piece's loops count its own steps from 0 for the barriers' phases (they start fresh in
     # every program). Not with split_d
     tail_split: bool = False
-    # dS^T carries the softmax scale (dS = P (scale dP - scale delta): one FMA per score with the
-    # scaled delta, one multiply per query column a thread holds for delta), so neither the dQ
-    # tile of every step (a multiply per element) nor dK at the end is scaled. Not with split_d
-    scaled_ds: bool = False
 
     def __post_init__(self):
         if self.stats_early and not self.stats_smem:
@@ -277,8 +271,6 @@ class Variant:
             raise ValueError(f"variant {self.name}: key_fastest has no split_d form")
         if self.tail_split and self.split_d:
             raise ValueError(f"variant {self.name}: tail_split has no split_d form")
-        if self.scaled_ds and self.split_d:
-            raise ValueError(f"variant {self.name}: scaled_ds has no split_d form")
 
     @property
     def defer_arrive(self) -> int:
@@ -428,10 +420,6 @@ VARIANTS = {
         Variant("kv2x64-m128-s2-dqwlds", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
                 head_dims=(64,)),
-        # the same with dS^T scaled (scaled_ds): the d64 non-causal DEFAULT (session 40, below)
-        Variant("kv2x64-m128-s2-dqwlds-sd", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
-                scaled_ds=True, head_dims=(64,)),
         # candidates for the d64 non-causal backward (0.97-1.08x cuDNN at 4K-32K, H200, session
         # 35), two of the d128 non-causal forms' pieces on the d64 shape: the producer's lead
         # bound (b) and the key block fastest (kf); CPU build 12-24 / 20-92 bytes spilled (the
@@ -519,13 +507,8 @@ VARIANTS = {
 # dqwldfpsxa, causal: 447/475/510/507 TFLOP/s against 425/463/490/503 (1.052/1.026/1.041/1.008x,
 # geometric mean 1.032; the rule fixed before the run: >= 1.01 and none below 0.98). dS deferred
 # alone on dqwldfpsbrr measured 0.967-0.996x it non-causal (dropped).
-# Session 40 calls 2-3 (an H200, 4 rounds): scaled_ds (dS^T carries the softmax scale, no dQ or
-# dK multiply after) on d64 dqwlds, non-causal: 427/465 TFLOP/s against 427/455 at 4K/16K
-# (1.000/1.022x, geometric mean 1.011; the rule fixed before the run: >= 1.01, none below 0.99);
-# causal 1.003/0.993x (kept dqwlds). On d128 it lost: kf-ts 0.965-0.972x non-causal, xa-dn
-# 1.008/1.018/0.973/1.014x at causal 2K-16K (gmean 1.003), xa-dn-kf2 0.996/1.002x at 16K/32K.
 DEFAULT = {
-    (64, False): "kv2x64-m128-s2-dqwlds-sd", (64, True): "kv2x64-m128-s2-dqwlds",
+    (64, False): "kv2x64-m128-s2-dqwlds", (64, True): "kv2x64-m128-s2-dqwlds",
     (128, False): "kv2x64-m64-s2-dqwldfpsbrr", (128, True): "kv2x64-m64-s2-dqwldfpsxa-dn",
     (256, False): "kv64-m64-s2-splitd", (256, True): "kv64-m64-s2-splitd",
 }  # fmt: skip
@@ -912,10 +895,9 @@ def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
 def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full, dq_empty, dq_desc, dq_zero,
                     sm_scale, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr,
                     DQ_N: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr,
-                    DEFER_DQ: gl.constexpr = False, SCALED_DS: gl.constexpr = False):  # fmt: skip
+                    DEFER_DQ: gl.constexpr = False):  # fmt: skip
     """dQ[rows q_row.. of head h, this consumer's DQ_N columns] += sum over the consumers c of
-    dS_c K_c[:, columns], for step ``j`` (its dS tiles in buffer j % 2), added by TMA reduce.
-    SCALED_DS: the dS tiles carry the softmax scale (Variant.scaled_ds), so dQ is not scaled here."""
+    dS_c K_c[:, columns], for step ``j`` (its dS tiles in buffer j % 2), added by TMA reduce."""
     par = j % 2
     mbarrier.wait(ds_ready.index(par), (j // 2) & 1)  # every consumer's dS of step j is stored
     dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS).permute((1, 0)),
@@ -926,9 +908,7 @@ def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free,
                                k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok, is_async=True)
     dq = warpgroup_mma_wait(0, deps=(dq_tok,))
     mbarrier.arrive(ds_free.index(par))
-    if not SCALED_DS:
-        dq = dq * sm_scale
-    _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N,
+    _dq_out(j, dq * sm_scale, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N,
             DQ_WRITER, DQ_FRAG, DEFER_DQ)  # fmt: skip
 
 
@@ -1012,7 +992,7 @@ def _consumer(
     DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr,
     STATS_SMEM: gl.constexpr,
     EXP_PER_BRANCH: gl.constexpr, STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
-    n_whole, pieces, Part, PartMap, TAIL: gl.constexpr, SCALED_DS: gl.constexpr,
+    n_whole, pieces, Part, PartMap, TAIL: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
     st_layout: gl.constexpr = _mma_layout(BLOCK_M, NUM_WARPS)  # [BLOCK_N keys, BLOCK_M queries]
@@ -1127,11 +1107,7 @@ def _consumer(
             delta = gl.load(Delta + l_base + rows, mask=rows < q_len, other=0.0)
         elif not STATS_EARLY:
             delta = stats.slice(BLOCK_M, BLOCK_M).load(col_layout)
-        if SCALED_DS:
-            # dS^T with the softmax scale in it: dQ and dK come out scaled (Variant.scaled_ds)
-            dst = pt * (dpt * sm_scale - gl.expand_dims(delta * sm_scale, 0))
-        else:
-            dst = pt * (dpt - gl.expand_dims(delta, 0))
+        dst = pt * (dpt - gl.expand_dims(delta, 0))
         ds = dst.to(dtype)
         ds_op = gl.convert_layout(ds, op_layout)
         dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
@@ -1152,7 +1128,7 @@ def _consumer(
                 _dq_shared_step(j - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
                                 ds_free, dq_full,
                                 dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
-                                DQ_WRITER, DQ_FRAG, DEFER_ARRIVE & 2, SCALED_DS)  # fmt: skip
+                                DQ_WRITER, DQ_FRAG, DEFER_ARRIVE & 2)  # fmt: skip
             prev_h = h
             prev_mt = mt
         elif DQ_SHARED:
@@ -1177,9 +1153,7 @@ def _consumer(
             mbarrier.arrive(q_empty.index(slot))
             dq = warpgroup_mma_wait(0, deps=(dq_tok,))
             mbarrier.arrive(ds_free.index(par))
-            if not SCALED_DS:
-                dq = dq * sm_scale
-            _dq_out(j, dq, b, h, q_off + mt * BLOCK_M, dq_smem, dq_full, dq_empty, dq_desc, INDEX,
+            _dq_out(j, dq * sm_scale, b, h, q_off + mt * BLOCK_M, dq_smem, dq_full, dq_empty, dq_desc, INDEX,
                     CONSUMERS, BLOCK_M,
                     DQ_N, DQ_WRITER, DQ_FRAG)  # fmt: skip
         elif DQ_ATOMIC:
@@ -1194,9 +1168,7 @@ def _consumer(
             dq = warpgroup_mma_wait(0, deps=(dq_tok,))
             # the previous step's reduce must have read the staging tile before it is rewritten
             tma.store_wait(0)
-            if not SCALED_DS:
-                dq = dq * sm_scale
-            dq_tile.store(dq)
+            dq_tile.store(dq * sm_scale)
             fence_async_shared()
             _tma_reduce_add(dq_desc, [b, h, q_off + mt * BLOCK_M, 0], dq_tile.reshape([1, 1, BLOCK_M, HEAD_DIM]))
         else:
@@ -1215,7 +1187,7 @@ def _consumer(
             _dq_shared_step(hi - lo - 1, prev_h, q_off + prev_mt * BLOCK_M, b, ds_smem, k_smem, dq_smem, ds_ready,
                             ds_free, dq_full,
                             dq_empty, dq_desc, dq_zero, sm_scale, INDEX, CONSUMERS, BLOCK_M, DQ_N,
-                            DQ_WRITER, DQ_FRAG, False, SCALED_DS)  # fmt: skip
+                            DQ_WRITER, DQ_FRAG)  # fmt: skip
     tma.store_wait(0)
     if DQ_SHARED:
         # the other consumers read this K tile in their dQ products: wait until the last step's
@@ -1224,9 +1196,8 @@ def _consumer(
             mbarrier.wait(ds_free.index((hi - lo - 1) % 2), ((hi - lo - 1) // 2) & 1)
     if TAIL:
         if piece >= 0:
-            # a piece: its float32 partial (dK scaled only with SCALED_DS) to the workspace, slot
-            # (tail unit, piece), dK then dV, KEYS x HEAD_DIM each (the producer of piece 0 says
-            # where they go)
+            # a piece: its float32 partial (unscaled) to the workspace, slot (tail unit, piece),
+            # dK then dV, KEYS x HEAD_DIM each (the producer of piece 0 says where they go)
             tail = unit - n_whole
             KEYS: gl.constexpr = BLOCK_N * CONSUMERS
             rk = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout)) + INDEX * BLOCK_N
@@ -1235,8 +1206,7 @@ def _consumer(
             base = (tail * pieces + piece).to(gl.int64) * (2 * KEYS * HEAD_DIM)
             gl.store(Part + base + off, dk)
             gl.store(Part + base + KEYS * HEAD_DIM + off, dv)
-    if not SCALED_DS:
-        dk = dk * sm_scale  # dS is taken w.r.t. the scaled scores
+    dk = dk * sm_scale  # dS is taken w.r.t. the scaled scores
     if VARLEN:
         if key_tail:
             # a key tile that crosses the document's end (or lies past it: the second consumer's
@@ -1493,7 +1463,7 @@ def _attn_bwd_dkdv_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, TAIL: gl.constexpr, SCALED_DS: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, TAIL: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
     dtype: gl.constexpr = q_desc.dtype
@@ -1574,7 +1544,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL, SCALED_DS)),
+                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1584,7 +1554,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL, SCALED_DS)),
+                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1618,7 +1588,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL, SCALED_DS)),
+                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1628,7 +1598,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL, SCALED_DS)),
+                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1656,7 +1626,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL, SCALED_DS)),
+                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1666,7 +1636,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL, SCALED_DS)),
+                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1880,7 +1850,7 @@ def _attn_bwd_split_d_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, TAIL: gl.constexpr, SCALED_DS: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, TAIL: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -1892,7 +1862,6 @@ def _attn_bwd_split_d_kernel(
     gl.static_assert(not EXP_PER_BRANCH, "exp_per_branch is a transposed-frame (non-split-D) form")
     gl.static_assert(not TAIL, "tail pieces: the transposed-frame form only")
     gl.static_assert(LEAD_BOUND == 0, "lead_bound: the transposed-frame ordered forms only")
-    gl.static_assert(not SCALED_DS, "scaled_ds: the transposed-frame forms only")
     gl.static_assert(not STATS_EARLY, "stats_early: a stats_smem form")
     gl.static_assert(DEFER_ARRIVE == 0, "defer_ds / defer_dq: the dq_lag writer forms")
     if not RIGHT_WINDOW:
@@ -2237,7 +2206,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         POLL_AHEAD=var.poll_ahead,
         DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
         LEAD_BOUND=var.lead_bound, STATS_EARLY=var.stats_early, DEFER_ARRIVE=var.defer_arrive,
-        SOFTCAP=masks["SOFTCAP"], TAIL=pieces > 0, SCALED_DS=var.scaled_ds, num_warps=4,
+        SOFTCAP=masks["SOFTCAP"], TAIL=pieces > 0, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
@@ -2398,8 +2367,7 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     with torch.cuda.device(q.device):
         (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD)(grid, args[:18], args[18:35], args[35:], meta)
         if tail is not None:
-            # the scaled_ds variants' dK partials carry the scale already
-            tail_sum(tail, dk, dv, 1.0 if var.scaled_ds else softmax_scale, var.keys)
+            tail_sum(tail, dk, dv, softmax_scale, var.keys)
     if var.dq_frag:
         with torch.cuda.device(q.device):
             dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers)
