@@ -655,7 +655,6 @@ def test_tail_sum_adds_the_pieces_in_order(device):
     assert dk.isnan().all(-1).cpu().equal(~written) and dv.isnan().all(-1).cpu().equal(~written)
 
 
-
 def test_tail_for_plans_pieces_only_for_unmasked_dense_calls():
     """The backward's launcher asks _tail_for for a launch's pieces: the plan of tail_plan for the
     call's units and steps (132 SMs off the GPU) with buffers of its size; none for a variant
