@@ -261,12 +261,20 @@ class Variant:
     # A piece's loops count its own steps from 0 for the barriers' phases (they start fresh in
     # every program). Not with split_d
     tail_split: bool = False
+    # dq_lag + dq_writer: the dQ product of step j - 1 issued right behind step j's dK product
+    # and waited for after the dV and dK waits, so the warpgroup's wgmma queue holds dV, dK and
+    # dQ back to back (without it the queue drains at the dK wait and the dQ product is issued
+    # and waited for at once, nothing of this warpgroup in flight under it). The dQ accumulator
+    # (32 registers) is live across the dV and dK waits. Not with the deferred hand-ons
+    dq_early: bool = False
 
     def __post_init__(self):
         if self.stats_early and not self.stats_smem:
             raise ValueError(f"variant {self.name}: stats_early needs stats_smem")
         if (self.defer_ds or self.defer_dq) and not (self.dq_lag and self.dq_writer):
             raise ValueError(f"variant {self.name}: defer_ds / defer_dq need dq_lag and dq_writer")
+        if self.dq_early and not (self.dq_lag and self.dq_writer) or self.dq_early and self.defer_arrive:
+            raise ValueError(f"variant {self.name}: dq_early needs dq_lag and dq_writer, without defer_ds / defer_dq")
         if self.key_fastest and self.split_d:
             raise ValueError(f"variant {self.name}: key_fastest has no split_d form")
         if self.tail_split and self.split_d:
@@ -384,6 +392,15 @@ VARIANTS = {
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
                 dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
                 stats_early=True, key_fastest=1, tail_split=True, head_dims=(128,)),
+        # the dQ product queued behind dK (dq_early) on the non-causal d128 form
+        Variant("kv2x64-m64-s2-dqwldfpsbrr-kf-ts-e", block_m=64, block_n=64, stages=2, consumers=2,
+                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
+                dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
+                stats_early=True, key_fastest=1, tail_split=True, dq_early=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfpsx-dn-e", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, stats_smem=True, exp_per_branch=True, tiles_down=True, dq_early=True,
+                head_dims=(128,)),
         # dS and dQ tiles handed on a phase after their stores (defer_ds, defer_dq): the causal d128
         # default of session 30 (below: its tiles-down walk). H200, session 30 calls 3-4: causal
         # 1.00-1.03x dqwldfpsx; non-causal it lifts dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17%
@@ -427,6 +444,9 @@ VARIANTS = {
         # 0.987 / 1.023x (no default); kf 1.012 / 0.993 / 0.979 / 1.077x, 5 rounds 1.018x at 16K,
         # 1.029x at 24K, 1.044x at 32K: SEQLEN_VARIANTS from 24K. (lse/delta read under the
         # products, d128's stats_early, spills 748-832 bytes at 128 query rows: not built)
+        Variant("kv2x64-m128-s2-dqwlds-e", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
+                dq_early=True, head_dims=(64,)),
         Variant("kv2x64-m128-s2-dqwldsb", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
                 lead_bound=16, head_dims=(64,)),
@@ -892,6 +912,23 @@ def _dq_out(j, dq, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc,
 
 
 @gluon.jit
+def _dq_issue(j, ds_smem, k_smem, ds_ready, dq_zero, INDEX: gl.constexpr, CONSUMERS: gl.constexpr,
+              DQ_N: gl.constexpr):  # fmt: skip
+    """Issue (asynchronously, one wgmma group per consumer's dS tile) this consumer's DQ_N columns
+    of dQ for step ``j``: the sum over the consumers c of dS_c K_c[:, columns], once every
+    consumer's dS of the step is stored (its tiles in buffer j % 2)."""
+    par = j % 2
+    mbarrier.wait(ds_ready.index(par), (j // 2) & 1)
+    dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS).permute((1, 0)),
+                           k_smem.index(0).slice(INDEX * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False,
+                           is_async=True)  # fmt: skip
+    for c in gl.static_range(1, CONSUMERS):
+        dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS + c).permute((1, 0)),
+                               k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok, is_async=True)
+    return dq_tok
+
+
+@gluon.jit
 def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free, dq_full, dq_empty, dq_desc, dq_zero,
                     sm_scale, INDEX: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr,
                     DQ_N: gl.constexpr, DQ_WRITER: gl.constexpr, DQ_FRAG: gl.constexpr,
@@ -899,13 +936,7 @@ def _dq_shared_step(j, h, q_row, b, ds_smem, k_smem, dq_smem, ds_ready, ds_free,
     """dQ[rows q_row.. of head h, this consumer's DQ_N columns] += sum over the consumers c of
     dS_c K_c[:, columns], for step ``j`` (its dS tiles in buffer j % 2), added by TMA reduce."""
     par = j % 2
-    mbarrier.wait(ds_ready.index(par), (j // 2) & 1)  # every consumer's dS of step j is stored
-    dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS).permute((1, 0)),
-                           k_smem.index(0).slice(INDEX * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False,
-                           is_async=True)  # fmt: skip
-    for c in gl.static_range(1, CONSUMERS):
-        dq_tok = warpgroup_mma(ds_smem.index(par * CONSUMERS + c).permute((1, 0)),
-                               k_smem.index(c).slice(INDEX * DQ_N, DQ_N, dim=1), dq_tok, is_async=True)
+    dq_tok = _dq_issue(j, ds_smem, k_smem, ds_ready, dq_zero, INDEX, CONSUMERS, DQ_N)
     dq = warpgroup_mma_wait(0, deps=(dq_tok,))
     mbarrier.arrive(ds_free.index(par))
     _dq_out(j, dq * sm_scale, b, h, q_row, dq_smem, dq_full, dq_empty, dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N,
@@ -991,7 +1022,7 @@ def _consumer(
     DQ_LAG: gl.constexpr, DQ_WRITER: gl.constexpr,
     DQ_FRAG: gl.constexpr, VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr,
     STATS_SMEM: gl.constexpr,
-    EXP_PER_BRANCH: gl.constexpr, STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr,
+    EXP_PER_BRANCH: gl.constexpr, STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, DQ_EARLY: gl.constexpr,
     n_whole, pieces, Part, PartMap, TAIL: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dk_desc.dtype
@@ -1111,7 +1142,33 @@ def _consumer(
         ds = dst.to(dtype)
         ds_op = gl.convert_layout(ds, op_layout)
         dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
-        if DQ_LAG:
+        if DQ_LAG and DQ_EARLY:
+            par = j % 2
+            if j > 0:
+                # the dQ product of step j - 1 queued behind dK (Variant.dq_early): the groups in
+                # flight are dV, dK and one per consumer's dS tile
+                dq_tok = _dq_issue(j - 1, ds_smem, k_smem, ds_ready, dq_zero, INDEX, CONSUMERS, DQ_N)
+                mbarrier.wait(ds_free.index(par), ((j // 2) & 1) ^ 1)  # all dQ products of step j - 2 ran
+                ds_smem.index(par * CONSUMERS + INDEX).store(ds)
+                _hand_on(ds_ready.index(par))
+                dv, p_op = warpgroup_mma_wait(CONSUMERS + 1, deps=(dv_tok, p_op))
+                mbarrier.arrive(do_empty.index(slot))
+                dk, ds_op = warpgroup_mma_wait(CONSUMERS, deps=(dk_tok, ds_op))
+                mbarrier.arrive(q_empty.index(slot))
+                dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+                mbarrier.arrive(ds_free.index(1 - par))
+                _dq_out(j - 1, dq * sm_scale, b, prev_h, q_off + prev_mt * BLOCK_M, dq_smem, dq_full, dq_empty,
+                        dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N, DQ_WRITER, DQ_FRAG)  # fmt: skip
+            else:
+                ds_smem.index(INDEX).store(ds)  # step 0: buffer 0, free
+                _hand_on(ds_ready.index(0))
+                dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
+                mbarrier.arrive(do_empty.index(slot))
+                dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
+                mbarrier.arrive(q_empty.index(slot))
+            prev_h = h
+            prev_mt = mt
+        elif DQ_LAG:
             par = j % 2
             mbarrier.wait(ds_free.index(par), ((j // 2) & 1) ^ 1)  # all dQ products of step j - 2 ran
             ds_smem.index(par * CONSUMERS + INDEX).store(ds)
@@ -1463,7 +1520,7 @@ def _attn_bwd_dkdv_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, TAIL: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, DQ_EARLY: gl.constexpr, TAIL: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(not SOFTCAP, "the softcap is the split-D form's only (supports())")
     dtype: gl.constexpr = q_desc.dtype
@@ -1544,7 +1601,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
+                             DEFER_ARRIVE, DQ_EARLY, n_whole, pieces, Part, PartMap, TAIL)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1554,7 +1611,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
+                             DEFER_ARRIVE, DQ_EARLY, n_whole, pieces, Part, PartMap, TAIL)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1588,7 +1645,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
+                             DEFER_ARRIVE, DQ_EARLY, n_whole, pieces, Part, PartMap, TAIL)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1598,7 +1655,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
+                             DEFER_ARRIVE, DQ_EARLY, n_whole, pieces, Part, PartMap, TAIL)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1626,7 +1683,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
+                             DEFER_ARRIVE, DQ_EARLY, n_whole, pieces, Part, PartMap, TAIL)),
                 (_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, stats_smem, kv_bar, q_ready,
                              do_ready, q_empty, do_empty, ds_ready, ds_free, dq_full, dq_empty, dk_desc, dv_desc,
                              dq_desc, Lse, Delta,
@@ -1636,7 +1693,7 @@ def _attn_bwd_dkdv_kernel(
                              stride_dvh, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, CONSUMER_WARPS,
                              MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, DQ_ATOMIC, DQ_SHARED, DQ_LAG, DQ_WRITER,
                              DQ_FRAG, VARLEN, TILES_DOWN, KEY_FASTEST, STATS_SMEM, EXP_PER_BRANCH, STATS_EARLY,
-                             DEFER_ARRIVE, n_whole, pieces, Part, PartMap, TAIL)),
+                             DEFER_ARRIVE, DQ_EARLY, n_whole, pieces, Part, PartMap, TAIL)),
                 (_producer, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                              stats_smem, kv_bar, q_ready, do_ready, q_empty, do_empty,
                              n_bhk, nheads_k, group, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
@@ -1850,7 +1907,7 @@ def _attn_bwd_split_d_kernel(
     VARLEN: gl.constexpr, TILES_DOWN: gl.constexpr, KEY_FASTEST: gl.constexpr, POLL_AHEAD: gl.constexpr,
     DQ_PARITY: gl.constexpr,
     SOFTCAP: gl.constexpr, STATS_SMEM: gl.constexpr, EXP_PER_BRANCH: gl.constexpr, LEAD_BOUND: gl.constexpr,
-    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, TAIL: gl.constexpr,
+    STATS_EARLY: gl.constexpr, DEFER_ARRIVE: gl.constexpr, DQ_EARLY: gl.constexpr, TAIL: gl.constexpr,
 ):  # fmt: skip
     """The split-D dK/dV kernel (``Variant.split_d``): the arguments of :func:`_attn_bwd_dkdv_kernel`
     (one launch_args serves both); dense or packed, causal or not, windows, softcap; dQ only with
@@ -1864,6 +1921,7 @@ def _attn_bwd_split_d_kernel(
     gl.static_assert(LEAD_BOUND == 0, "lead_bound: the transposed-frame ordered forms only")
     gl.static_assert(not STATS_EARLY, "stats_early: a stats_smem form")
     gl.static_assert(DEFER_ARRIVE == 0, "defer_ds / defer_dq: the dq_lag writer forms")
+    gl.static_assert(not DQ_EARLY, "dq_early: the dq_lag writer forms")
     if not RIGHT_WINDOW:
         window_right = 0  # no right window or causal: a literal, as in the builds without windows
     if not MASK_LEFT:
@@ -2206,6 +2264,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
         POLL_AHEAD=var.poll_ahead,
         DQ_PARITY=var.dq_parity, STATS_SMEM=var.stats_smem, EXP_PER_BRANCH=var.exp_per_branch,
         LEAD_BOUND=var.lead_bound, STATS_EARLY=var.stats_early, DEFER_ARRIVE=var.defer_arrive,
+        DQ_EARLY=var.dq_early,
         SOFTCAP=masks["SOFTCAP"], TAIL=pieces > 0, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
