@@ -265,7 +265,7 @@ class Variant:
     # and waited for after the dV and dK waits, so the warpgroup's wgmma queue holds dV, dK and
     # dQ back to back (without it the queue drains at the dK wait and the dQ product is issued
     # and waited for at once, nothing of this warpgroup in flight under it). The dQ accumulator
-    # (32 registers) is live across the dV and dK waits. Not with the deferred hand-ons
+    # (32 registers) is live across the dV and dK waits
     dq_early: bool = False
 
     def __post_init__(self):
@@ -273,8 +273,8 @@ class Variant:
             raise ValueError(f"variant {self.name}: stats_early needs stats_smem")
         if (self.defer_ds or self.defer_dq) and not (self.dq_lag and self.dq_writer):
             raise ValueError(f"variant {self.name}: defer_ds / defer_dq need dq_lag and dq_writer")
-        if self.dq_early and not (self.dq_lag and self.dq_writer) or self.dq_early and self.defer_arrive:
-            raise ValueError(f"variant {self.name}: dq_early needs dq_lag and dq_writer, without defer_ds / defer_dq")
+        if self.dq_early and not (self.dq_lag and self.dq_writer):
+            raise ValueError(f"variant {self.name}: dq_early needs dq_lag and dq_writer")
         if self.key_fastest and self.split_d:
             raise ValueError(f"variant {self.name}: key_fastest has no split_d form")
         if self.tail_split and self.split_d:
@@ -397,10 +397,17 @@ VARIANTS = {
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
                 dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
                 stats_early=True, key_fastest=1, tail_split=True, dq_early=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsx-dn-e", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+        Variant("kv2x64-m64-s2-dqwldfpsbrr-e", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, exp_per_branch=True, tiles_down=True, dq_early=True,
-                head_dims=(128,)),
+                dq_parity=True, stats_smem=True, lead_bound=16, stats_early=True, dq_early=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfpsxa-dn-e", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
+                dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
+                tiles_down=True, dq_early=True, head_dims=(128,)),
+        Variant("kv2x64-m64-s2-dqwldfpsxa-dn-kf2-e", block_m=64, block_n=64, stages=2, consumers=2,
+                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
+                dq_frag=True, dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
+                tiles_down=True, key_fastest=2, dq_early=True, head_dims=(128,)),
         # dS and dQ tiles handed on a phase after their stores (defer_ds, defer_dq): the causal d128
         # default of session 30 (below: its tiles-down walk). H200, session 30 calls 3-4: causal
         # 1.00-1.03x dqwldfpsx; non-causal it lifts dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17%
@@ -444,9 +451,6 @@ VARIANTS = {
         # 0.987 / 1.023x (no default); kf 1.012 / 0.993 / 0.979 / 1.077x, 5 rounds 1.018x at 16K,
         # 1.029x at 24K, 1.044x at 32K: SEQLEN_VARIANTS from 24K. (lse/delta read under the
         # products, d128's stats_early, spills 748-832 bytes at 128 query rows: not built)
-        Variant("kv2x64-m128-s2-dqwlds-e", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
-                dq_early=True, head_dims=(64,)),
         Variant("kv2x64-m128-s2-dqwldsb", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
                 lead_bound=16, head_dims=(64,)),
@@ -1150,22 +1154,28 @@ def _consumer(
                 dq_tok = _dq_issue(j - 1, ds_smem, k_smem, ds_ready, dq_zero, INDEX, CONSUMERS, DQ_N)
                 mbarrier.wait(ds_free.index(par), ((j // 2) & 1) ^ 1)  # all dQ products of step j - 2 ran
                 ds_smem.index(par * CONSUMERS + INDEX).store(ds)
-                _hand_on(ds_ready.index(par))
+                if not DEFER_ARRIVE & 1:
+                    _hand_on(ds_ready.index(par))
                 dv, p_op = warpgroup_mma_wait(CONSUMERS + 1, deps=(dv_tok, p_op))
                 mbarrier.arrive(do_empty.index(slot))
                 dk, ds_op = warpgroup_mma_wait(CONSUMERS, deps=(dk_tok, ds_op))
                 mbarrier.arrive(q_empty.index(slot))
+                if DEFER_ARRIVE & 1:
+                    _hand_on(ds_ready.index(par))
                 dq = warpgroup_mma_wait(0, deps=(dq_tok,))
                 mbarrier.arrive(ds_free.index(1 - par))
                 _dq_out(j - 1, dq * sm_scale, b, prev_h, q_off + prev_mt * BLOCK_M, dq_smem, dq_full, dq_empty,
-                        dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N, DQ_WRITER, DQ_FRAG)  # fmt: skip
+                        dq_desc, INDEX, CONSUMERS, BLOCK_M, DQ_N, DQ_WRITER, DQ_FRAG, DEFER_ARRIVE & 2)  # fmt: skip
             else:
                 ds_smem.index(INDEX).store(ds)  # step 0: buffer 0, free
-                _hand_on(ds_ready.index(0))
+                if not DEFER_ARRIVE & 1:
+                    _hand_on(ds_ready.index(0))
                 dv, p_op = warpgroup_mma_wait(1, deps=(dv_tok, p_op))
                 mbarrier.arrive(do_empty.index(slot))
                 dk, ds_op = warpgroup_mma_wait(0, deps=(dk_tok, ds_op))
                 mbarrier.arrive(q_empty.index(slot))
+                if DEFER_ARRIVE & 1:
+                    _hand_on(ds_ready.index(0))
             prev_h = h
             prev_mt = mt
         elif DQ_LAG:
