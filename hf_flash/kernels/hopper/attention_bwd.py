@@ -392,22 +392,20 @@ VARIANTS = {
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
                 dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
                 stats_early=True, key_fastest=1, tail_split=True, head_dims=(128,)),
-        # the dQ product queued behind dK (dq_early) on the non-causal d128 form
+        # the dQ product queued behind dK (dq_early). H200, session 41 (5 rounds): on kf-ts
+        # 1.002-1.037x at non-causal 2K-32K (SEQLEN_VARIANTS); on dqwldfpsbrr 0.995 / 0.865x at
+        # 1K / 2K (spills 68/80 bytes against 16/16); on the causal dn form 1.025 / 1.043 /
+        # 0.996x at 2K / 4K / 8K (SEQLEN_VARIANTS), on its kf2 form 1.014 / 1.006x at 16K / 32K.
+        # Without the deferred hand-ons (dqwldfpsx-dn-e) 0.98 / 0.99x xa-dn causal at 4K / 16K; on
+        # the d64 default (128 query rows) 0.90 / 0.85x at non-causal 4K / 16K: neither kept
         Variant("kv2x64-m64-s2-dqwldfpsbrr-kf-ts-e", block_m=64, block_n=64, stages=2, consumers=2,
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True,
                 dq_ordered=True, dq_frag=True, dq_parity=True, stats_smem=True, lead_bound=16,
                 stats_early=True, key_fastest=1, tail_split=True, dq_early=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsbrr-e", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
-                dq_parity=True, stats_smem=True, lead_bound=16, stats_early=True, dq_early=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwldfpsxa-dn-e", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, dq_frag=True,
                 dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
                 tiles_down=True, dq_early=True, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsxa-dn-kf2-e", block_m=64, block_n=64, stages=2, consumers=2,
-                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
-                dq_frag=True, dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
-                tiles_down=True, key_fastest=2, dq_early=True, head_dims=(128,)),
         # dS and dQ tiles handed on a phase after their stores (defer_ds, defer_dq): the causal d128
         # default of session 30 (below: its tiles-down walk). H200, session 30 calls 3-4: causal
         # 1.00-1.03x dqwldfpsx; non-causal it lifts dqwldfpsx 12-19% but costs dqwldfpsbrr 6-17%
@@ -547,7 +545,16 @@ DEFAULT = {
 #   defaults of then (kf at 2K-4K: 482 / 499; dqwldfpsbrr above: 499 / 516 / 502), 1.010 / 1.018 /
 #   1.024 / 1.006 / 1.044x (the rule fixed before the run: geometric mean >= 1.01, no point below
 #   0.99). kf alone had taken 2K-4K since session 33 (1.078 / 1.041x dqwldfpsbrr); at 8K-32K it
-#   measured 0.99-1.03x in four runs.
+#   measured 0.99-1.03x in four runs. Since session 41 with the dQ product queued behind dK
+#   (kf-ts-e, Variant.dq_early; calls 1-2, 5 rounds each): 515 / 539 / 539 / 542 and 510 / 549 /
+#   549 / 553 TFLOP/s against kf-ts's 514 / 521 / 528 / 526 (4K-32K) and 499 / 530 / 537 / 537
+#   (2K, 8K-32K): 1.002-1.037x, geometric means 1.022 / 1.028 (the rule fixed before call 2:
+#   geometric mean of both >= 1.01, no point of call 2 below 0.99).
+# - d128 causal 2K-16K, dqwldfpsxa-dn with the dQ product queued behind dK (xa-dn-e; session 41
+#   call 2, 5 rounds): 379 / 481 / 499 against 369 / 461 / 501 at 2K / 4K / 8K (1.025 / 1.043 /
+#   0.996x, geometric mean 1.021; rule >= 1.01, no point below 0.99). Its kf2 form measured 1.014
+#   / 1.006x kf2 at 16K / 32K (geometric mean 1.0097, under the rule: not taken). Below 2K not
+#   measured: DEFAULT.
 # - d128 causal 16K and longer, dn in chunks of two head groups (session 33 call 7, 3 rounds):
 #   522 / 510 against dqwldfpsxa-dn's 490 / 494 at 16K / 32K (1.065 / 1.032x; rule >= 1.02 at
 #   both); chunks of four 0.98 / 1.03x. Shorter causal calls: the turn model puts the chunks'
@@ -557,8 +564,11 @@ DEFAULT = {
 #   1.044 / 1.077x), 467 against 454 at 24K (1.029x); 16K 0.979 / 1.018x keeps DEFAULT.
 # Calls outside a range or with a window were not measured and keep DEFAULT.
 SEQLEN_VARIANTS = {
-    (128, False): ((2048, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsbrr-kf-ts"),),
-    (128, True): ((16384, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsxa-dn-kf2"),),
+    (128, False): ((2048, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsbrr-kf-ts-e"),),
+    (128, True): (
+        (2048, 16383, "kv2x64-m64-s2-dqwldfpsxa-dn-e"),
+        (16384, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsxa-dn-kf2"),
+    ),
     (64, False): ((24576, MAX_SEQLEN, "kv2x64-m128-s2-dqwlds-kf"),),
 }
 # (head dim, causal) -> the variant run when deterministic gradients are not required
