@@ -3,7 +3,9 @@
     PYTHONPATH=. python benchmarks/hopper_attention_bwd.py OUT.json [--variants ...] [--seqlens ...]
 
 One run, same GPU, same inputs (the shapes of benchmarks/hopper_attention.py: bf16, Hq=32,
-Hkv=8, head dims 128 and 64, causal and not, S = 4K, 8K, 16K, 32K with batch 16K // S). For each
+Hkv=8, head dims 128 and 64, causal and not, S = 4K, 8K, 16K, 32K with batch 16K // S; with
+``--window W`` causal calls see their last W keys, flash-attn's ``window_size=(W - 1, 0)``, and
+the FLOP count is that of the visible pairs, as benchmarks/attention.py counts them). For each
 provider it times the backward alone (``torch.autograd.grad`` on a kept graph: the delta
 preprocess, dK/dV and dQ) and forward + backward:
 
@@ -12,7 +14,8 @@ preprocess, dK/dV and dQ) and forward + backward:
   hf_flash_tbwd     flash_attn_func, Gluon forward, Triton backward (use_hopper_backward(False));
                     left out with ``--no-triton-backward``
   sdpa              F.scaled_dot_product_attention(..., enable_gqa=True), no backend forced
-                    (cuDNN on an H100); not with ``--softcap`` (SDPA has none)
+                    (cuDNN on an H100); not with ``--softcap`` or ``--window`` (SDPA has
+                    neither; benchmarks/attention.py times the windowed peers)
 
 and, per Gluon variant, its kernel alone (``dkdv:<variant>``; TFLOP/s over the products it runs:
 4 for dK/dV, 2x the forward's, 5 with dQ). TFLOP/s: forward = 4 B Hq S^2 D (halved when causal),
@@ -40,7 +43,7 @@ if __package__ in (None, ""):
 from benchmarks.hopper_attention import NHEADS_KV, NHEADS_Q, TOKENS, bench, env_info, flops  # noqa: E402
 
 
-def providers(q, k, v, dout, causal, variants, softcap=0.0, triton_backward=True):
+def providers(q, k, v, dout, causal, variants, softcap=0.0, triton_backward=True, window=(-1, -1)):
     """name -> (forward, backward-context): forward() returns the output in (B, S, H, D) with a
     graph to (q, k, v); the backward runs inside backward-context()."""
     from hf_flash import flash_attn_func
@@ -55,13 +58,15 @@ def providers(q, k, v, dout, causal, variants, softcap=0.0, triton_backward=True
         def pick(name=name):
             return hb.pinned(name, (q.shape[-1],))  # the named variant at every length
 
-        fns[f"hopper:{name}"] = (lambda: flash_attn_func(q, k, v, causal=causal, softcap=softcap), pick)
+        fns[f"hopper:{name}"] = (
+            lambda: flash_attn_func(q, k, v, causal=causal, softcap=softcap, window_size=window), pick
+        )
     if triton_backward:
         fns["hf_flash_tbwd"] = (
-            lambda: flash_attn_func(q, k, v, causal=causal, softcap=softcap),
+            lambda: flash_attn_func(q, k, v, causal=causal, softcap=softcap, window_size=window),
             lambda: configs.use_hopper_backward(False),
         )
-    if softcap:
+    if softcap or window != (-1, -1):
         return fns
     qh, kh, vh = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
 
@@ -73,7 +78,7 @@ def providers(q, k, v, dout, causal, variants, softcap=0.0, triton_backward=True
     return fns
 
 
-def dkdv_only(q, k, v, dout, causal, variant, softcap=0.0):
+def dkdv_only(q, k, v, dout, causal, variant, softcap=0.0, window=(-1, -1)):
     """A closure timing the Gluon kernel alone (lse, delta and a ``stats_smem`` variant's
     statistics buffer computed once before; for a ``dq_atomic`` variant with its accumulator's
     zeroing and the final dQ copy)."""
@@ -86,8 +91,8 @@ def dkdv_only(q, k, v, dout, causal, variant, softcap=0.0):
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)
     flash_fwd.flash_attn_forward(
         q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=q.shape[1],
-        max_seqlen_k=k.shape[1], softmax_scale=scale, causal=causal, window_left=-1,
-        window_right=0 if causal else -1, softcap=softcap, alibi_slopes=None, dropout_p=0.0, rng_state=None,
+        max_seqlen_k=k.shape[1], softmax_scale=scale, causal=causal, window_left=window[0],
+        window_right=0 if causal else window[1], softcap=softcap, alibi_slopes=None, dropout_p=0.0, rng_state=None,
     )  # fmt: skip
     delta, stats = flash_bwd.backward_preprocess(out, dout, None, lse, cu_seqlens_q=None, max_seqlen_q=q.shape[1],
                                                  stats_m=hb.VARIANTS[variant].stats_rows)  # fmt: skip
@@ -95,13 +100,18 @@ def dkdv_only(q, k, v, dout, causal, variant, softcap=0.0):
 
     def run():
         hb.hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=scale, causal=causal,
-                                     variant=variant, softcap=softcap, stats=stats)  # fmt: skip
+                                     variant=variant, softcap=softcap, stats=stats,
+                                     window=(window[0], 0 if causal else window[1]))  # fmt: skip
 
     return run
 
 
-def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0, triton_backward=True) -> list[dict]:
+def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0, triton_backward=True,
+              window=0) -> list[dict]:  # fmt: skip
+    from benchmarks.attention import visible_pairs
     from hf_flash.kernels.hopper import attention_bwd as hb
+
+    window_size = (window - 1, 0) if window else (-1, -1)
 
     batch = max(1, TOKENS // seqlen)
     g = torch.Generator(device="cuda").manual_seed(seqlen + head_dim)
@@ -111,21 +121,24 @@ def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0, triton_ba
 
     q, k, v = (mk(h).requires_grad_() for h in (NHEADS_Q, NHEADS_KV, NHEADS_KV))
     dout = mk(NHEADS_Q)
-    fns = providers(q, k, v, dout, causal, variants, softcap, triton_backward)
+    fns = providers(q, k, v, dout, causal, variants, softcap, triton_backward, window_size)
     f_fwd = flops(batch, seqlen, head_dim, causal)
+    if window:
+        f_fwd = 4.0 * batch * NHEADS_Q * head_dim * visible_pairs(seqlen, "window", window)
     rows, timers = {}, {}
     ref = None
     for name, (fwd, ctx) in fns.items():
         leaves = getattr(fwd, "leaves", (q, k, v))
         row = {"provider": name, "head_dim": head_dim, "causal": causal, "seqlen": seqlen, "batch": batch,
                "nheads_q": NHEADS_Q, "nheads_kv": NHEADS_KV, "dtype": "bfloat16", "softcap": softcap,
-               "round_ms": [], "round_fb_ms": []}  # fmt: skip
+               "window": window or None, "round_ms": [], "round_fb_ms": []}  # fmt: skip
         try:
             if name != "sdpa":
                 from hf_flash.interface import attention_paths
 
                 with ctx():
-                    row["paths"] = attention_paths(q, k, v, causal=causal, softcap=softcap)
+                    row["paths"] = attention_paths(q, k, v, causal=causal, softcap=softcap,
+                                                   window_size=window_size)  # fmt: skip
             out = fwd()
 
             def bwd(out=out, ctx=ctx, leaves=leaves):
@@ -154,7 +167,7 @@ def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0, triton_ba
         if f"hopper:{name}" in timers:
             rows[f"dkdv:{name}"] = {"provider": f"dkdv:{name}", "head_dim": head_dim, "causal": causal,
                                     "seqlen": seqlen, "batch": batch, "round_ms": []}  # fmt: skip
-            timers[f"dkdv:{name}"] = (dkdv_only(q, k, v, dout, causal, name, softcap), None, None)
+            timers[f"dkdv:{name}"] = (dkdv_only(q, k, v, dout, causal, name, softcap, window_size), None, None)
     names = list(timers)
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
@@ -197,7 +210,13 @@ def main(argv=None) -> None:
     ap.add_argument("--softcap", type=float, default=0.0, help="soft-capped calls (no SDPA row)")
     ap.add_argument("--masks", nargs="+", choices=["causal", "full"], default=["causal", "full"])
     ap.add_argument("--no-triton-backward", action="store_true", help="leave out the hf_flash_tbwd row")
+    ap.add_argument("--window", type=int, default=0,
+                    help="causal calls see their last W keys (window_size=(W - 1, 0); no SDPA row)")
     args = ap.parse_args(argv)
+    if args.window and args.masks != ["causal"]:
+        ap.error("--window is a causal sliding window: use it with --masks causal")
+    if args.window < 0:
+        ap.error(f"--window must be a positive number of keys, got {args.window}")
     meta = env_info()
     print(json.dumps(meta), flush=True)
     rows = []
@@ -205,7 +224,7 @@ def main(argv=None) -> None:
         for causal in [m == "causal" for m in args.masks]:
             for s in args.seqlens:
                 point = run_point(d, causal, s, args.variants, args.rounds, args.softcap,
-                                  not args.no_triton_backward)  # fmt: skip
+                                  not args.no_triton_backward, args.window)  # fmt: skip
                 rows += point
                 cells = "  ".join(
                     f"{r['provider']}={r.get('bwd_tflops', r.get('dkdv_tflops', 0)):.0f}"

@@ -377,3 +377,21 @@ def test_bench_ms_min_calls_grows_the_repetition_window(monkeypatch):
     assert seen[-1] == 40  # min_calls 1: no call timed first
     with pytest.raises(ValueError, match="min_calls"):
         harness.bench_ms(lambda: None, min_calls=0)
+
+
+def test_backward_benchmark_window_option():
+    # a windowed run has no SDPA row (SDPA takes no window) and is causal only
+    import torch
+
+    from benchmarks.hopper_attention_bwd import main, providers
+    from hf_flash.kernels.hopper import attention_bwd as hb
+
+    with pytest.raises(SystemExit):
+        main(["unused.json", "--window", "4096", "--masks", "full"])
+    with pytest.raises(SystemExit):
+        main(["unused.json", "--window", "-8", "--masks", "causal"])
+    q = torch.zeros(1, 256, 4, 128)
+    k = v = torch.zeros(1, 256, 2, 128)
+    name = hb.DEFAULT[(128, True)]
+    assert set(providers(q, k, v, q, True, [name], triton_backward=False, window=(4095, 0))) == {"hopper:" + name}
+    assert "sdpa" in providers(q, k, v, q, True, [name], triton_backward=False)
