@@ -45,9 +45,11 @@ from shared memory (``stats_smem``), read while the S^T and dP^T products run (`
 and a bound on how far a block runs ahead of the next (``lead_bound``) non-causal
 (``-dqwldfpsbrr``); P's exponentials pinned under dP^T (``exp_per_branch``) and the dS/dQ
 hand-on deferred (``defer_ds``, ``defer_dq``) and each program's query tiles walked from the last
-down, the group's heads inside each tile (``tiles_down``) causal (``-dqwldfpsxa-dn``); from 2K
-queries (``SEQLEN_VARIANTS``) the non-causal programs run key block first with the last wave in
-pieces, and both queue each step's dQ product behind its dK product (``dq_early``). Without dQ
+down, the group's heads inside each tile (``tiles_down``) causal (``-dqwldfpsxa-dn``). By query
+count (``SEQLEN_VARIANTS``, calls without a window): non-causal calls from 2K run key block first
+with the last wave in pieces, and they and causal calls of 2K-16K queue each step's dQ product
+behind its dK product (``dq_early``); causal calls from 16K run key blocks first in chunks of
+two head groups. Without dQ
 in the kernel (``kv2x64-m64-s2``), :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its
 Triton dQ kernel beside this one (it recomputes S and dP: 7 products for the 5 counted).
 
