@@ -46,7 +46,7 @@ and a bound on how far a block runs ahead of the next (``lead_bound``) non-causa
 (``-dqwldfpsbrr``); P's exponentials pinned under dP^T (``exp_per_branch``) and the dS/dQ
 hand-on deferred (``defer_ds``, ``defer_dq``) and each program's query tiles walked from the last
 down, the group's heads inside each tile (``tiles_down``) causal (``-dqwldfpsxa-dn``). By query
-count (``SEQLEN_VARIANTS``, calls without a window): non-causal calls from 2K run key block first
+count (``SEQLEN_VARIANTS``, calls without a window): non-causal calls from 512 run key block first
 with the last wave in pieces, and they and causal calls of 2K-16K queue each step's dQ product
 behind its dK product (``dq_early``); causal calls from 16K run key blocks first in chunks of
 two head groups. Without dQ
@@ -553,7 +553,9 @@ DEFAULT = {
 #   (kf-ts-e, Variant.dq_early; calls 1-2, 5 rounds each): 515 / 539 / 539 / 542 and 510 / 549 /
 #   549 / 553 TFLOP/s against kf-ts's 514 / 521 / 528 / 526 (4K-32K) and 499 / 530 / 537 / 537
 #   (2K, 8K-32K): 1.002-1.037x, geometric means 1.022 / 1.028 (the rule fixed before call 2:
-#   geometric mean of both >= 1.01, no point of call 2 below 0.99).
+#   geometric mean of both >= 1.01, no point of call 2 below 0.99). Below 2K (call 6, 5 rounds)
+#   kf-ts-e ran 388 / 455 TFLOP/s against dqwldfpsbrr's 326 / 347 at 512 / 1K (1.19 / 1.31x;
+#   rule >= 1.02x at every measured length): the range starts at 512 (shorter calls not measured).
 # - d128 causal 2K-16K, dqwldfpsxa-dn with the dQ product queued behind dK (xa-dn-e; session 41
 #   call 2, 5 rounds): 379 / 481 / 499 against 369 / 461 / 501 at 2K / 4K / 8K (1.025 / 1.043 /
 #   0.996x, geometric mean 1.021; rule >= 1.01, no point below 0.99). Its kf2 form measured 1.014
@@ -568,7 +570,7 @@ DEFAULT = {
 #   1.044 / 1.077x), 467 against 454 at 24K (1.029x); 16K 0.979 / 1.018x keeps DEFAULT.
 # Calls outside a range or with a window were not measured and keep DEFAULT.
 SEQLEN_VARIANTS = {
-    (128, False): ((2048, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsbrr-kf-ts-e"),),
+    (128, False): ((512, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsbrr-kf-ts-e"),),
     (128, True): (
         (2048, 16383, "kv2x64-m64-s2-dqwldfpsxa-dn-e"),
         (16384, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsxa-dn-kf2"),
