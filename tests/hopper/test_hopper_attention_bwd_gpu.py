@@ -94,7 +94,7 @@ CASES = [
     pytest.param(1, 200, 777, 4, 2, id="sq<sk"),
     pytest.param(1, 777, 200, 4, 2, id="sq>sk-empty-rows"),
     pytest.param(1, 512, 512, 32, 8, id="hq32-hkv8"),
-    # d128 calls of attention_bwd.SEQLEN_VARIANTS: non-causal from 512 (hq32-hkv8, gqa-1025 too), causal 2K-16K
+    # calls of attention_bwd.SEQLEN_VARIANTS: d128 from 512 (hq32-hkv8, gqa-1025 too), d64 non-causal 512-2K
     pytest.param(1, 2048, 2048, 8, 2, id="gqa-2048"),
 ]
 

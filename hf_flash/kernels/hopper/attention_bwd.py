@@ -46,11 +46,10 @@ and a bound on how far a block runs ahead of the next (``lead_bound``) non-causa
 (``-dqwldfpsbrr``); P's exponentials pinned under dP^T (``exp_per_branch``) and the dS/dQ
 hand-on deferred (``defer_ds``, ``defer_dq``) and each program's query tiles walked from the last
 down, the group's heads inside each tile (``tiles_down``) causal (``-dqwldfpsxa-dn``). By query
-count (``SEQLEN_VARIANTS``, calls without a window): non-causal calls from 512 run key block first
-with the last wave in pieces, and they and causal calls of 2K-16K queue each step's dQ product
-behind its dK product (``dq_early``); causal calls from 16K run key blocks first in chunks of
-two head groups. Without dQ
-in the kernel (``kv2x64-m64-s2``), :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its
+count (``SEQLEN_VARIANTS``, calls without a window), d128 from 512 queries: non-causal calls run
+key block first with the last wave in pieces and queue each step's dQ product behind its dK
+product (``dq_early``); causal calls run key blocks first in chunks of two head groups. d64
+non-causal calls of 512-2K and from 24K run key block first. Without dQ in the kernel (``kv2x64-m64-s2``), :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its
 Triton dQ kernel beside this one (it recomputes S and dP: 7 products for the 5 counted).
 
 Split-D (``Variant.split_d``, :func:`_attn_bwd_split_d_kernel`; the d256 default, where dK and dV
@@ -399,7 +398,8 @@ VARIANTS = {
         # the dQ product queued behind dK (dq_early). H200, session 41 (5 rounds): on kf-ts
         # 1.002-1.037x at non-causal 2K-32K (SEQLEN_VARIANTS); on dqwldfpsbrr 0.995 / 0.865x at
         # 1K / 2K (spills 68/80 bytes against 16/16); on the causal dn form 1.025 / 1.043 /
-        # 0.996x at 2K / 4K / 8K (SEQLEN_VARIANTS), on its kf2 form 1.014 / 1.006x at 16K / 32K.
+        # 0.996x at 2K / 4K / 8K (dispatched there in session 41, until kf2 outran it: 1.04-1.10x,
+        # session 42), on its kf2 form 1.014 / 1.006x at 16K / 32K and level at 512-8K.
         # Without the deferred hand-ons (dqwldfpsx-dn-e) 0.98 / 0.99x xa-dn causal at 4K / 16K; on
         # the d64 default (128 query rows) 0.90 / 0.85x at non-causal 4K / 16K: neither kept
         Variant("kv2x64-m64-s2-dqwldfpsbrr-kf-ts-e", block_m=64, block_n=64, stages=2, consumers=2,
@@ -435,10 +435,6 @@ VARIANTS = {
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 dq_frag=True, dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
                 tiles_down=True, key_fastest=2, head_dims=(128,)),
-        Variant("kv2x64-m64-s2-dqwldfpsxa-dn-kf2-e", block_m=64, block_n=64, stages=2, consumers=2,
-                consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
-                dq_frag=True, dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
-                tiles_down=True, key_fastest=2, dq_early=True, head_dims=(128,)),
         Variant("kv2x64-m64-s2-dqwldfpsxa-dn-kf4", block_m=64, block_n=64, stages=2, consumers=2,
                 consumer_regs=240, dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 dq_frag=True, dq_parity=True, stats_smem=True, exp_per_branch=True, defer_ds=True, defer_dq=True,
@@ -560,26 +556,28 @@ DEFAULT = {
 #   geometric mean of both >= 1.01, no point of call 2 below 0.99). Below 2K (call 6, 5 rounds)
 #   kf-ts-e ran 388 / 455 TFLOP/s against dqwldfpsbrr's 326 / 347 at 512 / 1K (1.19 / 1.31x;
 #   rule >= 1.02x at every measured length): the range starts at 512 (shorter calls not measured).
-# - d128 causal 2K-16K, dqwldfpsxa-dn with the dQ product queued behind dK (xa-dn-e; session 41
-#   call 2, 5 rounds): 379 / 481 / 499 against 369 / 461 / 501 at 2K / 4K / 8K (1.025 / 1.043 /
-#   0.996x, geometric mean 1.021; rule >= 1.01, no point below 0.99). Its kf2 form measured 1.014
-#   / 1.006x kf2 at 16K / 32K (geometric mean 1.0097, under the rule: not taken). Below 2K not
-#   measured: DEFAULT.
-# - d128 causal 16K and longer, dn in chunks of two head groups (session 33 call 7, 3 rounds):
-#   522 / 510 against dqwldfpsxa-dn's 490 / 494 at 16K / 32K (1.065 / 1.032x; rule >= 1.02 at
-#   both); chunks of four 0.98 / 1.03x. Shorter causal calls: the turn model puts the chunks'
-#   turn cost at 1-12% (dq_turns_model.py --key-fastest), so they keep DEFAULT.
-# - d64 non-causal 24K and longer, dqwlds-kf (session 36 calls 1-2; rule >= 1.02x dqwlds over
-#   the range, no point below 0.99): 470 / 476 TFLOP/s against 450 / 442 at 32K (5 / 3 rounds,
-#   1.044 / 1.077x), 467 against 454 at 24K (1.029x); 16K 0.979 / 1.018x keeps DEFAULT.
+# - d128 causal 512 and longer, dqwldfpsxa-dn in chunks of two head groups, key block fastest
+#   inside a chunk (kf2). Session 33 call 7 (3 rounds): 522 / 510 against dqwldfpsxa-dn's 490 /
+#   494 at 16K / 32K (1.065 / 1.032x; rule >= 1.02 at both); chunks of four 0.98 / 1.03x. Shorter
+#   calls were left on the turn model's cost for the chunks (1-12%, dq_turns_model.py
+#   --key-fastest) until session 42 measured them (calls 1-2, 5 rounds): 272 / 348 / 412 and 260 /
+#   339 / 409 / 462 / 493 TFLOP/s at 512 / 1K / 2K (/ 4K / 8K) against the dispatch of then (dn
+#   under 2K: 219 / 296; dn with the dQ product queued behind dK, xa-dn-e, at 2K-8K: 375, and 388
+#   / 435 / 475), 1.04-1.24x (rule: >= 1.02x at every length the range covers). xa-dn-e had
+#   taken 2K-16K in session 41 (1.025 / 1.043 / 0.996x dn at 2K / 4K / 8K); kf2 with the queued
+#   dQ product (kf2-e) ran level with kf2 (0.996-1.004x at 512-8K, 1.014 / 1.006x at 16K / 32K in
+#   session 41): not kept. Below 512 not measured: DEFAULT.
+# - d64 non-causal, dqwlds-kf (rule >= 1.02x dqwlds over the range, no point below 0.99):
+#   - 512-2K (session 42 calls 1-2, 5 rounds): 283 / 347 / 384 and 267 / 347 / 381 TFLOP/s
+#     against 259 / 291 / 366 and 213 / 288 / 360 (1.05-1.25x); 3K 1.031x and 4K 0.985x (call 2
+#     only) keep DEFAULT. At 512-2K d64 causal calls lost with it (0.57-0.92x).
+#   - 24K and longer (session 36 calls 1-2): 470 / 476 TFLOP/s against 450 / 442 at 32K (5 / 3
+#     rounds, 1.044 / 1.077x), 467 against 454 at 24K (1.029x); 16K 0.979 / 1.018x keeps DEFAULT.
 # Calls outside a range or with a window were not measured and keep DEFAULT.
 SEQLEN_VARIANTS = {
     (128, False): ((512, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsbrr-kf-ts-e"),),
-    (128, True): (
-        (2048, 16383, "kv2x64-m64-s2-dqwldfpsxa-dn-e"),
-        (16384, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsxa-dn-kf2"),
-    ),
-    (64, False): ((24576, MAX_SEQLEN, "kv2x64-m128-s2-dqwlds-kf"),),
+    (128, True): ((512, MAX_SEQLEN, "kv2x64-m64-s2-dqwldfpsxa-dn-kf2"),),
+    (64, False): ((512, 2048, "kv2x64-m128-s2-dqwlds-kf"), (24576, MAX_SEQLEN, "kv2x64-m128-s2-dqwlds-kf")),
 }
 # (head dim, causal) -> the variant run when deterministic gradients are not required
 # (configs.use_deterministic(False), HF_FLASH_DETERMINISTIC=0), where it measured faster than
