@@ -8,7 +8,9 @@ Each row is the best of ``--repeats`` loops of ``--calls`` calls, the time until
 queued everything divided by the calls (the device is synchronised between loops, outside the
 timing; triton.testing.do_bench on a short call counts this time where it exceeds the kernel's).
 ``--profile``: also cProfiles of the public forward and of forward + backward (the backward on
-the calling thread), by own and by cumulative time.
+the calling thread), by own and by cumulative time. ``--stages``: also the host time of each
+layer of the path on its own (the dispatch checks, the launchers, the allocations, the autograd
+backward on a kept graph), without a profiler's distortion.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--stages", action="store_true")
     args = parser.parse_args()
     from hf_flash.kernels.hopper import attention_fwd as hk
 
@@ -81,6 +84,10 @@ def main() -> None:
           f"torch {torch.__version__}")  # fmt: skip
     for label, fn in rows:
         print(f"{label:48} {host_us(fn, args.calls, args.repeats):8.1f}")
+    if args.stages:
+        print(f"== stages (host us per call; causal, {default} forward)")
+        for label, fn in _stages(q, k, v, qg, kg, vg, dout, out, lse, scale):
+            print(f"{label:48} {host_us(fn, args.calls, args.repeats):8.1f}")
     if args.profile:
         # the backward on this thread (autograd's device threads are invisible to cProfile)
         with torch.autograd.set_multithreading_enabled(False):
@@ -95,6 +102,57 @@ def main() -> None:
                     buf = io.StringIO()
                     pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(30)
                     print(f"== {label}, {args.calls} calls, by {key}\n{buf.getvalue()}")
+
+
+def _stages(q, k, v, qg, kg, vg, dout, out, lse, scale):
+    """(label, call) for each layer of the public path, called with the arguments it gets there."""
+    from hf_flash.kernels import flash_bwd, flash_fwd
+    from hf_flash.kernels.hopper import attention_bwd as hb
+    from hf_flash.kernels.hopper import attention_fwd as hk
+
+    d = q.shape[-1]
+    opts = dict(cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1],
+                softmax_scale=scale, causal=True, window_left=-1, window_right=0, softcap=0.0,
+                alibi_slopes=None, dropout_p=0.0, rng_state=None)  # fmt: skip
+    path = dict(varlen=False, causal=True, window_left=-1, window_right=0, softcap=0.0, alibi_slopes=None,
+                dropout_p=0.0, softmax_scale=scale)  # fmt: skip
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    flash_fwd.flash_attn_forward(q, k, v, out, lse, **opts)
+    variant = hb.variant_for(d, True, False, q.shape[1], (-1, 0))
+    stats_m = hb.VARIANTS[variant].stats_rows
+    delta, stats = flash_bwd.backward_preprocess(out, dout, None, lse, cu_seqlens_q=None, max_seqlen_q=q.shape[1],
+                                                 stats_m=stats_m)  # fmt: skip
+    var = hb.VARIANTS[variant]
+    dq_accum = hb.dq_accum_for(q, variant)
+    dq_sem = torch.zeros(hb.dq_sem_count(q, variant), device=q.device, dtype=torch.int32)
+    o = flash_attn_func(qg, kg, vg, causal=True)
+
+    def launch_args():
+        hb.launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, stats, softmax_scale=scale, causal=True,
+                       variant=variant, window=(-1, 0))  # fmt: skip
+
+    return [
+        ("forward_path", lambda: flash_fwd.forward_path(q, k, v, out, **path)),
+        ("attention_fwd.supports", lambda: hk.supports(q, k, v, causal=True, window=(-1, 0), softmax_scale=scale)),
+        ("flash_fwd.flash_attn_forward", lambda: flash_fwd.flash_attn_forward(q, k, v, out, lse, **opts)),
+        ("backward_path", lambda: flash_bwd.backward_path(q, k, v, out, dout, dk, dv, **path)),
+        ("attention_bwd.supports", lambda: hb.supports(q, k, v, out, dout, dk, dv, causal=True, window=(-1, 0),
+                                                       softmax_scale=scale)),  # fmt: skip
+        ("backward_preprocess", lambda: flash_bwd.backward_preprocess(out, dout, None, lse, cu_seqlens_q=None,
+                                                                      max_seqlen_q=q.shape[1], stats_m=stats_m)),
+        (f"attention_bwd.launch_args {variant}", launch_args),
+        ("hopper_attention_backward", lambda: hb.hopper_attention_backward(
+            q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=scale, causal=True, variant=variant,
+            window=(-1, 0), stats=stats)),
+        *([("dq_frag_to_bshd", lambda: hb.dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers))]
+          if var.dq_frag else []),
+        ("dq_accum_for (allocation)", lambda: hb.dq_accum_for(q, variant)),
+        ("torch.zeros dq_sem", lambda: torch.zeros(hb.dq_sem_count(q, variant), device=q.device,
+                                                   dtype=torch.int32)),
+        ("flash_bwd.flash_attn_backward", lambda: flash_bwd.flash_attn_backward(
+            dout, None, q, k, v, out, lse, dq, dk, dv, **opts)),
+        ("autograd backward (kept graph)", lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True)),
+    ]
 
 
 if __name__ == "__main__":
