@@ -129,8 +129,9 @@ def grid(args) -> list[tuple[int, str, int]]:
     if args.quick:
         shapes = list(QUICK_SHAPES)
     else:
-        # --head-dims may name head dims outside the default grid (e.g. 512)
-        shapes = [(d, m, s) for d in (args.head_dims or HEAD_DIMS) for m in MASKS for s in SEQLENS]
+        # --head-dims and --seqlens may name values outside the default grid (head dim 512, 512
+        # queries)
+        shapes = [(d, m, s) for d in (args.head_dims or HEAD_DIMS) for m in MASKS for s in (args.seqlens or SEQLENS)]
         shapes = [(d, m, s) for d, m, s in shapes if m != "window" or s > WINDOW]
     keep = lambda d, m, s: (  # noqa: E731
         (not args.head_dims or d in args.head_dims)
@@ -901,7 +902,7 @@ def parse_args(argv=None):
     p.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES)
     p.add_argument("--head-dims", nargs="+", type=int, help="only these head dims")
     p.add_argument("--masks", nargs="+", choices=MASKS, help="only these masks")
-    p.add_argument("--seqlens", nargs="+", type=int, help="only these sequence lengths")
+    p.add_argument("--seqlens", nargs="+", type=int, help="only these sequence lengths (may be outside the default grid)")
     p.add_argument("--flex-compile", choices=("dynamic", "static"), default="dynamic",
                    help="compile FlexAttention with dynamic shapes or once per shape")  # fmt: skip
     p.add_argument("--warmup-ms", type=float, default=10.0)

@@ -269,6 +269,23 @@ def test_attention_grid_rounds_alternate_providers_and_keep_the_median(monkeypat
     assert row["max_abs_diff_vs_sdpa"] == 0.0, row["spot_check_error"]
 
 
+def test_attention_grid_takes_lengths_and_head_dims_outside_the_default_grid():
+    import argparse
+
+    from benchmarks import attention
+
+    def grid(**kw):
+        base = dict(quick=False, head_dims=None, masks=None, seqlens=None)
+        return attention.grid(argparse.Namespace(**{**base, **kw}))
+
+    assert 512 not in attention.SEQLENS
+    assert grid(head_dims=[128], masks=["causal", "full"], seqlens=[512, 1024]) == [
+        (128, "causal", 512), (128, "causal", 1024), (128, "full", 512), (128, "full", 1024)]
+    # the window mask needs sequences longer than its window
+    assert grid(head_dims=[64], masks=["window"], seqlens=[512]) == []
+    assert {s for _, _, s in grid()} == set(attention.SEQLENS)
+
+
 def test_median_round_reports_the_error_when_no_round_was_timed():
     from benchmarks.attention import median_round
 
