@@ -10,7 +10,9 @@ timing; triton.testing.do_bench on a short call counts this time where it exceed
 ``--profile``: also cProfiles of the public forward and of forward + backward (the backward on
 the calling thread), by own and by cumulative time. ``--stages``: also the host time of each
 layer of the path on its own (the dispatch checks, the launchers, the allocations, the autograd
-backward on a kept graph), without a profiler's distortion.
+backward on a kept graph), without a profiler's distortion. ``--sync-check``: one forward +
+backward under ``torch.cuda.set_sync_debug_mode("warn")``, listing the calls that synchronise the
+host with the device (a host time that includes device time).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--stages", action="store_true")
+    parser.add_argument("--sync-check", action="store_true")
     args = parser.parse_args()
     from hf_flash.kernels.hopper import attention_fwd as hk
 
@@ -58,6 +61,13 @@ def main() -> None:
         with torch.no_grad():
             return flash_attn_func(q, k, v, causal=True)
 
+    def public_fwd_grad():  # the graph is dropped with the output
+        return flash_attn_func(qg, kg, vg, causal=True)
+
+    def public_fwd_bwd_kept():  # the graph kept after the backward (no release of saved tensors)
+        o = flash_attn_func(qg, kg, vg, causal=True)
+        return torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True)
+
     def public_fwd_bwd():
         o = flash_attn_func(qg, kg, vg, causal=True)
         return torch.autograd.grad(o, (qg, kg, vg), dout)
@@ -72,18 +82,41 @@ def main() -> None:
         with torch.no_grad():
             return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
 
+    qhg, khg, vhg = (t.clone().requires_grad_() for t in (qh, kh, vh))
+    douth = dout.transpose(1, 2).contiguous()
+
+    def sdpa_fwd_bwd():
+        o = F.scaled_dot_product_attention(qhg, khg, vhg, is_causal=True, enable_gqa=True)
+        return torch.autograd.grad(o, (qhg, khg, vhg), douth)
+
     default = hk.default_variant(d, True, seqlen_q=s)
     rows = [
         ("flash_attn_func forward (no grad)", public_fwd),
         ("flash_attn_func forward + backward", public_fwd_bwd),
+        ("flash_attn_func forward (grad enabled)", public_fwd_grad),
+        ("flash_attn_func forward + backward, graph kept", public_fwd_bwd_kept),
         (f"hopper_attention_forward {default}", kernel(default)),
         ("hopper_attention_forward ws2x4-overlap-fma", kernel("ws2x4-overlap-fma")),
         ("SDPA forward (no grad)", sdpa_fwd),
+        ("SDPA forward + backward", sdpa_fwd_bwd),
     ]
     print(f"Host us per call, B=1 S={s} Hq=32 Hkv=8 d={d} causal bf16, {torch.cuda.get_device_name()}, "
           f"torch {torch.__version__}")  # fmt: skip
     for label, fn in rows:
         print(f"{label:48} {host_us(fn, args.calls, args.repeats):8.1f}")
+    if args.sync_check:
+        import warnings
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                public_fwd_bwd()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        print(f"== synchronising calls in one forward + backward: {len(seen)}")
+        for w in seen:
+            print(f"  {w.filename}:{w.lineno}: {str(w.message).splitlines()[0][:200]}")
     if args.stages:
         print(f"== stages (host us per call; causal, {default} forward)")
         for label, fn in _stages(q, k, v, qg, kg, vg, dout, out, lse, scale):
@@ -91,7 +124,7 @@ def main() -> None:
     if args.profile:
         # the backward on this thread (autograd's device threads are invisible to cProfile)
         with torch.autograd.set_multithreading_enabled(False):
-            for label, fn in rows[:2]:
+            for label, fn in rows[:2]:  # the public forward, forward + backward
                 prof = cProfile.Profile()
                 prof.enable()
                 for _ in range(args.calls):
