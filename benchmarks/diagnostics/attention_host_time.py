@@ -12,7 +12,9 @@ the calling thread), by own and by cumulative time. ``--stages``: also the host 
 layer of the path on its own (the dispatch checks, the launchers, the allocations, the autograd
 backward on a kept graph), without a profiler's distortion. ``--sync-check``: one forward +
 backward under ``torch.cuda.set_sync_debug_mode("warn")``, listing the calls that synchronise the
-host with the device (a host time that includes device time).
+host with the device (a host time that includes device time). ``--device-time``: the kernels
+one public forward + backward runs and their device time (torch.profiler, the median of
+``--calls`` // 10 iterations), to set the host time beside.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--stages", action="store_true")
     parser.add_argument("--sync-check", action="store_true")
+    parser.add_argument("--device-time", action="store_true")
     args = parser.parse_args()
     from hf_flash.kernels.hopper import attention_fwd as hk
 
@@ -117,6 +120,8 @@ def main() -> None:
         print(f"== synchronising calls in one forward + backward: {len(seen)}")
         for w in seen:
             print(f"  {w.filename}:{w.lineno}: {str(w.message).splitlines()[0][:200]}")
+    if args.device_time:
+        _device_time(public_fwd_bwd, max(args.calls // 10, 3))
     if args.stages:
         print(f"== stages (host us per call; causal, {default} forward)")
         for label, fn in _stages(q, k, v, qg, kg, vg, dout, out, lse, scale):
@@ -135,6 +140,36 @@ def main() -> None:
                     buf = io.StringIO()
                     pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(30)
                     print(f"== {label}, {args.calls} calls, by {key}\n{buf.getvalue()}")
+
+
+def _device_time(fn, iters: int) -> None:
+    """Print each kernel of one ``fn()`` call with its device time (us; median over ``iters``
+    profiled calls) and the sum, beside the span from the first kernel's start to the last one's
+    end of one call (the gaps between them are where the device waited for the host)."""
+    import statistics
+
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+            torch.cuda.synchronize()
+    dur = lambda e: e.time_range.elapsed_us()  # noqa: E731
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA" and dur(e) > 0]
+    kernels.sort(key=lambda e: e.time_range.start)
+    per_call = len(kernels) // iters
+    if not per_call or len(kernels) % iters:
+        print(f"== device time: {len(kernels)} kernels in {iters} calls, not a whole number per call")
+        return
+    calls = [kernels[i * per_call:(i + 1) * per_call] for i in range(iters)]
+    print(f"== device time of one forward + backward ({per_call} kernels; median of {iters} calls, us)")
+    for j, e in enumerate(calls[0]):
+        print(f"  {statistics.median(dur(c[j]) for c in calls):8.1f}  {e.name[:90]}")
+    busy = statistics.median(sum(dur(e) for e in c) for c in calls)
+    span = statistics.median(c[-1].time_range.end - c[0].time_range.start for c in calls)
+    print(f"  {busy:8.1f}  kernels' sum; first start to last end {span:.1f}")
 
 
 def _stages(q, k, v, qg, kg, vg, dout, out, lse, scale):
