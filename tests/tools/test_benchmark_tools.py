@@ -281,6 +281,8 @@ def test_attention_grid_takes_lengths_and_head_dims_outside_the_default_grid():
     assert 512 not in attention.SEQLENS
     assert grid(head_dims=[128], masks=["causal", "full"], seqlens=[512, 1024]) == [
         (128, "causal", 512), (128, "causal", 1024), (128, "full", 512), (128, "full", 1024)]
+    assert 512 not in attention.HEAD_DIMS
+    assert grid(head_dims=[512], masks=["causal"], seqlens=[4096]) == [(512, "causal", 4096)]
     # the window mask needs sequences longer than its window
     assert grid(head_dims=[64], masks=["window"], seqlens=[512]) == []
     assert {s for _, _, s in grid()} == set(attention.SEQLENS)

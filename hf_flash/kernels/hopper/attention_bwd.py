@@ -49,8 +49,9 @@ down, the group's heads inside each tile (``tiles_down``) causal (``-dqwldfpsxa-
 count (``SEQLEN_VARIANTS``, calls without a window), d128 from 512 queries: non-causal calls run
 key block first with the last wave in pieces and queue each step's dQ product behind its dK
 product (``dq_early``); causal calls run key blocks first in chunks of two head groups. d64
-non-causal calls of 512-2K and from 24K run key block first. Without dQ in the kernel (``kv2x64-m64-s2``), :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its
-Triton dQ kernel beside this one (it recomputes S and dP: 7 products for the 5 counted).
+non-causal calls of 512-2K and from 24K run key block first. Without dQ in the kernel
+(``kv2x64-m64-s2``), :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton dQ
+kernel beside this one (it recomputes S and dP: 7 products for the 5 counted).
 
 Split-D (``Variant.split_d``, :func:`_attn_bwd_split_d_kernel`; the d256 default, where dK and dV
 of 64 keys in the transposed frame would take 256 registers per thread): the program's BLOCK_N
