@@ -564,7 +564,9 @@ DEFAULT = {
 #   --key-fastest) until session 42 measured them (calls 1-2, 5 rounds): 272 / 348 / 412 and 260 /
 #   339 / 409 / 462 / 493 TFLOP/s at 512 / 1K / 2K (/ 4K / 8K) against the dispatch of then (dn
 #   under 2K: 219 / 296; dn with the dQ product queued behind dK, xa-dn-e, at 2K-8K: 375, and 388
-#   / 435 / 475), 1.04-1.24x (rule: >= 1.02x at every length the range covers). xa-dn-e had
+#   / 435 / 475), 1.04-1.24x (rule: >= 1.02x at every length the range covers); a second run at
+#   4K / 8K / 12K (call 7) read 0.998 / 1.014 / 1.020x xa-dn-e (its rule, below 0.99 anywhere
+#   sends that part back, not triggered). xa-dn-e had
 #   taken 2K-16K in session 41 (1.025 / 1.043 / 0.996x dn at 2K / 4K / 8K); kf2 with the queued
 #   dQ product (kf2-e) ran level with kf2 (0.996-1.004x at 512-8K, 1.014 / 1.006x at 16K / 32K in
 #   session 41): not kept. Below 512 not measured: DEFAULT.
