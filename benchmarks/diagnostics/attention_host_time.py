@@ -14,7 +14,7 @@ backward on a kept graph), without a profiler's distortion. ``--sync-check``: on
 backward under ``torch.cuda.set_sync_debug_mode("warn")``, listing the calls that synchronise the
 host with the device (a host time that includes device time). ``--device-time``: the kernels
 one public forward + backward runs and their device time (torch.profiler, the median of
-``--calls`` // 10 iterations), to set the host time beside.
+``--calls`` // 10 iterations, at least 3), to set the host time beside.
 """
 
 from __future__ import annotations

@@ -399,8 +399,9 @@ VARIANTS = {
         # the dQ product queued behind dK (dq_early). H200, session 41 (5 rounds): on kf-ts
         # 1.002-1.037x at non-causal 2K-32K (SEQLEN_VARIANTS); on dqwldfpsbrr 0.995 / 0.865x at
         # 1K / 2K (spills 68/80 bytes against 16/16); on the causal dn form 1.025 / 1.043 /
-        # 0.996x at 2K / 4K / 8K (dispatched there in session 41, until kf2 outran it: 1.04-1.10x,
-        # session 42), on its kf2 form 1.014 / 1.006x at 16K / 32K and level at 512-8K.
+        # 0.996x at 2K / 4K / 8K (dispatched there in session 41, until kf2 outran it: 1.00-1.10x
+        # over two runs, session 42), on its kf2 form 1.014 / 1.006x at 16K / 32K and level at
+        # 512-8K.
         # Without the deferred hand-ons (dqwldfpsx-dn-e) 0.98 / 0.99x xa-dn causal at 4K / 16K; on
         # the d64 default (128 query rows) 0.90 / 0.85x at non-causal 4K / 16K: neither kept
         Variant("kv2x64-m64-s2-dqwldfpsbrr-kf-ts-e", block_m=64, block_n=64, stages=2, consumers=2,
