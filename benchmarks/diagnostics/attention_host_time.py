@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--stages", action="store_true")
     parser.add_argument("--sync-check", action="store_true")
     parser.add_argument("--device-time", action="store_true")
+    parser.add_argument("--primitives", action="store_true")
     args = parser.parse_args()
     from hf_flash.kernels.hopper import attention_fwd as hk
 
@@ -126,6 +127,10 @@ def main() -> None:
         print(f"== stages (host us per call; causal, {default} forward)")
         for label, fn in _stages(q, k, v, qg, kg, vg, dout, out, lse, scale):
             print(f"{label:48} {host_us(fn, args.calls, args.repeats):8.1f}")
+    if args.primitives:
+        print("== primitives (host us per call)")
+        for label, fn in _primitives(q, k, v, dout, out, lse, scale):
+            print(f"{label:48} {host_us(fn, args.calls, args.repeats):8.1f}")
     if args.profile:
         # the backward on this thread (autograd's device threads are invisible to cProfile)
         with torch.autograd.set_multithreading_enabled(False):
@@ -170,6 +175,83 @@ def _device_time(fn, iters: int) -> None:
     busy = statistics.median(sum(dur(e) for e in c) for c in calls)
     span = statistics.median(c[-1].time_range.end - c[0].time_range.start for c in calls)
     print(f"  {busy:8.1f}  kernels' sum; first start to last end {span:.1f}")
+
+
+def _primitives(q, k, v, dout, out, lse, scale):
+    """(label, call) for the building blocks each layer of the public path is made of: torch's
+    allocations and device switches, the interface's checks, one TMA descriptor (built, and
+    encoded as Triton's launcher encodes it), the autograd machinery around a no-op function, and
+    the forward kernel's compiled launcher called with ready arguments."""
+    from hf_flash import _checks, interface
+    from hf_flash._runtime import direct_call
+    from hf_flash.kernels import launch
+    from hf_flash.kernels.hopper import attention_fwd as hk
+
+    dev = q.device
+    desc = hk._descriptor(q, 128)
+    q_g, k_g, v_g = (t.clone().requires_grad_() for t in (q, k, v))
+
+    def device_switch():
+        with torch.cuda.device(dev):
+            pass
+    prims = [
+        ("torch.empty_like(q)", lambda: torch.empty_like(q)),
+        ("torch.empty lse (float32)", lambda: torch.empty((1, q.shape[2], q.shape[1]), device=dev,
+                                                          dtype=torch.float32)),
+        ("torch.zeros(1) int32", lambda: torch.zeros(1, dtype=torch.int32, device=dev)),
+        ("torch.empty(1) int32 + zero_()", lambda: torch.empty(1, dtype=torch.int32, device=dev).zero_()),
+        ("with torch.cuda.device(dev): pass", device_switch),
+        ("torch.cuda.current_device()", torch.cuda.current_device),
+        ("torch.compiler.is_compiling()", torch.compiler.is_compiling),
+        ("direct_call(q, k, v)", lambda: direct_call(q, k, v)),
+        ("torch.is_grad_enabled + requires_grad x3", lambda: torch.is_grad_enabled() and any(
+            t.requires_grad for t in (q, k, v))),
+        ("checks of dense_attention", lambda: (
+            _checks.check_tensor_basics(q, k, v), _checks.check_heads(32, 8, 8, *(t.shape[3] for t in (q, k, v))),
+            _checks.check_options(dropout_p=0.0, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+                                  alibi_slopes=None, nheads=32, batch=1, learnable_sink=None, device=dev))),
+        ("interface._call_options", lambda: interface._call_options(q, 512, 512, 0.0, None, True, (-1, -1), 0.0)),
+        ("attention_fwd.tma_compatible(q)", lambda: hk.tma_compatible(q)),
+        ("attention_fwd._descriptor(q)", lambda: hk._descriptor(q, 128)),
+        ("launch.tensor_spec(4 descriptors, 2 tensors)", lambda: launch.tensor_spec((desc, desc, desc, desc, out,
+                                                                                     lse))),
+    ]
+    # the forward's compiled launcher, found by one public call
+    from hf_flash import flash_attn_func as public
+
+    with torch.no_grad():
+        public(q, k, v, causal=True)
+    entries = list(hk._FORWARD._spec.values())
+    if entries:
+        run, function, packed = entries[0]
+        inner = run.launch
+        cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__ or ())))
+        metas = cells.get("tensordesc_meta")
+        if metas:
+            from triton.backends.nvidia.driver import make_tensordesc_arg
+
+            prims.append(("make_tensordesc_arg (encode one descriptor)",
+                          lambda: make_tensordesc_arg(desc, metas[0])))  # fmt: skip
+    prims += [
+        ("autograd.Function apply, no-op (3 inputs)", lambda: _Noop.apply(q_g, k_g, v_g)),
+        ("autograd.grad of that no-op", lambda: torch.autograd.grad(_Noop.apply(q_g, k_g, v_g), (q_g, k_g, v_g),
+                                                                    dout)),
+    ]
+    return prims
+
+
+class _Noop(torch.autograd.Function):
+    """The autograd machinery alone: returns a view-free new tensor, gradients passed through."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return torch.empty_like(q)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        return dout, torch.empty_like(k), torch.empty_like(v)
 
 
 def _stages(q, k, v, qg, kg, vg, dout, out, lse, scale):
