@@ -47,6 +47,7 @@ def main() -> None:
     parser.add_argument("--sync-check", action="store_true")
     parser.add_argument("--device-time", action="store_true")
     parser.add_argument("--primitives", action="store_true")
+    parser.add_argument("--split", action="store_true")
     args = parser.parse_args()
     from hf_flash.kernels.hopper import attention_fwd as hk
 
@@ -93,6 +94,12 @@ def main() -> None:
         o = F.scaled_dot_product_attention(qhg, khg, vhg, is_causal=True, enable_gqa=True)
         return torch.autograd.grad(o, (qhg, khg, vhg), douth)
 
+    def public_fwd_bwd_parts():
+        return flash_attn_func(qg, kg, vg, causal=True), (qg, kg, vg)
+
+    def sdpa_fwd_bwd_parts():
+        return F.scaled_dot_product_attention(qhg, khg, vhg, is_causal=True, enable_gqa=True), (qhg, khg, vhg)
+
     default = hk.default_variant(d, True, seqlen_q=s)
     rows = [
         ("flash_attn_func forward (no grad)", public_fwd),
@@ -127,6 +134,8 @@ def main() -> None:
         print(f"== stages (host us per call; causal, {default} forward)")
         for label, fn in _stages(q, k, v, qg, kg, vg, dout, out, lse, scale):
             print(f"{label:48} {host_us(fn, args.calls, args.repeats):8.1f}")
+    if args.split:
+        _split(public_fwd_bwd_parts, sdpa_fwd_bwd_parts, dout, douth, args.calls, args.repeats)
     if args.primitives:
         print("== primitives (host us per call)")
         for label, fn in _primitives(q, k, v, dout, out, lse, scale):
@@ -145,6 +154,48 @@ def main() -> None:
                     buf = io.StringIO()
                     pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(30)
                     print(f"== {label}, {args.calls} calls, by {key}\n{buf.getvalue()}")
+
+
+def _split(ours, sdpa, dout, douth, calls: int, repeats: int) -> None:
+    """Forward + backward loops timed in parts: the forward call, ``autograd.grad`` (the backward,
+    the hand-off to autograd's device thread and the graph's release), each summed over the loop
+    (best of ``repeats``), as they are (autograd's device threads on) and with the backward on the
+    calling thread (``torch.autograd.set_multithreading_enabled(False)``), with Python's garbage
+    collector off too. Says whether a forward + backward costs more than its parts measured
+    alone."""
+    import gc
+    import time
+
+    def loop(fn, grad_out):
+        best = None
+        for _ in range(repeats + 1):
+            torch.cuda.synchronize()
+            t_f = t_b = 0.0
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                o, leaves = fn()
+                t1 = time.perf_counter()
+                torch.autograd.grad(o, leaves, grad_out)
+                t2 = time.perf_counter()
+                t_f += t1 - t0
+                t_b += t2 - t1
+            if best is None or t_f + t_b < sum(best):
+                best = (t_f, t_b)
+        torch.cuda.synchronize()
+        return tuple(x / calls * 1e6 for x in best)
+
+    print("== forward + backward in parts (host us per call: forward, autograd.grad, sum)")
+    for label, threads, collect in (("device threads on", True, True), ("backward on the calling thread", False, True),
+                                    ("calling thread, gc off", False, False)):  # fmt: skip
+        for name, fn, grad_out in (("hf_flash", ours, dout), ("SDPA", sdpa, douth)):
+            if not collect:
+                gc.disable()
+            try:
+                with torch.autograd.set_multithreading_enabled(threads):
+                    f, b = loop(fn, grad_out)
+            finally:
+                gc.enable()
+            print(f"{name + ', ' + label:48} {f:8.1f} {b:8.1f} {f + b:8.1f}")
 
 
 def _device_time(fn, iters: int) -> None:
@@ -169,9 +220,11 @@ def _device_time(fn, iters: int) -> None:
         print(f"== device time: {len(kernels)} kernels in {iters} calls, not a whole number per call")
         return
     calls = [kernels[i * per_call:(i + 1) * per_call] for i in range(iters)]
-    print(f"== device time of one forward + backward ({per_call} kernels; median of {iters} calls, us)")
+    print(f"== device time of one forward + backward ({per_call} kernels; median of {iters} calls, us: "
+          "duration, start after the call's first kernel)")
     for j, e in enumerate(calls[0]):
-        print(f"  {statistics.median(dur(c[j]) for c in calls):8.1f}  {e.name[:90]}")
+        start = statistics.median(c[j].time_range.start - c[0].time_range.start for c in calls)
+        print(f"  {statistics.median(dur(c[j]) for c in calls):8.1f} {start:8.1f}  {e.name[:80]}")
     busy = statistics.median(sum(dur(e) for e in c) for c in calls)
     span = statistics.median(c[-1].time_range.end - c[0].time_range.start for c in calls)
     print(f"  {busy:8.1f}  kernels' sum; first start to last end {span:.1f}")

@@ -68,6 +68,8 @@ def _supported() -> bool:
 
 
 _ENABLED = _supported()
+# launch plans (LaunchPlan, PlanCache): on unless HF_FLASH_LAUNCH_PLANS=0 or launch_plans(False)
+_PLANS = os.environ.get("HF_FLASH_LAUNCH_PLANS", "1") not in ("0", "", "false", "False")
 
 
 def _tma_descriptor_class():
@@ -92,6 +94,20 @@ def fast_launch(enabled: bool):
         yield
     finally:
         _ENABLED = previous
+
+
+@contextlib.contextmanager
+def launch_plans(enabled: bool):
+    """Switch the launch-plan caches (:class:`PlanCache`) on or off for a block: off, every call
+    builds its plan anew (what a call with a new signature does; tests and host-time diagnostics
+    compare both)."""
+    global _PLANS
+    previous = _PLANS
+    _PLANS = bool(enabled)
+    try:
+        yield
+    finally:
+        _PLANS = previous
 
 
 def int_spec(value) -> Optional[int]:
@@ -262,3 +278,90 @@ class CachedLauncher:
         # constexprs included (the launcher skips them)
         run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, driver[1](device),
             function, packed, None, None, None, *ptrs, *ints, *floats, *meta.tail)  # fmt: skip
+
+
+class LaunchPlan:
+    """One launch's arguments with the call's tensors taken out: the grid, integers, floats,
+    constexprs and TMA descriptor geometry that a call signature (shapes, strides, dtype, device,
+    options, variant) determines, kept so that a repeated call only allocates its buffers, builds
+    its descriptors and launches (a Gluon launcher's argument building costs tens of
+    microseconds of host time per call: descriptors, masks, grids, validation).
+
+    :meth:`capture` takes a launch's pointer arguments as the launcher passes them (tensors,
+    None, Gluon TMA descriptors) and the call's tensors by position (its *slots*): every tensor
+    argument, and every descriptor's base, must be one of them (by identity); a descriptor is
+    kept as its slot and geometry (shape, strides, block shape, shared layout, padding).
+    :meth:`pointers` rebuilds the pointer arguments from another call's tensors in the same
+    slots. Descriptors are rebuilt without Gluon's argument checks, as the launchers' own
+    ``tma_descriptor`` builds them: the geometry passed those when it was captured."""
+
+    __slots__ = ("grid", "parts", "ints", "floats", "meta")
+
+    def __init__(self, grid, parts, ints, floats, meta):
+        self.grid = grid
+        self.parts = parts
+        self.ints = ints
+        self.floats = floats
+        self.meta = meta
+
+    @classmethod
+    def capture(cls, grid, pointers, ints, floats, meta, tensors) -> "LaunchPlan":
+        def slot(t):
+            for i, s in enumerate(tensors):
+                if s is t:
+                    return i
+            raise ValueError(f"launch plan: a pointer argument ({type(t).__name__}) is not one of the call's tensors")
+
+        parts = []
+        for p in pointers:
+            if p is None:
+                parts.append(None)
+            elif p.__class__ is _TMA_DESCRIPTOR:
+                parts.append((slot(p.base), p.shape, p.strides, p.block_shape, p.layout, p.padding))
+            else:
+                parts.append(slot(p))
+        return cls(tuple(grid), tuple(parts), tuple(ints), tuple(floats), meta)
+
+    def pointers(self, tensors) -> list:
+        out = []
+        add = out.append
+        new = object.__new__
+        for part in self.parts:
+            if part is None:
+                add(None)
+            elif part.__class__ is int:
+                add(tensors[part])
+            else:
+                slot, shape, strides, block, layout, padding = part
+                desc = new(_TMA_DESCRIPTOR)
+                desc.__dict__.update(base=tensors[slot], shape=shape, strides=strides, block_shape=block, layout=layout,
+                                     padding=padding)  # fmt: skip
+                add(desc)
+        return out
+
+
+class PlanCache:
+    """Launch plans by call signature (the key a launcher builds from everything its plan
+    depends on). ``get(key, build)`` returns the kept plan, or ``build()``'s, kept; with plans
+    switched off (:func:`launch_plans`, ``HF_FLASH_LAUNCH_PLANS=0``) every call builds. Bounded
+    like the launch tables (emptied at ``_EXACT_MAX`` entries)."""
+
+    def __init__(self):
+        self._plans: dict = {}
+        self.built = 0
+
+    def get(self, key, build) -> LaunchPlan:
+        if not _PLANS:
+            self.built += 1
+            return build()
+        plan = self._plans.get(key)
+        if plan is None:
+            self.built += 1
+            plan = build()
+            if len(self._plans) >= _EXACT_MAX:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
+    def clear(self) -> None:
+        self._plans.clear()

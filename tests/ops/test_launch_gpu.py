@@ -281,6 +281,31 @@ def test_gluon_kernels_repeat_through_the_fast_path(monkeypatch, packed):
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gluon_launch_plans_give_the_bits_of_a_fresh_build(monkeypatch, packed, causal):
+    """The Gluon forward and backward with their launch plans kept (hf_flash.kernels.launch.
+    PlanCache) give the bits of calls that build every plan anew, and repeats build none."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels are built for sm_90a")
+    from hf_flash.kernels.hopper import attention_bwd as hb
+    from hf_flash.kernels.hopper import attention_fwd as hf
+
+    monkeypatch.setattr(hf, "_PLANS", launch.PlanCache())
+    monkeypatch.setattr(hb, "_PLANS", launch.PlanCache())
+    q, k, v, call = _attention_call(1000, 128, packed, causal=causal)
+    assert attention_paths(q, k, v, causal=causal, varlen=packed) == {"forward": "hopper", "backward": "hopper"}
+    with launch.launch_plans(False):
+        want = call()
+    with launch.launch_plans(True):
+        built = (hf._PLANS.built, hb._PLANS.built)
+        assert _equal(call(), want)
+        assert (hf._PLANS.built, hb._PLANS.built) == (built[0] + 1, built[1] + 1)
+        for _ in range(2):
+            assert _equal(call(), want)
+        assert (hf._PLANS.built, hb._PLANS.built) == (built[0] + 1, built[1] + 1)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 def test_triton_attention_kernels_repeat_through_the_fast_path(monkeypatch, packed):
     """The portable Triton attention kernels (forward, the backward's preprocess, dK/dV and dQ;
     every call off Hopper, and on Hopper with the Gluon kernels switched off), through the public

@@ -102,6 +102,7 @@ producer loads the step's pair with its Q tile, and the consumers read it where 
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -123,10 +124,10 @@ from triton.experimental.gluon.language._core import builtin as _builtin
 
 from .. import configs
 from ..flash_bwd import stats_numel  # the buffer's layout is the preprocess's (re-exported)
-from ..launch import CachedLauncher
+from ..launch import CachedLauncher, LaunchPlan, PlanCache
 from .attention_fwd import (
     LOG2E, MAX_SEQLEN, _descriptor, _mma_layout, _per_tile, _tanh, mask_args, schedule_entry, schedule_slots,
-    seqlen_variant, tma_compatible, tma_descriptor, varlen_schedule,
+    seqlen_variant, tensors_key, tma_compatible, tma_descriptor, varlen_schedule,
 )
 
 PRODUCER_REGS = 24
@@ -2039,8 +2040,24 @@ def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softc
         return False
     if softcap > 0.0 and not VARIANTS[variant_for(q.shape[-1], causal, varlen)].split_d:
         return False
+    if not all(isinstance(t, torch.Tensor) for t in (out, dout, dk, dv)):
+        return False
+    key = (tensors_key(q, k, out, dout, dk, dv), bool(varlen))
+    covered = _COVERED.get(key)
+    if covered is None:
+        covered = _COVERED[key] = _geometry_covered(q, k, out, dout, dk, dv, varlen)
+        if len(_COVERED) > 4096:
+            _COVERED.clear()
+    return covered
+
+
+# supports()' answers for the gradients' geometry (attention_fwd.tensors_key), once per geometry
+_COVERED: dict = {}
+
+
+def _geometry_covered(q, k, out, dout, dk, dv, varlen: bool) -> bool:
     for t, like in ((out, q), (dout, q), (dk, k), (dv, k)):
-        if not isinstance(t, torch.Tensor) or t.shape != like.shape or t.dtype != like.dtype:
+        if t.shape != like.shape or t.dtype != like.dtype:
             return False
         if t.device != like.device or not tma_compatible(t):
             return False
@@ -2302,6 +2319,7 @@ def launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum=None, dq_sem=None, s
     return grid, args, kwargs
 
 
+@functools.lru_cache(maxsize=4096)
 def tail_plan(n_units: int, steps: int, sms: int, max_pieces: int = 8, min_saving: float = 0.01):
     """(n_whole, pieces) for a ``tail_split`` launch of ``n_units`` equal units of ``steps`` steps
     on ``sms`` SMs (one program each): the last ``n_units % sms`` units (the partial wave) run as
@@ -2444,25 +2462,22 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
         dq_sem = torch.zeros(dq_sem_count(q, variant, cu_seqlens_q), device=q.device, dtype=torch.int32)
     sched = varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, k.shape[0], variant, causal, order) if varlen else None
     tail = None if varlen else _tail_for(q, k, variant, causal, window)
-    grid, args, kwargs = launch_args(
-        q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, stats, softmax_scale=softmax_scale, causal=causal,
-        variant=variant, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window,
-        softcap=softcap, tail=tail,
-    )  # fmt: skip
-    switches = ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW", "SOFTCAP", "TAIL")
-    key = (variant, q.shape[-1], varlen, *(kwargs[f] for f in switches))
-    meta = _LAUNCH_META.get(key)
-    if meta is None:
-        meta = _LAUNCH_META[key] = (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD).meta(**kwargs)
-    # launch_args' order: 8 descriptors and 10 pointers, 17 integers, 4 floats
-    with torch.cuda.device(q.device):
-        (_BACKWARD_SPLIT_D if var.split_d else _BACKWARD)(grid, args[:18], args[18:35], args[35:], meta)
+    # the call's tensors, in the plan's slots
+    tensors = (q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, stats, sched, cu_seqlens_q, cu_seqlens_k,
+               *((None, None) if tail is None else tail[2:]))  # fmt: skip
+    key = (variant, q.shape, q.stride(), k.shape, k.stride(), v.stride(), dout.stride(), dk.stride(), dv.stride(),
+           lse.shape, lse.stride(), delta.stride(), None if dq_accum is None else dq_accum.stride(), q.dtype,
+           q.get_device(), bool(causal), tuple(window), float(softcap), float(softmax_scale),
+           None if sched is None else (sched.shape[0], cu_seqlens_q.numel()), None if tail is None else tail[:2])  # fmt: skip
+    plan = _PLANS.get(key, lambda: _plan(tensors, variant, causal, window, softcap, softmax_scale, tail))
+    launcher = _BACKWARD_SPLIT_D if var.split_d else _BACKWARD
+    with configs.device_guard(q.device):
+        launcher(plan.grid, plan.pointers(tensors), plan.ints, plan.floats, plan.meta)
         if tail is not None:
             tail_sum(tail, dk, dv, softmax_scale, var.keys)
-    if var.dq_frag:
-        with torch.cuda.device(q.device):
+        if var.dq_frag:
             dq_frag_to_bshd(dq_accum, dq, var.block_m, var.consumers)
-    elif var.dq_atomic:
+    if var.dq_atomic and not var.dq_frag:
         dq.copy_(dq_accum)  # already scaled; float32 -> q's dtype
     if var.dq_ordered and not varlen:
         # the query tiles no key block reaches were never written: their rows see no key
@@ -2470,6 +2485,23 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
         if unseen:
             dq[:, :unseen].zero_()
     return var.dq_atomic
+
+
+def _plan(tensors, variant, causal, window, softcap, softmax_scale, tail) -> LaunchPlan:
+    """The launch plan of a backward call (``tensors`` in :func:`hopper_attention_backward`'s slots)."""
+    q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, stats, sched, cu_seqlens_q, cu_seqlens_k = tensors[:14]
+    grid, args, kwargs = launch_args(
+        q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, stats, softmax_scale=softmax_scale, causal=causal,
+        variant=variant, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window,
+        softcap=softcap, tail=tail,
+    )  # fmt: skip
+    switches = ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW", "SOFTCAP", "TAIL")
+    key = (variant, q.shape[-1], sched is not None, *(kwargs[f] for f in switches))
+    meta = _LAUNCH_META.get(key)
+    if meta is None:
+        meta = _LAUNCH_META[key] = (_BACKWARD_SPLIT_D if VARIANTS[variant].split_d else _BACKWARD).meta(**kwargs)
+    # launch_args' order: 8 descriptors and 10 pointers, 17 integers, 4 floats
+    return LaunchPlan.capture(grid, args[:18], args[18:35], args[35:], meta, tensors)
 
 
 def rows_without_keys(seqlen_q: int, seqlen_k: int, causal: bool, window=(-1, -1)) -> int:
@@ -2486,6 +2518,7 @@ def rows_without_keys(seqlen_q: int, seqlen_k: int, causal: bool, window=(-1, -1
 _BACKWARD = CachedLauncher(_attn_bwd_dkdv_kernel)
 _BACKWARD_SPLIT_D = CachedLauncher(_attn_bwd_split_d_kernel)
 _LAUNCH_META: dict = {}
+_PLANS = PlanCache()
 
 
 def kernel_for(variant: str):

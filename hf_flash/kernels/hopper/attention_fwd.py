@@ -87,7 +87,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .. import configs
-from ..launch import CachedLauncher
+from ..launch import CachedLauncher, LaunchPlan, PlanCache
 
 LOG2E = 1.4426950408889634
 LN2 = gl.constexpr(0.6931471805599453)
@@ -251,11 +251,11 @@ def default_variant(head_dim: int, causal: bool, varlen: bool = False, window=(-
                     softcap: float = 0.0) -> str:  # fmt: skip
     """The variant :func:`hopper_attention_forward` runs for a call when none is named."""
     name = (VARLEN_DEFAULT if varlen else DEFAULT)[(head_dim, bool(causal))]
-    if VARIANTS[name].consumers > 2 and mask_args(causal, window)["MASK_LEFT"]:
+    masks = mask_args(causal, window, softcap)
+    if VARIANTS[name].consumers > 2 and masks["MASK_LEFT"]:
         return LEFT_WINDOW_FALLBACK
     if varlen:
         return name
-    masks = mask_args(causal, window, softcap)
     if masks["MASK_LEFT"] or masks["RIGHT_WINDOW"] or masks["SOFTCAP"]:
         return name
     return seqlen_variant(SEQLEN_VARIANTS, head_dim, causal, seqlen_q) or name
@@ -970,9 +970,14 @@ _TMA_ALIGN_BYTES = 16
 def tma_compatible(t: torch.Tensor) -> bool:
     """A TMA descriptor needs a 16-byte aligned base and 16-byte multiples for every stride
     but the innermost, which must be 1."""
-    if t.stride(-1) != 1 or t.data_ptr() % _TMA_ALIGN_BYTES:
+    strides = t.stride()
+    if strides[-1] != 1 or t.data_ptr() % _TMA_ALIGN_BYTES:
         return False
-    return all((s * t.element_size()) % _TMA_ALIGN_BYTES == 0 for s in t.stride()[:-1])
+    size = t.element_size()
+    for s in strides[:-1]:  # a loop, not all(genexpr): this runs several times per call
+        if (s * size) % _TMA_ALIGN_BYTES:
+            return False
+    return True
 
 
 def _on_hopper(t: torch.Tensor) -> bool:
@@ -1024,14 +1029,42 @@ def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
         return False
     if causal and window[1] > 0:
         return False
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or not _on_hopper(q):
         return False
+    key = (tensors_key(q, k, v), bool(varlen), max(window) >= 0)
+    covered = _COVERED.get(key)
+    if covered is None:
+        covered = _COVERED[key] = _geometry_covered(q, k, v, varlen, max(window) >= 0)
+        if len(_COVERED) > 4096:
+            _COVERED.clear()
+    return covered
+
+
+def tensors_key(*tensors) -> tuple:
+    """What :func:`tma_compatible` and the shape checks of :func:`supports` read from tensors:
+    each one's shape, strides, dtype and device index, and whether every data pointer is 16-byte
+    aligned (a key for results that depend on nothing else of theirs)."""
+    key = []
+    ptrs = 0
+    for t in tensors:
+        key += (t.shape, t.stride(), t.dtype, t.get_device())
+        ptrs |= t.data_ptr()
+    key.append(ptrs % _TMA_ALIGN_BYTES == 0)
+    return tuple(key)
+
+
+# supports()' answers for the tensor geometry (tensors_key) of dense/packed calls, with or without
+# a window: the shape and layout checks run once per geometry
+_COVERED: dict = {}
+
+
+def _geometry_covered(q, k, v, varlen: bool, windowed: bool) -> bool:
     dims = 3 if varlen else 4
     if q.dim() != dims or k.dim() != dims or v.dim() != dims:
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return False
-    if not (q.device == k.device == v.device) or not _on_hopper(q):
+    if not (q.device == k.device == v.device):
         return False
     nheads, head_dim = q.shape[-2:]
     nheads_k = k.shape[-2]
@@ -1052,7 +1085,7 @@ def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
         # work items (batch x head x 64-row query tiles, an upper bound) are counted in int32
         if batch * nheads * configs.cdiv(seqlen_q, 64) >= 2**31 or k.shape[1] >= 2**31:
             return False
-    if max(window) >= 0 and max(q.shape[-3], k.shape[-3]) >= _UNBOUNDED:
+    if windowed and max(q.shape[-3], k.shape[-3]) >= _UNBOUNDED:
         return False  # key positions plus a window side must stay int32
     return all(tma_compatible(t) for t in (q, k, v))
 
@@ -1171,12 +1204,13 @@ def varlen_schedule(cu_seqlens_q, cu_seqlens_k, tokens_q, *, rows, block_n, caus
 
 
 def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens_q=None, cu_seqlens_k=None,
-                sched=None, window=(-1, -1), softcap=0.0):  # fmt: skip
+                sched=None, window=(-1, -1), softcap=0.0, counter=None):  # fmt: skip
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the
     CPU compile check, so both build the same kernel. ``window`` and ``softcap`` as in
     :func:`mask_args`. Packed (varlen) calls pass cu_seqlens and
     their work items ``sched`` (:func:`varlen_schedule`; the compile check passes an unwritten
-    tensor of :func:`schedule_slots` entries: only its dtype matters for compiling)."""
+    tensor of :func:`schedule_slots` entries: only its dtype matters for compiling). ``counter``:
+    a dynamic variant's item counter (:func:`item_counter`; None: a new one)."""
     var = VARIANTS[variant]
     varlen = cu_seqlens_q is not None
     nheads, head_dim = q.shape[-2:]
@@ -1213,7 +1247,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         _descriptor(out, var.block_m), out, lse, sched, cu_seqlens_q, cu_seqlens_k,
         # dynamic persistent launches: the item counter, zeroed per launch (stream-ordered, so
         # concurrent launches and CUDA graph replays each start from 0)
-        torch.zeros(1, dtype=torch.int32, device=q.device) if var.dynamic else None,
+        (item_counter(q.device) if counter is None else counter) if var.dynamic else None,
         stride_om, stride_oh, stride_lb, stride_lh, stride_lm,
         nheads, nheads // nheads_k, n_bh, n_m, seqlen_q, seqlen_k, masks["window_left"], masks["window_right"],
         float(softmax_scale) * LOG2E, masks["softcap_in"], masks["softcap_out"],
@@ -1274,27 +1308,48 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
     head_dim = q.shape[-1]
     if variant is None:
         variant = default_variant(head_dim, causal, varlen, window, 0 if varlen else q.shape[1], softcap)
+    var = VARIANTS[variant]
     sched = None
     if varlen:
-        var = VARIANTS[variant]
         sched = varlen_schedule(
             cu_seqlens_q, cu_seqlens_k, tokens_q, rows=var.rows, block_n=var.block_n, causal=causal, order=order
         )
+    # the call's tensors, in the plan's slots
+    tensors = (q, k, v, out, lse, sched, cu_seqlens_q, cu_seqlens_k, item_counter(q.device) if var.dynamic else None)
+    key = (variant, q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), lse.stride(), q.dtype,
+           q.get_device(), bool(causal), tuple(window), float(softcap), float(softmax_scale),
+           None if sched is None else sched.shape[0])  # fmt: skip
+    plan = _PLANS.get(key, lambda: _plan(tensors, variant, causal, window, softcap, softmax_scale))
+    with configs.device_guard(q.device):
+        _FORWARD(plan.grid, plan.pointers(tensors), plan.ints, plan.floats, plan.meta)
+
+
+def item_counter(device) -> torch.Tensor:
+    """A dynamic variant's work-item counter: one zeroed int32, new per launch (stream-ordered,
+    so concurrent launches and CUDA graph replays each start from 0)."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def _plan(tensors, variant, causal, window, softcap, softmax_scale) -> LaunchPlan:
+    """The launch plan of a forward call (``tensors`` in :func:`hopper_attention_forward`'s slots)."""
+    q, k, v, out, lse, sched, cu_seqlens_q, cu_seqlens_k, counter = tensors
     grid, args, kwargs = launch_args(
         q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal, variant=variant,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window, softcap=softcap,
+        counter=counter,
     )  # fmt: skip
-    key = (variant, head_dim, varlen, *(kwargs[f] for f in ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW", "SOFTCAP")))
+    key = (variant, q.shape[-1], sched is not None,
+           *(kwargs[f] for f in ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW", "SOFTCAP")))  # fmt: skip
     meta = _LAUNCH_META.get(key)
     if meta is None:
         meta = _LAUNCH_META[key] = _FORWARD.meta(**kwargs)
     # launch_args' order: 4 descriptors and 6 pointers, 13 integers, 3 floats
-    with torch.cuda.device(q.device):
-        _FORWARD(grid, args[:10], args[10:23], args[23:], meta)
+    return LaunchPlan.capture(grid, args[:10], args[10:23], args[23:], meta, tensors)
 
 
 _FORWARD = CachedLauncher(_attn_fwd_kernel)
 _LAUNCH_META: dict = {}
+_PLANS = PlanCache()
 
 
 __all__ = [
