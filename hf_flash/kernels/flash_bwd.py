@@ -534,10 +534,6 @@ def flash_attn_backward(
         if dsinks is not None:  # rows that see no key: out = 0, so delta_i = -dlse_i
             _sink_grad(sinks, lse, None if dlse is None else -dlse.float(), varlen, dsinks)
         return
-    dkdv_cfg, dq_cfg = configs.bwd_configs(head_dim, q.dtype, q.device)
-    flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p, key_bounds)
-    block_d = configs.head_dim_block(head_dim)
-    stride_ab = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0
     path = backward_path(
         q, k, v, out, dout, dk, dv, varlen=varlen, causal=causal, window_left=window_left,
         window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
@@ -554,17 +550,21 @@ def flash_attn_backward(
                                        stats_m=stats_m)  # fmt: skip
     if dsinks is not None:
         _sink_grad(sinks, lse, delta, varlen, dsinks)
+    if path == "hopper" and hopper.hopper_attention_backward(
+        q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=softmax_scale, causal=causal, variant=variant,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, window=(window_left, window_right),
+        softcap=softcap, stats=stats,
+    ):
+        return  # the variant computed dQ too
+    # the Triton kernels' arguments: dK/dV off Hopper, dQ wherever the Gluon kernel left it
+    dkdv_cfg, dq_cfg = configs.bwd_configs(head_dim, q.dtype, q.device)
+    flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p, key_bounds)
+    block_d = configs.head_dim_block(head_dim)
+    stride_ab = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0
     common = (seqlen_q, seqlen_k, int(max_seqlen_q), int(max_seqlen_k))
     windows = (int(window_left), int(window_right))
     scalars = (float(softmax_scale), float(softcap), float(dropout_p))
-    if path == "hopper":
-        if hopper.hopper_attention_backward(
-            q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=softmax_scale, causal=causal, variant=variant,
-            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, window=(window_left, window_right),
-            softcap=softcap, stats=stats,
-        ):
-            return  # the variant computed dQ too
-    else:
+    if path != "hopper":
         key_tiles = configs.cdiv(max_seqlen_k, dkdv_cfg["BLOCK_N"])
         query_runs = None
         if key_bounds is not None:

@@ -70,7 +70,9 @@ Rows that see no key (causal with seqlen_q > seqlen_k) get output 0 and log-sum-
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 import triton
@@ -990,28 +992,34 @@ def _on_hopper(t: torch.Tensor) -> bool:
 _UNBOUNDED = 1 << 30
 
 
-def mask_args(causal, window=(-1, -1), softcap=0.0, softmax_scale=1.0) -> dict:
+def mask_args(causal, window=(-1, -1), softcap=0.0, softmax_scale=1.0) -> Mapping:
     """The masking and score-transform arguments of a launch, shared by the forward and backward
     launchers: ``window_left`` / ``window_right`` (ints; -1 or a side at least ``_UNBOUNDED``
     wide: no bound on that side; causal is ``window_right`` 0) as the runtime values (0 for an
     unbounded side) and the MASK_LEFT / MASK_RIGHT switches (RIGHT_WINDOW: a right bound past
     the diagonal, window_right > 0; without it the kernels compile window_right as 0), and the
     softcap (``cap * tanh(s * scale / cap)``, 0: none) as SOFTCAP with ``softcap_in`` = scale /
-    cap and ``softcap_out`` = cap * log2(e)."""
-    left, right = (int(w) for w in window)
+    cap and ``softcap_out`` = cap * log2(e).
+
+    The mapping is read-only and shared between calls with the same arguments (a launch asks for
+    it several times)."""
+    return _mask_args(bool(causal), int(window[0]), int(window[1]), float(softcap), float(softmax_scale))
+
+
+@functools.lru_cache(maxsize=1024)
+def _mask_args(causal: bool, left: int, right: int, cap: float, softmax_scale: float) -> Mapping:
     if causal:
         if right > 0:
             raise ValueError(f"causal attention has window_right 0 (or -1), got {right}")
         right = 0
     left = -1 if left < 0 or left >= _UNBOUNDED else left
     right = -1 if right < 0 or right >= _UNBOUNDED else right
-    cap = float(softcap)
-    return dict(
+    return MappingProxyType(dict(
         window_left=max(left, 0), window_right=max(right, 0), MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
         RIGHT_WINDOW=right > 0,
-        SOFTCAP=cap > 0.0, softcap_in=float(softmax_scale) / cap if cap > 0.0 else 0.0,
+        SOFTCAP=cap > 0.0, softcap_in=softmax_scale / cap if cap > 0.0 else 0.0,
         softcap_out=cap * LOG2E if cap > 0.0 else 0.0,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None, dropout=0.0,
