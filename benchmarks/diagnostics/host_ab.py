@@ -3,7 +3,7 @@ interleaved (diagnostic).
 
 The host of a lent GPU machine changes speed by 30-50% between runs and even inside one, so two
 runs cannot compare host-time changes of 10-30%. Here both packages run in the same process in
-alternating loops (ABBA order per round), and each round gives a paired ratio new / base; the
+alternating loops (ABBA and BAAB order in turn), and each round gives a paired ratio new / base; the
 median of those ratios is the comparison, SDPA's forward + backward timed the same way is the
 noise floor (its ratio should read 1.0).
 
@@ -126,14 +126,19 @@ def main() -> None:
         for _ in range(3):
             loop(a), loop(b)
     times = {label: ([], []) for label, _, _ in pairs}
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         for label, a, b in pairs:
-            ta1, tb1, tb2, ta2 = loop(a), loop(b), loop(b), loop(a)
+            # ABBA on even rounds, BAAB on odd ones: the first loop after another row's (colder
+            # caches) falls on each package equally often
+            if r % 2 == 0:
+                ta1, tb1, tb2, ta2 = loop(a), loop(b), loop(b), loop(a)
+            else:
+                tb1, ta1, ta2, tb2 = loop(b), loop(a), loop(a), loop(b)
             times[label][0].append((ta1 + ta2) / 2)
             times[label][1].append((tb1 + tb2) / 2)
     torch.cuda.synchronize()
     print(f"Host us per call, B=1 S={s} Hq=32 Hkv=8 d={d} causal bf16, {torch.cuda.get_device_name()}, torch "
-          f"{torch.__version__}; {args.rounds} rounds of ABBA loops of {args.calls} calls")  # fmt: skip
+          f"{torch.__version__}; {args.rounds} rounds of ABBA / BAAB loops of {args.calls} calls")  # fmt: skip
     print(f"{'':40} {'base med':>9} {'new med':>9} {'base min':>9} {'new min':>9} {'new/base':>9} {'q1-q3':>12}")
     for label, (ta, tb) in times.items():
         ratios = sorted(b / a for a, b in zip(ta, tb))
