@@ -36,6 +36,16 @@ from benchmarks.diagnostics.launch_host_time import host_us  # noqa: E402
 from hf_flash import flash_attn_func  # noqa: E402
 
 
+def call_tensors(seqlen: int, head_dim: int):
+    """(q, k, v, the three as leaves that require grad, dout) of the timed call: B=1, 32 query
+    heads over 8 K/V heads, bf16, on the GPU."""
+    q = torch.randn(1, seqlen, 32, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, seqlen, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    return q, k, v, qg, kg, vg, torch.randn_like(q)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqlen", type=int, default=256)
@@ -51,12 +61,8 @@ def main() -> None:
     args = parser.parse_args()
     from hf_flash.kernels.hopper import attention_fwd as hk
 
-    dev, dtype, s, d = "cuda", torch.bfloat16, args.seqlen, args.head_dim
-    q = torch.randn(1, s, 32, d, device=dev, dtype=dtype)
-    k = torch.randn(1, s, 8, d, device=dev, dtype=dtype)
-    v = torch.randn_like(k)
-    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-    dout = torch.randn_like(q)
+    dev, s, d = "cuda", args.seqlen, args.head_dim
+    q, k, v, qg, kg, vg, dout = call_tensors(s, d)
     out = torch.empty_like(q)
     lse = torch.empty(1, 32, s, device=dev, dtype=torch.float32)
     qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))

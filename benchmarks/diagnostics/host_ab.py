@@ -79,12 +79,10 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
-    dev, dtype, s, d = "cuda", torch.bfloat16, args.seqlen, args.head_dim
-    q = torch.randn(1, s, 32, d, device=dev, dtype=dtype)
-    k = torch.randn(1, s, 8, d, device=dev, dtype=dtype)
-    v = torch.randn_like(k)
-    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-    dout = torch.randn_like(q)
+    from benchmarks.diagnostics.attention_host_time import call_tensors
+
+    s, d = args.seqlen, args.head_dim
+    q, k, v, qg, kg, vg, dout = call_tensors(s, d)
     qh, kh, vh = (t.transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
     douth = dout.transpose(1, 2).contiguous()
 
