@@ -93,7 +93,16 @@ def _fwd_body(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, posi
 
 def _bwd_body(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
               rng_state, position_ids, sinks, key_bounds, **options):  # fmt: skip
-    dsinks = _empty_dsinks(q, sinks)
+    dq, dk, dv, dsinks = _bwd_grads(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                                    rng_state, position_ids, sinks, key_bounds, **options)  # fmt: skip
+    return dq, dk, dv, _empty_dsinks(q, None) if dsinks is None else dsinks
+
+
+def _bwd_grads(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+               rng_state, position_ids, sinks, key_bounds, **options):  # fmt: skip
+    """The backward's gradients (dq, dk, dv, dsinks); dsinks None without sinks (the op's body,
+    whose outputs cannot be None, gives an empty tensor there)."""
+    dsinks = None if sinks is None else _empty_dsinks(q, sinks)
     packed = _packing.packed_boundaries(position_ids, q.shape[0], q.shape[1])
     if packed is not None:
         dq, dk, dv = _packed_bwd(dout, dlse, q, k, v, out, lse, packed, alibi_slopes, rng_state,
@@ -103,7 +112,7 @@ def _bwd_body(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_s
     _bwd.flash_attn_backward(
         unit_last_stride(dout), dlse, q, k, v, out, lse, dq, dk, dv,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes,
-        rng_state=rng_state, sinks=sinks, dsinks=None if sinks is None else dsinks,
+        rng_state=rng_state, sinks=sinks, dsinks=dsinks,
         key_bounds=key_bounds, **options,
     )  # fmt: skip
     return dq, dk, dv, dsinks
@@ -165,7 +174,7 @@ def _packed_bwd(dout, dlse, q, k, v, out, lse, packed, alibi_slopes, rng_state, 
     _bwd.flash_attn_backward(
         unit_last_stride(_flat(dout)), None if dlse is None else to_varlen(dlse), _flat(q),
         _flat(k), _flat(v), _flat(out), to_varlen(lse), *flat, rng_state=rng_state, sinks=sinks,
-        dsinks=None if sinks is None else dsinks, **_packed_options(q, packed, alibi_slopes, options),
+        dsinks=dsinks, **_packed_options(q, packed, alibi_slopes, options),
     )  # fmt: skip
     for g, f in zip(grads, flat):
         _unflatten_into(g, f)
@@ -260,9 +269,10 @@ def attention_forward(
 
 def _attn_bwd(*tensors, **options) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Attention backward (``hf_flash::attn_bwd``'s arguments), dispatched like the forward; it
-    runs inside autograd's backward, never differentiated itself."""
+    runs inside autograd's backward, never differentiated itself. dsinks is None without sinks
+    on the direct path."""
     if direct_call(*(t for t in tensors if t is not None)):
-        return _bwd_body(*tensors, **options)
+        return _bwd_grads(*tensors, **options)
     return _attn_bwd_op(*tensors, **options)
 
 

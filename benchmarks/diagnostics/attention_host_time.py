@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--device-time", action="store_true")
     parser.add_argument("--primitives", action="store_true")
     parser.add_argument("--split", action="store_true")
+    parser.add_argument("--thread-cost", action="store_true")
     args = parser.parse_args()
     from hf_flash.kernels.hopper import attention_fwd as hk
 
@@ -142,6 +143,8 @@ def main() -> None:
             print(f"{label:48} {host_us(fn, args.calls, args.repeats):8.1f}")
     if args.split:
         _split(public_fwd_bwd_parts, sdpa_fwd_bwd_parts, dout, douth, args.calls, args.repeats)
+    if args.thread_cost:
+        _thread_cost(q, dout, args.calls, args.repeats)
     if args.primitives:
         print("== primitives (host us per call)")
         for label, fn in _primitives(q, k, v, dout, out, lse, scale):
@@ -202,6 +205,47 @@ def _split(ours, sdpa, dout, douth, calls: int, repeats: int) -> None:
             finally:
                 gc.enable()
             print(f"{name + ', ' + label:48} {f:8.1f} {b:8.1f} {f + b:8.1f}")
+
+
+class _Busy(torch.autograd.Function):
+    """A no-op attention stand-in whose forward and backward each run ``n`` steps of Python that
+    write the same ``n`` small objects (as a Python launcher's bookkeeping touches its dicts,
+    plans and module state), so the cost of running the backward on another thread can be read
+    against the amount of Python it runs."""
+
+    objects = [[0] for _ in range(8192)]
+
+    @staticmethod
+    def touch(n: int) -> None:
+        for o in _Busy.objects[:n]:
+            o[0] += 1
+
+    @staticmethod
+    def forward(ctx, q, n):
+        ctx.n = n
+        _Busy.touch(n)
+        return torch.empty_like(q)
+
+    @staticmethod
+    def backward(ctx, dout):
+        _Busy.touch(ctx.n)
+        return dout, None
+
+
+def _thread_cost(q, dout, calls: int, repeats: int) -> None:
+    """Forward + backward of :class:`_Busy` for a few amounts of Python work, with the backward on
+    autograd's device thread and on the calling thread (best of ``repeats`` loops each)."""
+    leaf = q.clone().requires_grad_()
+    print("== thread cost: _Busy forward + backward, us per call (device thread, calling thread, excess)")
+    for n in (0, 512, 2048, 8192):
+        def call():
+            torch.autograd.grad(_Busy.apply(leaf, n), (leaf,), dout)
+
+        times = []
+        for threads in (True, False):
+            with torch.autograd.set_multithreading_enabled(threads):
+                times.append(host_us(call, calls, repeats))
+        print(f"{'objects written ' + str(n):48} {times[0]:8.1f} {times[1]:8.1f} {times[0] - times[1]:8.1f}")
 
 
 def _device_time(fn, iters: int) -> None:
