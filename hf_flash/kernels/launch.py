@@ -37,6 +37,11 @@ Contract for callers: the kernel's runtime parameters are ordered pointers (tens
 Gluon TMA descriptors), then integers, then floats, then constexprs, which
 :meth:`CachedLauncher.meta` receives by keyword (with the launch options). Integers must be
 Python ints and floats Python floats.
+
+A layer above, :class:`LaunchPlan` and :class:`PlanCache` keep a launcher's whole argument set
+per call signature (what its argument builder computes from shapes, strides and options), so the
+Gluon launchers skip that work on repeated calls too (``HF_FLASH_LAUNCH_PLANS=0`` or
+:func:`launch_plans` switch it off).
 """
 
 from __future__ import annotations
