@@ -13,7 +13,10 @@ noise floor (its ratio should read 1.0).
 ``--prepare`` copies ``hf_flash`` at git revision REV and renames it ``hf_flash_base`` (its
 imports, and its torch.library op namespace, so both packages' custom ops can be registered).
 Each loop: ``--calls`` calls (B=1, Hq=32, Hkv=8, bf16, causal), the time until everything is
-queued divided by the calls (the device is synchronised outside the timing).
+queued divided by the calls (the device is synchronised outside the timing). ``--cpus 1`` puts
+every thread on one core: with it, the rows "forward + backward" (the backward on autograd's
+device thread) and "calling thread" show whether that thread's extra cost comes from running on
+another core.
 """
 
 from __future__ import annotations
@@ -64,7 +67,14 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--cpus", type=int, default=0,
+                        help="run on the first N CPUs only (threads made later, autograd's device threads "
+                             "included, inherit it; 1: every thread on one core)")  # fmt: skip
     args = parser.parse_args()
+    if args.cpus:
+        import os
+
+        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:args.cpus]))
     if args.prepare:
         prepare(args.prepare[0], Path(args.prepare[1]))
         return

@@ -414,3 +414,21 @@ def test_backward_benchmark_window_option():
     name = hb.DEFAULT[(128, True)]
     assert set(providers(q, k, v, q, True, [name], triton_backward=False, window=(4095, 0))) == {"hopper:" + name}
     assert "sdpa" in providers(q, k, v, q, True, [name], triton_backward=False)
+
+
+def test_host_ab_prepare_renames_every_reference(tmp_path):
+    """benchmarks/diagnostics/host_ab.py --prepare: a revision's hf_flash copied as hf_flash_base,
+    with no import of, or torch.library op in, the working tree's package left in it (the two run
+    in one process)."""
+    import re
+
+    from benchmarks.diagnostics.host_ab import BASE, prepare
+
+    prepare("HEAD", tmp_path)
+    files = list((tmp_path / BASE).rglob("*.py"))
+    assert any(f.name == "interface.py" for f in files)
+    imports = re.compile(r"^(from|import)\s+hf_flash\b(?!_base)")
+    for f in files:
+        for line in f.read_text().splitlines():
+            assert not imports.search(line.strip()) and "hf_flash::" not in line, (f, line)
+    assert "hf_flash_base::attn_fwd" in (tmp_path / BASE / "interface.py").read_text()
