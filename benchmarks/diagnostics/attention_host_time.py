@@ -14,7 +14,13 @@ backward on a kept graph), without a profiler's distortion. ``--sync-check``: on
 backward under ``torch.cuda.set_sync_debug_mode("warn")``, listing the calls that synchronise the
 host with the device (a host time that includes device time). ``--device-time``: the kernels
 one public forward + backward runs and their device time (torch.profiler, the median of
-``--calls`` // 10 iterations, at least 3), to set the host time beside.
+``--calls`` // 10 iterations, at least 3), to set the host time beside. ``--primitives``: the
+building blocks of those layers on their own (torch's allocations and device switch, the
+interface's checks, one TMA descriptor built and encoded, autograd around a no-op).
+``--split``: a forward + backward loop's time in its forward and its ``autograd.grad``, with the
+backward on autograd's device thread and on the calling thread. ``--thread-cost``: that thread's
+extra cost for a no-op autograd Function running a given amount of Python (older-against-newer
+package comparisons: host_ab.py).
 """
 
 from __future__ import annotations
@@ -170,8 +176,7 @@ def _split(ours, sdpa, dout, douth, calls: int, repeats: int) -> None:
     the hand-off to autograd's device thread and the graph's release), each summed over the loop
     (best of ``repeats``), as they are (autograd's device threads on) and with the backward on the
     calling thread (``torch.autograd.set_multithreading_enabled(False)``), with Python's garbage
-    collector off too. Says whether a forward + backward costs more than its parts measured
-    alone."""
+    collector off too: what running the backward on another thread adds, for ours and SDPA's."""
     import gc
     import time
 

@@ -101,6 +101,17 @@ def fast_launch(enabled: bool):
         _ENABLED = previous
 
 
+def tma_descriptor(base: torch.Tensor, shape: list, strides: list, block: list, layout, padding="zero"):
+    """Gluon's host ``TensorDescriptor`` built without its own argument checks (rank, 16-byte
+    base and strides, unit last stride, block shape: several microseconds of host time per
+    descriptor, and a launch takes four to eight): the Gluon launchers describe tensors that passed
+    their ``tma_compatible`` check or that they allocated themselves, with their variants' own tile
+    shapes, and :class:`LaunchPlan` rebuilds descriptors from geometry captured from those."""
+    desc = object.__new__(_TMA_DESCRIPTOR)
+    desc.__dict__.update(base=base, shape=shape, strides=strides, block_shape=block, layout=layout, padding=padding)
+    return desc
+
+
 @contextlib.contextmanager
 def launch_plans(enabled: bool):
     """Switch the launch-plan caches (:class:`PlanCache`) on or off for a block: off, every call
@@ -297,8 +308,7 @@ class LaunchPlan:
     argument, and every descriptor's base, must be one of them (by identity); a descriptor is
     kept as its slot and geometry (shape, strides, block shape, shared layout, padding).
     :meth:`pointers` rebuilds the pointer arguments from another call's tensors in the same
-    slots. Descriptors are rebuilt without Gluon's argument checks, as the launchers' own
-    ``tma_descriptor`` builds them: the geometry passed those when it was captured."""
+    slots (descriptors through :func:`tma_descriptor`)."""
 
     __slots__ = ("grid", "parts", "ints", "floats", "meta")
 
@@ -330,32 +340,29 @@ class LaunchPlan:
     def pointers(self, tensors) -> list:
         out = []
         add = out.append
-        new = object.__new__
         for part in self.parts:
             if part is None:
                 add(None)
             elif part.__class__ is int:
                 add(tensors[part])
             else:
-                slot, shape, strides, block, layout, padding = part
-                desc = new(_TMA_DESCRIPTOR)
-                desc.__dict__.update(base=tensors[slot], shape=shape, strides=strides, block_shape=block, layout=layout,
-                                     padding=padding)  # fmt: skip
-                add(desc)
+                slot, *geometry = part
+                add(tma_descriptor(tensors[slot], *geometry))
         return out
 
 
 class PlanCache:
-    """Launch plans by call signature (the key a launcher builds from everything its plan
-    depends on). ``get(key, build)`` returns the kept plan, or ``build()``'s, kept; with plans
-    switched off (:func:`launch_plans`, ``HF_FLASH_LAUNCH_PLANS=0``) every call builds. Bounded
-    like the launch tables (emptied at ``_EXACT_MAX`` entries)."""
+    """Launch plans, or other answers a launcher derives from a call signature alone (the
+    Gluon ``supports()`` checks), by a key holding everything they depend on. ``get(key,
+    build)`` returns the kept value, or ``build()``'s, kept; with plans switched off
+    (:func:`launch_plans`, ``HF_FLASH_LAUNCH_PLANS=0``) every call builds. Bounded like the launch
+    tables (emptied at ``_EXACT_MAX`` entries)."""
 
     def __init__(self):
         self._plans: dict = {}
         self.built = 0
 
-    def get(self, key, build) -> LaunchPlan:
+    def get(self, key, build):
         if not _PLANS:
             self.built += 1
             return build()
@@ -367,6 +374,3 @@ class PlanCache:
                 self._plans.clear()
             self._plans[key] = plan
         return plan
-
-    def clear(self) -> None:
-        self._plans.clear()

@@ -124,10 +124,10 @@ from triton.experimental.gluon.language._core import builtin as _builtin
 
 from .. import configs
 from ..flash_bwd import stats_numel  # the buffer's layout is the preprocess's (re-exported)
-from ..launch import CachedLauncher, LaunchPlan, PlanCache
+from ..launch import CachedLauncher, LaunchPlan, PlanCache, tma_descriptor
 from .attention_fwd import (
     LOG2E, MAX_SEQLEN, _descriptor, _mma_layout, _per_tile, _tanh, mask_args, schedule_entry, schedule_slots,
-    seqlen_variant, tensors_key, tma_compatible, tma_descriptor, varlen_schedule,
+    seqlen_variant, tensors_key, tma_compatible, varlen_schedule,
 )
 
 PRODUCER_REGS = 24
@@ -2043,16 +2043,11 @@ def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softc
     if not all(isinstance(t, torch.Tensor) for t in (out, dout, dk, dv)):
         return False
     key = (tensors_key(q, k, out, dout, dk, dv), bool(varlen))
-    covered = _COVERED.get(key)
-    if covered is None:
-        covered = _COVERED[key] = _geometry_covered(q, k, out, dout, dk, dv, varlen)
-        if len(_COVERED) > 4096:
-            _COVERED.clear()
-    return covered
+    return _COVERED.get(key, lambda: _geometry_covered(q, k, out, dout, dk, dv, varlen))
 
 
 # supports()' answers for the gradients' geometry (attention_fwd.tensors_key), once per geometry
-_COVERED: dict = {}
+_COVERED = PlanCache()
 
 
 def _geometry_covered(q, k, out, dout, dk, dv, varlen: bool) -> bool:

@@ -89,7 +89,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .. import configs
-from ..launch import CachedLauncher, LaunchPlan, PlanCache
+from ..launch import CachedLauncher, LaunchPlan, PlanCache, tma_descriptor
 
 LOG2E = 1.4426950408889634
 LN2 = gl.constexpr(0.6931471805599453)
@@ -1039,13 +1039,9 @@ def supports(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
         return False
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or not _on_hopper(q):
         return False
-    key = (tensors_key(q, k, v), bool(varlen), max(window) >= 0)
-    covered = _COVERED.get(key)
-    if covered is None:
-        covered = _COVERED[key] = _geometry_covered(q, k, v, varlen, max(window) >= 0)
-        if len(_COVERED) > 4096:
-            _COVERED.clear()
-    return covered
+    windowed = max(window) >= 0
+    key = (tensors_key(q, k, v), bool(varlen), windowed)
+    return _COVERED.get(key, lambda: _geometry_covered(q, k, v, varlen, windowed))
 
 
 def tensors_key(*tensors) -> tuple:
@@ -1063,7 +1059,7 @@ def tensors_key(*tensors) -> tuple:
 
 # supports()' answers for the tensor geometry (tensors_key) of dense/packed calls, with or without
 # a window: the shape and layout checks run once per geometry
-_COVERED: dict = {}
+_COVERED = PlanCache()
 
 
 def _geometry_covered(q, k, v, varlen: bool, windowed: bool) -> bool:
@@ -1111,17 +1107,6 @@ def _descriptor(t: torch.Tensor, rows: int, cols: int = None) -> TensorDescripto
         strides = [t.stride(0), t.stride(2), t.stride(1), 1]
     block = [1, 1, rows, cols or t.shape[-1]]
     return tma_descriptor(t, shape, strides, block, shared_layout(tuple(block), t.dtype))
-
-
-def tma_descriptor(base: torch.Tensor, shape: list, strides: list, block: list, layout) -> TensorDescriptor:
-    """Gluon's host ``TensorDescriptor`` built without its own argument checks (rank, 16-byte
-    base and strides, unit last stride, block shape: several microseconds of host time per
-    descriptor, and a launch takes four to eight): the tensors the launchers describe have passed
-    :func:`tma_compatible` (in :func:`supports` or the launcher itself) or were allocated by them,
-    and the tile shapes are the variants' own."""
-    desc = object.__new__(TensorDescriptor)
-    desc.__dict__.update(base=base, shape=shape, strides=strides, block_shape=block, layout=layout, padding="zero")
-    return desc
 
 
 @functools.lru_cache(maxsize=None)
@@ -1253,8 +1238,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
     args = (
         _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
         _descriptor(out, var.block_m), out, lse, sched, cu_seqlens_q, cu_seqlens_k,
-        # dynamic persistent launches: the item counter, zeroed per launch (stream-ordered, so
-        # concurrent launches and CUDA graph replays each start from 0)
+        # dynamic persistent launches: the item counter
         (item_counter(q.device) if counter is None else counter) if var.dynamic else None,
         stride_om, stride_oh, stride_lb, stride_lh, stride_lm,
         nheads, nheads // nheads_k, n_bh, n_m, seqlen_q, seqlen_k, masks["window_left"], masks["window_right"],
