@@ -42,9 +42,11 @@ Timing (``harness.bench_ms``: CUDA events, L2 flushed, median with p20/p80):
   fwd      the forward under ``torch.no_grad()`` (prefill);
   bwd      ``torch.autograd.grad`` of an output whose graph is retained (backward kernels only);
   fwd+bwd  forward with autograd, then ``torch.autograd.grad``.
-With ``--rounds N`` every shape's providers take turns N times and each row holds a provider's
-median round (``rounds_ms``: every round's time), so a drift of the GPU's clock over the run
-lands in the spread, not in one provider's number (default 1 for the grid).
+With ``--rounds N`` every shape's providers take turns N times (in reverse order on odd rounds)
+and each row holds a provider's median round (``rounds_ms``: every round's time), so a drift of
+the GPU's clock over the run lands in the spread, not in one provider's number (default 1 for
+the grid). ``ratio`` is the ratio of the median rounds; ``ratio_paired`` the median over rounds
+of each round's own ratio, which cancels a drift slower than one round.
 
 FlexAttention is compiled once (``--flex-compile dynamic``, the default: one graph per mask,
 pass and head dim serves every S, which keeps the full grid inside ~5 minutes) or per shape
@@ -76,6 +78,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import statistics
 import sys
 import time
 from typing import Callable, Optional
@@ -390,6 +393,17 @@ def median_round(runs: list[dict]) -> dict:
     return {**mid, "rounds_ms": [x["ms"] for x in ok]}
 
 
+def paired_ratio(ours: dict, peer: dict) -> Optional[float]:
+    """The median over rounds of the peer's time / ours in the same round (the two timed close
+    together, so a drift of the GPU's clock over the run cancels), or None without at least two
+    rounds timed for both (a round that errored leaves the rounds unpaired). ``ratio`` is the
+    ratio of the two median rounds."""
+    a, b = ours.get("rounds_ms") or [], peer.get("rounds_ms") or []
+    if len(a) < 2 or len(a) != len(b):
+        return None
+    return statistics.median(y / x for x, y in zip(a, b))
+
+
 def spot_check(built: dict) -> tuple[Optional[float], Optional[str]]:
     """max |hf_flash - sdpa| of the forward outputs, in (B, S, H, D)."""
     if "hf_flash" not in built or "sdpa" not in built:
@@ -424,11 +438,12 @@ def run_shape(head_dim, mask, seqlen, args, build, timing) -> list[dict]:
             info[name] = {"error": _error(e)}
     diff, diff_error = spot_check(built)
     _free()
-    # providers take turns over the rounds (drift between them shows as spread, not as bias);
-    # each provider is freed after its last round
+    # providers take turns over the rounds, in reverse order on odd rounds (drift between them
+    # shows as spread, not as bias, and no provider always follows the same one); each provider
+    # is freed after its last round
     timed: dict = {name: {} for name in built}
     for r in range(args.rounds):
-        for name in args.providers:
+        for name in args.providers if r % 2 == 0 else args.providers[::-1]:
             if name not in built:
                 continue
             attn, leaves, dout_p, _, *context = built[name]
@@ -461,10 +476,11 @@ def run_shape(head_dim, mask, seqlen, args, build, timing) -> list[dict]:
             results[name] = r
         hf = tflops.get("hf_flash")
         ratio = {peer: (hf / tflops[peer] if hf and tflops.get(peer) else None) for peer in PEERS}
+        paired = {peer: paired_ratio(results.get("hf_flash", {}), results.get(peer, {})) for peer in PEERS}
         rows.append({
             **shape, "nheads_q": NHEADS_Q, "nheads_kv": NHEADS_KV, "dtype": "bfloat16",
             "window": WINDOW if mask == "window" else None, "pass": p, "flops": f,
-            "tflops": tflops, "ratio": ratio, "results": results,
+            "tflops": tflops, "ratio": ratio, "ratio_paired": paired, "results": results,
             "max_abs_diff_vs_sdpa": diff, "spot_check_error": diff_error,
         })  # fmt: skip
     return rows

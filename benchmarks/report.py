@@ -107,15 +107,22 @@ def attention_section(data: dict) -> list[str]:
         sub = [r for r in rows if r.get("pass") == p]
         header = ["shape"] + [PROVIDER_TITLES[x] for x in present]
         header += ["hf / SDPA flash", "hf / SDPA default", "hf / FlexAttention", "max diff vs SDPA"]
-        if any(r.get("mask") == "window" for r in sub):
+        # rows of runs since 2026-11-30 also hold the median of each round's own ratio
+        paired = any((r.get("ratio_paired") or {}).get("sdpa") is not None for r in sub)
+        if paired:
+            header.insert(-1, "hf / SDPA default, paired rounds")
+        windowed = any(r.get("mask") == "window" for r in sub)
+        if windowed:
             header.append("window speedup vs causal")
         body = []
         for r in sub:
             ratio = r.get("ratio") or {}
             line = [_shape(r)] + [_provider_cell(r, x) for x in present]
-            line += [ratio.get("sdpa_flash"), ratio.get("sdpa"), ratio.get("flex"),
-                     r.get("max_abs_diff_vs_sdpa")]  # fmt: skip
-            if len(header) > len(line):
+            line += [ratio.get("sdpa_flash"), ratio.get("sdpa"), ratio.get("flex")]
+            if paired:
+                line.append((r.get("ratio_paired") or {}).get("sdpa"))
+            line.append(r.get("max_abs_diff_vs_sdpa"))
+            if windowed:
                 line.append(window_speedup(r, rows) if r.get("mask") == "window" else None)
             body.append(line)
         out += [f"#### {p} (TFLOP/s)", ""] + md_table(header, body) + [""]

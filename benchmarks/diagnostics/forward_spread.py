@@ -47,16 +47,20 @@ class ClockStream:
     def __init__(self, device: int, period_ms: int = 10):
         import shutil
         import subprocess
+        import tempfile
 
         self.error, self._proc, self.samples = None, None, []
         exe = shutil.which("nvidia-smi")
         if exe is None:
             self.error = "nvidia-smi not found"
             return
+        # a file, not a pipe: nothing reads a pipe until the run ends, and a full one (~64 KB,
+        # ~1,700 samples) would stall nvidia-smi
+        self._log = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen(
             [exe, "-i", str(device), "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
              f"-lms={period_ms}"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=self._log, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
 
     def stop(self) -> None:
@@ -65,7 +69,10 @@ class ClockStream:
         if self._proc is None:
             return
         self._proc.terminate()
-        text, _ = self._proc.communicate()
+        self._proc.wait()
+        self._log.seek(0)
+        text = self._log.read()
+        self._log.close()
         for line in text.splitlines():
             parts = [x.strip() for x in line.split(",")]
             try:

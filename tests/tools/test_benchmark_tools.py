@@ -237,7 +237,7 @@ def test_attention_grid_rounds_alternate_providers_and_keep_the_median(monkeypat
     monkeypatch.setattr(attention, "DEVICE", "cpu")
     monkeypatch.setattr(attention, "_free", lambda: None)
     calls = []
-    scripted = {"hf_flash": iter([3.0, 1.0, 2.0]), "sdpa": iter([4.0, 6.0, 5.0])}
+    scripted = {"hf_flash": iter([3.0, 1.0, 2.0]), "sdpa": iter([4.0, 6.0, 3.0])}
 
     def fake_time_passes(attn, leaves, dout, passes, timing):
         name = attn.__name__
@@ -261,11 +261,15 @@ def test_attention_grid_rounds_alternate_providers_and_keep_the_median(monkeypat
              "sdpa": provider("sdpa", lambda s: (s[0], s[2], s[1], s[3]))}  # fmt: skip
     args = argparse.Namespace(providers=["hf_flash", "sdpa"], passes=["fwd"], rounds=3)
     (row,) = attention.run_shape(64, "causal", 16384, args, build, {})
-    assert calls == ["hf_flash", "sdpa"] * 3
+    # odd rounds run the providers in reverse order
+    assert calls == ["hf_flash", "sdpa", "sdpa", "hf_flash", "hf_flash", "sdpa"]
     hf, sd = row["results"]["hf_flash"], row["results"]["sdpa"]
     assert (hf["ms"], hf["p20_ms"], hf["rounds_ms"]) == (2.0, 1.5, [3.0, 1.0, 2.0])
-    assert (sd["ms"], sd["rounds_ms"]) == (5.0, [4.0, 6.0, 5.0])
-    assert row["ratio"]["sdpa"] == 5.0 / 2.0  # TFLOP/s ratio = inverse time ratio
+    assert (sd["ms"], sd["rounds_ms"]) == (4.0, [4.0, 6.0, 3.0])
+    assert row["ratio"]["sdpa"] == 4.0 / 2.0  # TFLOP/s ratio = inverse time ratio
+    # per round 4/3, 6/1, 3/2: the median of the paired ratios, not the ratio of the medians
+    assert row["ratio_paired"]["sdpa"] == 1.5
+    assert row["ratio_paired"]["flex"] is None  # not run
     assert row["max_abs_diff_vs_sdpa"] == 0.0, row["spot_check_error"]
 
 
@@ -286,6 +290,15 @@ def test_attention_grid_takes_lengths_and_head_dims_outside_the_default_grid():
     # the window mask needs sequences longer than its window
     assert grid(head_dims=[64], masks=["window"], seqlens=[512]) == []
     assert {s for _, _, s in grid()} == set(attention.SEQLENS)
+
+
+def test_paired_ratio_needs_two_paired_rounds():
+    from benchmarks.attention import paired_ratio
+
+    assert paired_ratio({"rounds_ms": [2.0, 4.0]}, {"rounds_ms": [3.0, 4.0]}) == (1.5 + 1.0) / 2
+    assert paired_ratio({"rounds_ms": [2.0]}, {"rounds_ms": [3.0]}) is None  # one round
+    assert paired_ratio({"rounds_ms": [2.0, 4.0]}, {"rounds_ms": [3.0]}) is None  # a round errored
+    assert paired_ratio({"error": "x"}, {"rounds_ms": [3.0, 4.0]}) is None
 
 
 def test_median_round_reports_the_error_when_no_round_was_timed():
