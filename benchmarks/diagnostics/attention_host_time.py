@@ -19,8 +19,9 @@ building blocks of those layers on their own (torch's allocations and device swi
 interface's checks, one TMA descriptor built and encoded, autograd around a no-op).
 ``--split``: a forward + backward loop's time in its forward and its ``autograd.grad``, with the
 backward on autograd's device thread and on the calling thread. ``--thread-cost``: that thread's
-extra cost for a no-op autograd Function running a given amount of Python (older-against-newer
-package comparisons: host_ab.py).
+extra cost for a no-op autograd Function running a given amount of Python; ``--thread-parts``:
+the same for the pieces of the real backward (allocations, fills, launches, the whole of it).
+Older-against-newer package comparisons: host_ab.py.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def main() -> None:
     parser.add_argument("--primitives", action="store_true")
     parser.add_argument("--split", action="store_true")
     parser.add_argument("--thread-cost", action="store_true")
+    parser.add_argument("--thread-parts", action="store_true")
     args = parser.parse_args()
     from hf_flash.kernels.hopper import attention_fwd as hk
 
@@ -151,6 +153,8 @@ def main() -> None:
         _split(public_fwd_bwd_parts, sdpa_fwd_bwd_parts, dout, douth, args.calls, args.repeats)
     if args.thread_cost:
         _thread_cost(q, dout, args.calls, args.repeats)
+    if args.thread_parts:
+        _thread_parts(q, k, v, dout, args.calls, args.repeats)
     if args.primitives:
         print("== primitives (host us per call)")
         for label, fn in _primitives(q, k, v, dout, out, lse, scale):
@@ -251,6 +255,71 @@ def _thread_cost(q, dout, calls: int, repeats: int) -> None:
             with torch.autograd.set_multithreading_enabled(threads):
                 times.append(host_us(call, calls, repeats))
         print(f"{'objects written ' + str(n):48} {times[0]:8.1f} {times[1]:8.1f} {times[0] - times[1]:8.1f}")
+
+
+class _Part(torch.autograd.Function):
+    """A no-op stand-in whose backward runs ``_Part.work()``: what one piece of the real backward
+    (allocations, fills, launches, its Python) costs on autograd's device thread."""
+
+    work = staticmethod(lambda: None)
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, dout):
+        _Part.work()
+        return dout
+
+
+def _thread_parts(q, k, v, dout, calls: int, repeats: int) -> None:
+    """The pieces of the public backward, each run as the backward of :class:`_Part`, on autograd's
+    device thread and on the calling thread (best of ``repeats`` loops each, the two modes
+    alternating): which kind of work carries the device thread's extra cost."""
+    from hf_flash import interface
+    from hf_flash.kernels import flash_bwd
+    from hf_flash.kernels.hopper import attention_fwd as hk
+
+    s = q.shape[1]
+    options = interface._call_options(q, s, s, 0.0, None, True, (-1, -1), 0.0)
+    with torch.no_grad():
+        out, lse = interface.attention_forward(q, k, v, **options)
+    out2, lse2 = torch.empty_like(out), torch.empty_like(lse)
+    one = torch.zeros(1, device=q.device)
+    variant = hk.default_variant(q.shape[-1], True, seqlen_q=s)
+    parts = [
+        ("nothing", lambda: None),
+        ("4 allocations (dq, dk, dv, delta)",
+         lambda: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(lse))),
+        ("2 int32 zero-fills (1 and 256 counters)",
+         lambda: (torch.zeros(1, dtype=torch.int32, device=q.device),
+                  torch.zeros(256, dtype=torch.int32, device=q.device))),
+        ("4 torch kernels (add_ on one float)", lambda: [one.add_(1) for _ in range(4)]),
+        ("backward preprocess (alloc + Triton launch)",
+         lambda: flash_bwd.backward_preprocess(out, dout, None, lse, cu_seqlens_q=None, max_seqlen_q=s)),
+        ("Gluon forward launch (ready buffers)",
+         lambda: hk.hopper_attention_forward(q, k, v, out2, lse2, softmax_scale=options["softmax_scale"],
+                                             causal=True, variant=variant)),
+        ("the public backward (interface._bwd_grads)",
+         lambda: interface._bwd_grads(dout, None, q, k, v, out, lse, None, None, None, None, None, None, None,
+                                      **options)),
+    ]  # fmt: skip
+    leaf = q.clone().requires_grad_()
+
+    def call():
+        torch.autograd.grad(_Part.apply(leaf), (leaf,), dout)
+
+    print("== thread parts: _Part forward + backward, us per call (device thread, calling thread, excess)")
+    for label, work in parts:
+        _Part.work = staticmethod(work)
+        best = {True: float("inf"), False: float("inf")}
+        for _ in range(3):  # the two modes alternate, each keeping its best
+            for threads in (True, False):
+                with torch.autograd.set_multithreading_enabled(threads):
+                    best[threads] = min(best[threads], host_us(call, calls, repeats))
+        print(f"{label:48} {best[True]:8.1f} {best[False]:8.1f} {best[True] - best[False]:8.1f}")
+    _Part.work = staticmethod(lambda: None)
 
 
 def _device_time(fn, iters: int) -> None:
