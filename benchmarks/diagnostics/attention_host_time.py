@@ -21,6 +21,9 @@ interface's checks, one TMA descriptor built and encoded, autograd around a no-o
 backward on autograd's device thread and on the calling thread. ``--thread-cost``: that thread's
 extra cost for a no-op autograd Function running a given amount of Python; ``--thread-parts``:
 the same for the pieces of the real backward (allocations, fills, launches, the whole of it).
+``--floor``: forward + backward with the launchers called directly (no checks, dispatch or
+custom-op layer; the same kernels, gradients checked equal) beside the public path and SDPA: the
+host time the layers above the launchers add.
 Older-against-newer package comparisons: host_ab.py.
 """
 
@@ -67,6 +70,7 @@ def main() -> None:
     parser.add_argument("--split", action="store_true")
     parser.add_argument("--thread-cost", action="store_true")
     parser.add_argument("--thread-parts", action="store_true")
+    parser.add_argument("--floor", action="store_true")
     args = parser.parse_args()
     from hf_flash.kernels.hopper import attention_fwd as hk
 
@@ -155,6 +159,8 @@ def main() -> None:
         _thread_cost(q, dout, args.calls, args.repeats)
     if args.thread_parts:
         _thread_parts(q, k, v, dout, args.calls, args.repeats)
+    if args.floor:
+        _floor(qg, kg, vg, dout, public_fwd_bwd, sdpa_fwd_bwd, args.calls, args.repeats)
     if args.primitives:
         print("== primitives (host us per call)")
         for label, fn in _primitives(q, k, v, dout, out, lse, scale):
@@ -320,6 +326,71 @@ def _thread_parts(q, k, v, dout, calls: int, repeats: int) -> None:
                     best[threads] = min(best[threads], host_us(call, calls, repeats))
         print(f"{label:48} {best[True]:8.1f} {best[False]:8.1f} {best[True] - best[False]:8.1f}")
     _Part.work = staticmethod(lambda: None)
+
+
+class _Floor(torch.autograd.Function):
+    """One dense causal forward + backward with the least host work hf_flash's kernels allow:
+    the Hopper launchers and the backward preprocess called directly (variants fixed, no checks,
+    no dispatch, no custom-op layer). What the layers above the launchers cost is the public
+    path's time less this one's."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, variants):
+        from hf_flash.kernels.hopper import attention_fwd as hk
+
+        b, s, h, _ = q.shape
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device=q.device, dtype=torch.float32)
+        scale = q.shape[-1] ** -0.5
+        hk.hopper_attention_forward(q, k, v, out, lse, softmax_scale=scale, causal=True, variant=variants[0])
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.variant = variants[1]
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        from hf_flash.kernels import flash_bwd
+        from hf_flash.kernels.hopper import attention_bwd as hb
+
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        delta, stats = flash_bwd.backward_preprocess(out, dout, None, lse, cu_seqlens_q=None, max_seqlen_q=q.shape[1],
+                                                     stats_m=hb.VARIANTS[ctx.variant].stats_rows)  # fmt: skip
+        if not hb.hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=q.shape[-1] ** -0.5,
+                                            causal=True, variant=ctx.variant, stats=stats):  # fmt: skip
+            raise RuntimeError(f"--floor needs a backward variant that writes dQ; {ctx.variant} does not")
+        return dq, dk, dv, None
+
+
+def _floor(qg, kg, vg, dout, public_fwd_bwd, sdpa_fwd_bwd, calls: int, repeats: int) -> None:
+    """Forward + backward: the public path, :class:`_Floor` (the same kernels), SDPA; each with
+    the backward on autograd's device thread and on the calling thread, the rows alternating
+    (best of ``repeats`` loops, three turns each)."""
+    from hf_flash.kernels.hopper import attention_bwd as hb
+    from hf_flash.kernels.hopper import attention_fwd as hk
+
+    s, d = qg.shape[1], qg.shape[-1]
+    variants = (hk.default_variant(d, True, seqlen_q=s), hb.variant_for(d, True, seqlen_q=s))
+
+    def floor():
+        return torch.autograd.grad(_Floor.apply(qg, kg, vg, variants), (qg, kg, vg), dout)
+
+    ref = public_fwd_bwd()
+    got = floor()
+    torch.cuda.synchronize()
+    if not all(torch.equal(a, b) for a, b in zip(ref, got)):
+        raise RuntimeError("the floor's gradients differ from the public path's: not the same kernels")
+    rows = [("public flash_attn_func", public_fwd_bwd), (f"floor ({variants[0]}, {variants[1]})", floor),
+            ("SDPA", sdpa_fwd_bwd)]  # fmt: skip
+    best = {(label, t): float("inf") for label, _ in rows for t in (True, False)}
+    for _ in range(3):
+        for label, fn in rows:
+            for threads in (True, False):
+                with torch.autograd.set_multithreading_enabled(threads):
+                    best[label, threads] = min(best[label, threads], host_us(fn, calls, repeats))
+    print("== floor: forward + backward, us per call (device thread, calling thread)")
+    for label, _ in rows:
+        print(f"{label:48} {best[label, True]:8.1f} {best[label, False]:8.1f}")
 
 
 def _device_time(fn, iters: int) -> None:
