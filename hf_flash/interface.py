@@ -32,8 +32,10 @@ from torch import Tensor
 from . import _checks, _packing
 from ._checks import kernel_window, unit_last_stride
 from ._runtime import direct_call, host_reads_allowed
+from .kernels import configs, launch
 from .kernels import flash_bwd as _bwd
 from .kernels import flash_fwd as _fwd
+from .kernels.launch import PlanCache
 
 __all__ = [
     "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
@@ -289,6 +291,135 @@ def _call_options(q, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causa
 
 
 # --------------------------------------------------------------------------------------------
+# Call plans: repeated plain dense calls on the Gluon Hopper kernels. Everything the general path
+# decides for such a call (the checks, the options, which kernels and variants run) follows from
+# its signature, so the first call of a signature goes through the general path's checks and
+# dispatch and keeps the result; later calls allocate, launch and wire autograd directly (about
+# a third of the public forward + backward's host time, measured on an H200 host). The kernels'
+# launchers are the same ones, called with the same arguments.
+# --------------------------------------------------------------------------------------------
+
+
+class _DensePlan:
+    """What one signature of :func:`dense_attention` runs: the ops' ``options``, the kernels'
+    ``window``, the Hopper forward and backward variants and the statistics rows the backward's
+    preprocess writes; ``backward`` None where the Hopper backward leaves dQ to the Triton kernel
+    (d256): the general backward runs those."""
+
+    __slots__ = ("options", "window", "forward", "backward", "stats_m")
+
+    def __init__(self, options: dict, forward: str, backward: str, stats_m: int):
+        self.options, self.forward, self.backward, self.stats_m = options, forward, backward, stats_m
+        self.window = (options["window_left"], options["window_right"])
+
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _HopperDense.apply(q, k, v, self)
+        return self.attend(q, k, v)[0]
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+        """(out, lse) of the forward."""
+        from .kernels.hopper.attention_fwd import hopper_attention_forward
+
+        b, s, h, _ = q.shape
+        out = torch.empty_like(q)
+        lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+        o = self.options
+        hopper_attention_forward(q, k, v, out, lse, softmax_scale=o["softmax_scale"], causal=o["causal"],
+                                 variant=self.forward, window=self.window, softcap=o["softcap"])  # fmt: skip
+        return out, lse
+
+    def grads(self, dout, q, k, v, out, lse) -> Tuple[Tensor, Tensor, Tensor]:
+        """(dq, dk, dv); a ``dout`` laid out unlike ``out`` (or a call autograd runs under a
+        dispatch mode) takes the general backward, which decides for it, as does a plan without
+        a ``backward``."""
+        if self.backward is None or dout.stride() != out.stride() or dout.data_ptr() % 16 or not direct_call(dout):
+            return _attn_bwd(dout, None, q, k, v, out, lse, *(None,) * 7, **self.options)[:3]
+        from .kernels.hopper.attention_bwd import hopper_attention_backward
+
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        o = self.options
+        delta, stats = _bwd.backward_preprocess(out, dout, None, lse, cu_seqlens_q=None, max_seqlen_q=q.shape[1],
+                                                stats_m=self.stats_m)  # fmt: skip
+        hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=o["softmax_scale"],
+                                  causal=o["causal"], variant=self.backward, window=self.window, softcap=o["softcap"],
+                                  stats=stats)  # fmt: skip
+        return dq, dk, dv
+
+
+class _HopperDense(torch.autograd.Function):
+    """Autograd for a :class:`_DensePlan` call (the output alone: its lse is not returned)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan):
+        out, lse = plan.attend(q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        return (*ctx.plan.grads(dout, *ctx.saved_tensors), None)
+
+
+# plans by signature; False: a signature the general path serves (a PlanCache rebuilds on None)
+_DENSE_PLANS = PlanCache()
+_SCALARS = (int, float, type(None))
+
+
+def _dense_plan(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                position_ids, learnable_sink, key_bounds) -> Optional[_DensePlan]:  # fmt: skip
+    """The kept plan of a plain dense call (no dropout, ALiBi, sinks, key bounds or returned lse;
+    tensors, not subclasses; Python scalars; packed rows in ``position_ids`` excluded) in eager
+    mode on a device where the Gluon Hopper kernels run, or None: the general path serves it.
+    Launch plans switched off (:func:`~hf_flash.kernels.launch.launch_plans`,
+    ``HF_FLASH_LAUNCH_PLANS=0``) switch these off too."""
+    if (dropout_p or alibi_slopes is not None or learnable_sink is not None or key_bounds is not None
+            or return_attn_probs or not launch.plans_enabled()):  # fmt: skip
+        return None
+    if type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor or q.dim() != 4:
+        return None
+    if type(window_size) is not tuple or type(causal) is not bool or type(softmax_scale) not in _SCALARS:
+        return None
+    if type(softcap) not in _SCALARS or not all(type(w) is int for w in window_size):
+        return None
+    if not configs.hopper_backward_enabled(q.device) or torch.compiler.is_compiling():
+        return None
+    if position_ids is None:
+        if not direct_call(q, k, v):
+            return None
+    elif not direct_call(q, k, v, position_ids) or _packing.packed_boundaries(position_ids, q.shape[0], q.shape[1]):
+        return None
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+           k.device, v.device, (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, softmax_scale, causal,
+           window_size, softcap, position_ids is None, configs.deterministic())  # fmt: skip
+    args = (q, k, v, softmax_scale, causal, window_size, softcap, position_ids)
+    return _DENSE_PLANS.get(key, lambda: _new_dense_plan(*args)) or None
+
+
+def _new_dense_plan(q, k, v, softmax_scale, causal, window_size, softcap, position_ids):
+    """:func:`_dense_plan`'s plan for a signature not seen yet, found as the general path finds
+    its way (its checks raise here as they would there), or False."""
+    _check_dense(q, k, v, 0.0, softmax_scale, causal, window_size, softcap, None, position_ids, None, None)
+    if q.numel() == 0 or k.shape[1] == 0 or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return False
+    options = _call_options(q, q.shape[1], k.shape[1], 0.0, softmax_scale, causal, window_size, softcap)
+    paths = dict(varlen=False, alibi_slopes=None, **options)
+    if _fwd.forward_path(q, k, v, None, **paths) != "hopper":
+        return False
+    if _bwd.backward_path(q, k, v, None, None, None, None, **paths) != "hopper":
+        return False
+    from .kernels.hopper import attention_bwd as hopper_bwd
+    from .kernels.hopper import attention_fwd as hopper_fwd
+
+    window = (options["window_left"], options["window_right"])
+    forward = hopper_fwd.default_variant(q.shape[-1], causal, False, window, q.shape[1], options["softcap"])
+    backward = hopper_bwd.variant_for(q.shape[-1], causal, False, q.shape[1], window)
+    var = hopper_bwd.VARIANTS[backward]
+    return _DensePlan(options, forward, backward if var.dq_atomic else None, var.stats_rows)
+
+
+# --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
 
@@ -412,42 +543,54 @@ def dense_attention(
     """:func:`flash_attn_func` for hf_flash's transformers integration, which may pass the
     model's ``position_ids`` ((1, seqlen) or (batch, seqlen); seqlen_q == seqlen_k): rows
     whose positions restart hold packed sequences, which then attend only within themselves
-    (found when the op runs, :mod:`hf_flash._packing`, so torch.compile traces no host read)."""
+    (found when the op runs, :mod:`hf_flash._packing`, so torch.compile traces no host read).
+    A repeated plain call on the Gluon Hopper kernels runs its kept plan (:func:`_dense_plan`)."""
+    plan = _dense_plan(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                       return_attn_probs, position_ids, learnable_sink, key_bounds)  # fmt: skip
+    if plan is not None:
+        return plan.run(q, k, v)
     if not torch.compiler.is_compiling():
-        _checks.check_tensor_basics(q, k, v)
-        _checks.check_dims(
-            4, "(batch, seqlen, nheads, headdim) (packed sequences go to flash_attn_varlen_func)",
-            q=q, k=k, v=v,
-        )  # fmt: skip
-        if not (q.shape[0] == k.shape[0] == v.shape[0]):
-            raise ValueError(
-                f"batch sizes differ: q={q.shape[0]}, k={k.shape[0]}, v={v.shape[0]}"
-            )
-        if k.shape[1] != v.shape[1]:
-            raise ValueError(f"k has seqlen {k.shape[1]} but v has {v.shape[1]}")
-        _checks.check_heads(q.shape[2], k.shape[2], v.shape[2], q.shape[3], k.shape[3], v.shape[3])
-        _checks.check_options(
-            dropout_p=dropout_p, softmax_scale=softmax_scale, window_size=window_size,
-            softcap=softcap, alibi_slopes=alibi_slopes, nheads=q.shape[2], batch=q.shape[0],
-            learnable_sink=learnable_sink, device=q.device,
-        )  # fmt: skip
-        if position_ids is not None and q.shape[1] != k.shape[1]:
-            raise ValueError(
-                f"position_ids describe packed rows of self-attention; seqlen_q={q.shape[1]} "
-                f"and seqlen_k={k.shape[1]} differ"
-            )
-        if key_bounds is not None:
-            _checks.check_key_bounds(key_bounds, q.shape[:2], q.device, causal, window_size)
-            if position_ids is not None:
-                raise ValueError(
-                    "key_bounds with position_ids (packed rows) is not supported; give the "
-                    "bounds of each row's own sequence instead"
-                )
+        _check_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, position_ids,
+                     learnable_sink, key_bounds)  # fmt: skip
     return _attention(
         q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, softmax_scale, causal,
         window_size, softcap, alibi_slopes, return_attn_probs, position_ids=position_ids,
         learnable_sink=learnable_sink, key_bounds=key_bounds,
     )  # fmt: skip
+
+
+def _check_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, position_ids,
+                 learnable_sink, key_bounds) -> None:  # fmt: skip
+    """:func:`dense_attention`'s argument checks (errors before any kernel runs)."""
+    _checks.check_tensor_basics(q, k, v)
+    _checks.check_dims(
+        4, "(batch, seqlen, nheads, headdim) (packed sequences go to flash_attn_varlen_func)",
+        q=q, k=k, v=v,
+    )  # fmt: skip
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise ValueError(
+            f"batch sizes differ: q={q.shape[0]}, k={k.shape[0]}, v={v.shape[0]}"
+        )
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k has seqlen {k.shape[1]} but v has {v.shape[1]}")
+    _checks.check_heads(q.shape[2], k.shape[2], v.shape[2], q.shape[3], k.shape[3], v.shape[3])
+    _checks.check_options(
+        dropout_p=dropout_p, softmax_scale=softmax_scale, window_size=window_size,
+        softcap=softcap, alibi_slopes=alibi_slopes, nheads=q.shape[2], batch=q.shape[0],
+        learnable_sink=learnable_sink, device=q.device,
+    )  # fmt: skip
+    if position_ids is not None and q.shape[1] != k.shape[1]:
+        raise ValueError(
+            f"position_ids describe packed rows of self-attention; seqlen_q={q.shape[1]} "
+            f"and seqlen_k={k.shape[1]} differ"
+        )
+    if key_bounds is not None:
+        _checks.check_key_bounds(key_bounds, q.shape[:2], q.device, causal, window_size)
+        if position_ids is not None:
+            raise ValueError(
+                "key_bounds with position_ids (packed rows) is not supported; give the "
+                "bounds of each row's own sequence instead"
+            )
 
 
 def flash_attn_varlen_func(

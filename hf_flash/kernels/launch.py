@@ -126,6 +126,12 @@ def launch_plans(enabled: bool):
         _PLANS = previous
 
 
+def plans_enabled() -> bool:
+    """Whether the plan caches are on (:func:`launch_plans`); off, the interface's call plans
+    (``hf_flash.interface._dense_plan``) are off too and every call takes the general path."""
+    return _PLANS
+
+
 def int_spec(value) -> Optional[int]:
     """What Triton 3.6 specialises an int argument on: 2 for the value 1 (made a constexpr),
     1 for a multiple of 16 (divisibility hint), 0 otherwise; None where the key cannot vouch for
@@ -355,7 +361,8 @@ class PlanCache:
     """Launch plans, or other answers a launcher derives from a call signature alone (the
     Gluon ``supports()`` checks), by a key holding everything they depend on. ``get(key,
     build)`` returns the kept value, or ``build()``'s, kept; with plans switched off
-    (:func:`launch_plans`, ``HF_FLASH_LAUNCH_PLANS=0``) every call builds. Bounded like the launch
+    (:func:`launch_plans`, ``HF_FLASH_LAUNCH_PLANS=0``) every call builds (a kept ``None`` counts
+    as not kept: a value meaning "nothing to keep" is stored as False). Bounded like the launch
     tables (emptied at ``_EXACT_MAX`` entries)."""
 
     def __init__(self):

@@ -305,6 +305,55 @@ def test_gluon_launch_plans_give_the_bits_of_a_fresh_build(monkeypatch, packed, 
         assert (hf._PLANS.built, hb._PLANS.built) == (built[0] + 1, built[1] + 1)
 
 
+PLANNED = [
+    # (batch, seqlen_q, seqlen_k, heads, kv heads, head dim, flash_attn_func kwargs, planned: the
+    # Hopper forward and backward run the call; d256's plan hands its backward to the general one)
+    pytest.param(2, 500, 500, 8, 2, 128, dict(causal=True), True, id="d128-causal"),
+    pytest.param(2, 500, 500, 8, 2, 128, dict(causal=False), True, id="d128-full"),
+    pytest.param(1, 300, 700, 8, 8, 128, dict(causal=True), True, id="d128-bottom-right"),
+    pytest.param(2, 500, 500, 8, 2, 128, dict(window_size=(100, 30)), True, id="d128-window"),
+    pytest.param(2, 500, 500, 8, 2, 128, dict(causal=True, softcap=30.0), False, id="d128-softcap"),
+    pytest.param(2, 500, 500, 8, 1, 64, dict(causal=True), True, id="d64-mqa"),
+    pytest.param(1, 500, 500, 4, 2, 256, dict(causal=False), True, id="d256"),
+]
+
+
+@pytest.mark.parametrize("b,sq,sk,h,hk,d,kwargs,planned", PLANNED)
+@pytest.mark.parametrize("dout_layout", ["contiguous", "strided"])
+def test_call_plans_give_the_bits_of_the_general_path(monkeypatch, b, sq, sk, h, hk, d, kwargs, planned, dout_layout):
+    """Repeated plain dense calls run their kept plan (hf_flash.interface._dense_plan: checks and
+    dispatch skipped, launchers called directly) and give the bits of the general path (plans
+    switched off), forward and backward; a dout laid out unlike the output, and the plans whose
+    backward keeps the Triton dQ kernel (d256) or the Triton backward (softcap at d128), take
+    the general backward."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels are built for sm_90a")
+    from hf_flash import interface
+
+    monkeypatch.setattr(interface, "_DENSE_PLANS", launch.PlanCache())
+    g = torch.Generator(device=DEV).manual_seed(sq + d)
+    q = torch.randn(b, sq, h, d, device=DEV, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(b, sk, hk, d, device=DEV, dtype=torch.bfloat16, generator=g)
+    v = torch.randn_like(k)
+    dout = torch.randn(b, sq, 2 * h, d, device=DEV, dtype=torch.bfloat16, generator=g)
+    dout = dout[:, :, :h] if dout_layout == "strided" else dout[:, :, :h].contiguous()
+
+    def call():
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = flash_attn_func(*leaves, **kwargs)
+        return type(out.grad_fn).__name__, (out, *torch.autograd.grad(out, leaves, dout))
+
+    with launch.launch_plans(False):
+        kind, want = call()
+        assert kind == "_AttnEagerBackward"
+    for _ in range(2):
+        kind, got = call()
+        assert kind == ("_HopperDenseBackward" if planned else "_AttnEagerBackward")
+        assert _equal(got, want)
+    with torch.no_grad():
+        assert torch.equal(flash_attn_func(q, k, v, **kwargs), want[0])
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 def test_triton_attention_kernels_repeat_through_the_fast_path(monkeypatch, packed):
     """The portable Triton attention kernels (forward, the backward's preprocess, dK/dV and dQ;
