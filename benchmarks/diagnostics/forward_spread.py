@@ -35,6 +35,7 @@ if __package__ in (None, ""):
 import torch
 
 from benchmarks import attention as bench
+from benchmarks.diagnostics.hopper_bwd_ncu import forward_call
 
 FLUSH_BYTES = 256 * 2**20
 
@@ -105,20 +106,6 @@ def time_calls(fn, calls: int, flush: torch.Tensor) -> list[float]:
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def launcher_fn(variant: str, q, k, v, causal: bool):
-    """A forward through the Hopper launcher with ``variant``, into one preallocated output."""
-    from hf_flash.kernels.hopper import attention_fwd as fwd
-
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)
-    scale = q.shape[-1] ** -0.5
-
-    def call():
-        fwd.hopper_attention_forward(q, k, v, out, lse, softmax_scale=scale, causal=causal, variant=variant)
-
-    return call
-
-
 def run_shape(spec: str, args, flush) -> dict:
     head_dim, mask, seqlen = spec.split(":")
     head_dim, seqlen = int(head_dim), int(seqlen)
@@ -137,7 +124,7 @@ def run_shape(spec: str, args, flush) -> dict:
     for name in ("hf_flash", "sdpa"):
         fns[name] = build[name](shape, q, k, v, dout)[0]
     for variant in args.variants:
-        fns[variant] = launcher_fn(variant, q, k, v, mask == "causal")
+        fns[variant] = forward_call(q, k, v, mask == "causal", variant)
     names = list(fns)
     rounds = {name: [] for name in names}
     with torch.no_grad():

@@ -73,8 +73,9 @@ def _whole_forward(q, k, v, causal, provider):
     return run
 
 
-def _forward(q, k, v, causal, variant):
-    """A closure launching the Gluon forward ``variant``."""
+def forward_call(q, k, v, causal, variant):
+    """A closure launching the Gluon forward ``variant`` into one preallocated output (or, for
+    ``WHOLE``'s names, that provider's whole forward)."""
     if variant in WHOLE:
         return _whole_forward(q, k, v, causal, variant)
     from hf_flash.kernels.hopper import attention_fwd as hk
@@ -110,7 +111,7 @@ def main(argv=None) -> None:
     q, k, v = mk(NHEADS_Q), mk(NHEADS_KV), mk(NHEADS_KV)
     dout = mk(NHEADS_Q)
     if args.forward:
-        run, products = _forward(q, k, v, causal, args.variant), 2
+        run, products = forward_call(q, k, v, causal, args.variant), 2
     elif args.variant in WHOLE:
         run, products = _whole_backward(q, k, v, dout, causal, args.variant), 5
     else:
