@@ -374,6 +374,8 @@ def _dense_plan(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
     mode on a device where the Gluon Hopper kernels run, or None: the general path serves it.
     Launch plans switched off (:func:`~hf_flash.kernels.launch.launch_plans`,
     ``HF_FLASH_LAUNCH_PLANS=0``) switch these off too."""
+    if torch.compiler.is_compiling():  # first: a tracer reads nothing below
+        return None
     if (dropout_p or alibi_slopes is not None or learnable_sink is not None or key_bounds is not None
             or return_attn_probs or not launch.plans_enabled()):  # fmt: skip
         return None
@@ -383,7 +385,7 @@ def _dense_plan(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
         return None
     if type(softcap) not in _SCALARS or not all(type(w) is int for w in window_size):
         return None
-    if not configs.hopper_backward_enabled(q.device) or torch.compiler.is_compiling():
+    if not configs.hopper_backward_enabled(q.device):
         return None
     if position_ids is None:
         if not direct_call(q, k, v):

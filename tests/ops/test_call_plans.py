@@ -167,3 +167,15 @@ def test_bad_input_raises_before_any_launch_on_every_call(launches):
         with pytest.raises(ValueError, match="softmax_scale"):
             flash_attn_func(q, k, v, causal=True, softmax_scale=float("inf"))
     assert len(launches) == n
+
+
+def test_traced_calls_take_the_custom_op(launches):
+    """Under torch.compile the call plans stay out of the way: the tracer sees the custom op (no
+    graph break with fullgraph=True) and no plan is built."""
+    q, k, v, dout = _inputs(1, 128, 128, 4, 2, 128, BF16, None)
+    compiled = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True), fullgraph=True, backend="eager")
+    built = interface._DENSE_PLANS.built
+    out = compiled(q, k, v)
+    torch.autograd.grad(out, (q, k, v), dout)
+    assert interface._DENSE_PLANS.built == built
+    assert any(name == "_attn_fwd_kernel" for name, *_ in launches)
