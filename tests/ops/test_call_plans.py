@@ -106,6 +106,22 @@ def test_a_repeated_signature_builds_no_plan(launches):
     assert interface._DENSE_PLANS.built == built + 1
 
 
+def test_repeats_skip_the_checks_and_the_dispatch(launches, monkeypatch):
+    """What a plan keeps is not worked out again: on a repeat, neither the argument checks nor
+    the path and variant decisions of either direction run."""
+    q, k, v, dout = _inputs(2, 200, 200, 8, 2, 128, BF16, None)
+    _fwd_bwd(q, k, v, dout, causal=True)
+    from hf_flash.kernels import flash_bwd, flash_fwd
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a planned repeat worked out its call again")
+
+    for module, name in ((interface, "_check_dense"), (flash_fwd, "forward_path"), (flash_bwd, "backward_path"),
+                         (hf, "default_variant"), (hb, "variant_for"), (hf, "supports"), (hb, "supports")):
+        monkeypatch.setattr(module, name, refuse)
+    assert _fwd_bwd(q, k, v, dout, causal=True) == "_HopperDenseBackward"
+
+
 def test_forward_without_grad_and_with_other_dout_layouts(launches):
     q, k, v, dout = _inputs(2, 200, 200, 8, 2, 128, BF16, None)
     for grad in (False, True):
