@@ -35,7 +35,6 @@ from ._runtime import direct_call, host_reads_allowed
 from .kernels import configs, launch
 from .kernels import flash_bwd as _bwd
 from .kernels import flash_fwd as _fwd
-from .kernels.launch import PlanCache
 
 __all__ = [
     "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
@@ -308,9 +307,9 @@ class _DensePlan:
 
     __slots__ = ("options", "window", "forward", "backward", "stats_m")
 
-    def __init__(self, options: dict, forward: str, backward: str, stats_m: int):
-        self.options, self.forward, self.backward, self.stats_m = options, forward, backward, stats_m
-        self.window = (options["window_left"], options["window_right"])
+    def __init__(self, options: dict, window: tuple, forward: str, backward: Optional[str], stats_m: int):
+        self.options, self.window, self.stats_m = options, window, stats_m
+        self.forward, self.backward = forward, backward
 
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
@@ -363,7 +362,7 @@ class _HopperDense(torch.autograd.Function):
 
 
 # plans by signature; False: a signature the general path serves (a PlanCache rebuilds on None)
-_DENSE_PLANS = PlanCache()
+_DENSE_PLANS = launch.PlanCache()
 _SCALARS = (int, float, type(None))
 
 
@@ -418,7 +417,7 @@ def _new_dense_plan(q, k, v, softmax_scale, causal, window_size, softcap, positi
     forward = hopper_fwd.default_variant(q.shape[-1], causal, False, window, q.shape[1], options["softcap"])
     backward = hopper_bwd.variant_for(q.shape[-1], causal, False, q.shape[1], window)
     var = hopper_bwd.VARIANTS[backward]
-    return _DensePlan(options, forward, backward if var.dq_atomic else None, var.stats_rows)
+    return _DensePlan(options, window, forward, backward if var.dq_atomic else None, var.stats_rows)
 
 
 # --------------------------------------------------------------------------------------------

@@ -222,67 +222,63 @@ def _split(ours, sdpa, dout, douth, calls: int, repeats: int) -> None:
             print(f"{name + ', ' + label:48} {f:8.1f} {b:8.1f} {f + b:8.1f}")
 
 
-class _Busy(torch.autograd.Function):
-    """A no-op attention stand-in whose forward and backward each run ``n`` steps of Python that
-    write the same ``n`` small objects (as a Python launcher's bookkeeping touches its dicts,
-    plans and module state), so the cost of running the backward on another thread can be read
-    against the amount of Python it runs."""
-
-    objects = [[0] for _ in range(8192)]
+class _Stub(torch.autograd.Function):
+    """A no-op attention stand-in whose forward runs ``before()`` and whose backward runs
+    ``after()``: the cost of running a backward's work on autograd's device thread, read against
+    that work."""
 
     @staticmethod
-    def touch(n: int) -> None:
-        for o in _Busy.objects[:n]:
-            o[0] += 1
-
-    @staticmethod
-    def forward(ctx, q, n):
-        ctx.n = n
-        _Busy.touch(n)
-        return torch.empty_like(q)
-
-    @staticmethod
-    def backward(ctx, dout):
-        _Busy.touch(ctx.n)
-        return dout, None
-
-
-def _thread_cost(q, dout, calls: int, repeats: int) -> None:
-    """Forward + backward of :class:`_Busy` for a few amounts of Python work, with the backward on
-    autograd's device thread and on the calling thread (best of ``repeats`` loops each)."""
-    leaf = q.clone().requires_grad_()
-    print("== thread cost: _Busy forward + backward, us per call (device thread, calling thread, excess)")
-    for n in (0, 512, 2048, 8192):
-        def call():
-            torch.autograd.grad(_Busy.apply(leaf, n), (leaf,), dout)
-
-        times = []
-        for threads in (True, False):
-            with torch.autograd.set_multithreading_enabled(threads):
-                times.append(host_us(call, calls, repeats))
-        print(f"{'objects written ' + str(n):48} {times[0]:8.1f} {times[1]:8.1f} {times[0] - times[1]:8.1f}")
-
-
-class _Part(torch.autograd.Function):
-    """A no-op stand-in whose backward runs ``_Part.work()``: what one piece of the real backward
-    (allocations, fills, launches, its Python) costs on autograd's device thread."""
-
-    work = staticmethod(lambda: None)
-
-    @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, before, after):
+        ctx.after = after
+        before()
         return torch.empty_like(x)
 
     @staticmethod
     def backward(ctx, dout):
-        _Part.work()
-        return dout
+        ctx.after()
+        return dout, None, None
+
+
+def _device_and_calling(call, calls: int, repeats: int, turns: int = 3) -> tuple:
+    """(host us with the backward on autograd's device thread, on the calling thread): the best of
+    ``repeats`` loops each, the two modes alternating for ``turns`` turns."""
+    best = {True: float("inf"), False: float("inf")}
+    for _ in range(turns):
+        for threads in (True, False):
+            with torch.autograd.set_multithreading_enabled(threads):
+                best[threads] = min(best[threads], host_us(call, calls, repeats))
+    return best[True], best[False]
+
+
+_OBJECTS = [[0] for _ in range(8192)]
+
+
+def _touch(n: int) -> None:
+    """Python that writes ``n`` small objects (as a launcher's bookkeeping touches its dicts, plans
+    and module state)."""
+    for o in _OBJECTS[:n]:
+        o[0] += 1
+
+
+def _thread_cost(q, dout, calls: int, repeats: int) -> None:
+    """Forward + backward of :class:`_Stub` running a few amounts of Python in each direction."""
+    leaf = q.clone().requires_grad_()
+    print("== thread cost: _Stub forward + backward, us per call (device thread, calling thread, excess)")
+    for n in (0, 512, 2048, 8192):
+        def work(n=n):
+            _touch(n)
+
+        def call():
+            torch.autograd.grad(_Stub.apply(leaf, work, work), (leaf,), dout)
+
+        device, calling = _device_and_calling(call, calls, repeats)
+        print(f"{'objects written ' + str(n):48} {device:8.1f} {calling:8.1f} {device - calling:8.1f}")
 
 
 def _thread_parts(q, k, v, dout, calls: int, repeats: int) -> None:
-    """The pieces of the public backward, each run as the backward of :class:`_Part`, on autograd's
-    device thread and on the calling thread (best of ``repeats`` loops each, the two modes
-    alternating): which kind of work carries the device thread's extra cost."""
+    """The pieces of the public backward, each run as the backward of :class:`_Stub`, on autograd's
+    device thread and on the calling thread: which kind of work carries the device thread's extra
+    cost."""
     from hf_flash import interface
     from hf_flash.kernels import flash_bwd
     from hf_flash.kernels.hopper import attention_fwd as hk
@@ -312,20 +308,13 @@ def _thread_parts(q, k, v, dout, calls: int, repeats: int) -> None:
                                       **options)),
     ]  # fmt: skip
     leaf = q.clone().requires_grad_()
-
-    def call():
-        torch.autograd.grad(_Part.apply(leaf), (leaf,), dout)
-
-    print("== thread parts: _Part forward + backward, us per call (device thread, calling thread, excess)")
+    print("== thread parts: _Stub forward + backward, us per call (device thread, calling thread, excess)")
     for label, work in parts:
-        _Part.work = staticmethod(work)
-        best = {True: float("inf"), False: float("inf")}
-        for _ in range(3):  # the two modes alternate, each keeping its best
-            for threads in (True, False):
-                with torch.autograd.set_multithreading_enabled(threads):
-                    best[threads] = min(best[threads], host_us(call, calls, repeats))
-        print(f"{label:48} {best[True]:8.1f} {best[False]:8.1f} {best[True] - best[False]:8.1f}")
-    _Part.work = staticmethod(lambda: None)
+        def call(work=work):
+            torch.autograd.grad(_Stub.apply(leaf, lambda: None, work), (leaf,), dout)
+
+        device, calling = _device_and_calling(call, calls, repeats)
+        print(f"{label:48} {device:8.1f} {calling:8.1f} {device - calling:8.1f}")
 
 
 class _Floor(torch.autograd.Function):
@@ -364,8 +353,7 @@ class _Floor(torch.autograd.Function):
 
 def _floor(qg, kg, vg, dout, public_fwd_bwd, sdpa_fwd_bwd, calls: int, repeats: int) -> None:
     """Forward + backward: the public path, :class:`_Floor` (the same kernels), SDPA; each with
-    the backward on autograd's device thread and on the calling thread, the rows alternating
-    (best of ``repeats`` loops, three turns each)."""
+    the backward on autograd's device thread and on the calling thread."""
     from hf_flash.kernels.hopper import attention_bwd as hb
     from hf_flash.kernels.hopper import attention_fwd as hk
 
@@ -382,15 +370,10 @@ def _floor(qg, kg, vg, dout, public_fwd_bwd, sdpa_fwd_bwd, calls: int, repeats: 
         raise RuntimeError("the floor's gradients differ from the public path's: not the same kernels")
     rows = [("public flash_attn_func", public_fwd_bwd), (f"floor ({variants[0]}, {variants[1]})", floor),
             ("SDPA", sdpa_fwd_bwd)]  # fmt: skip
-    best = {(label, t): float("inf") for label, _ in rows for t in (True, False)}
-    for _ in range(3):
-        for label, fn in rows:
-            for threads in (True, False):
-                with torch.autograd.set_multithreading_enabled(threads):
-                    best[label, threads] = min(best[label, threads], host_us(fn, calls, repeats))
     print("== floor: forward + backward, us per call (device thread, calling thread)")
-    for label, _ in rows:
-        print(f"{label:48} {best[label, True]:8.1f} {best[label, False]:8.1f}")
+    for label, fn in rows:
+        device, calling = _device_and_calling(fn, calls, repeats)
+        print(f"{label:48} {device:8.1f} {calling:8.1f}")
 
 
 def _device_time(fn, iters: int) -> None:
