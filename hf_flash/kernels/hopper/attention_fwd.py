@@ -128,6 +128,12 @@ class Variant:
     # (a CPU model of one-item programs: 3% at 4K/8K, under 1% at 16K/32K; .notes/hopper.md
     # session 32). Non-causal items are numbered so in every variant
     head_major: bool = False
+    # dynamic persistent, overlap: each consumer issues its next item's first S = Q K^T before it
+    # finishes the previous item (output normalised, stored; lse written), so that epilogue runs
+    # under a wgmma instead of leaving the tensor cores idle at every item boundary; Q has two
+    # shared-memory slots per consumer (item n in slot n % 2), so the next item's Q is loaded
+    # while the current item's loop runs
+    carry: bool = False
 
     @property
     def rows(self) -> int:
@@ -158,6 +164,8 @@ VARIANTS = {
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True),
         Variant("ws2x4-overlap-fma-dyn", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True),
+        Variant("ws2x4-overlap-fma-dyn-carry", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
+                overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True, carry=True),
         # the ping-pong form persistent with the item counter: cuDNN's shape at d64 causal 4K (two
         # consumers of 64 rows, persistent; the forward's weakest bar point). H200, session 35
         # (3 runs, 3-5 rounds): d64 causal 4K 1.018-1.033x ws3x4-pp-s3 (0.97-0.99x SDPA), 3K
@@ -371,10 +379,10 @@ def _producer_item(
     nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr, Q_SLOTS: gl.constexpr,
 ):  # fmt: skip
     """Loads of one work item; ``it`` counts the K/V tiles loaded so far (ring slot and phase),
-    ``n_done`` the items started. Returns the new ``it``."""
+    ``n_done`` the items started (its Q goes to slot n_done % Q_SLOTS). Returns the new ``it``."""
     b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
         BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
@@ -385,12 +393,13 @@ def _producer_item(
     # the Q tiles are free once every consumer has issued its last S = Q K^T of the previous
     # item; a fresh barrier counts as having completed the phase before 0, so the first wait
     # (and the first pass through the K/V ring) does not block
-    mbarrier.wait(q_empty, (n_done & 1) ^ 1)
-    mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
+    qs = n_done % Q_SLOTS
+    mbarrier.wait(q_empty.index(qs), ((n_done // Q_SLOTS) & 1) ^ 1)
+    mbarrier.expect(q_bar.index(qs), CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
         tma.async_copy_global_to_shared(
-            q_desc, [b, h, q_off + gl.maximum(m0 + c * BLOCK_M, 0), 0], q_bar,
-            q_smem.index(c).reshape([1, 1, BLOCK_M, HEAD_DIM]),
+            q_desc, [b, h, q_off + gl.maximum(m0 + c * BLOCK_M, 0), 0], q_bar.index(qs),
+            q_smem.index(qs * CONSUMERS + c).reshape([1, 1, BLOCK_M, HEAD_DIM]),
         )
     for j in range(lo, n_tiles):
         slot = it % STAGES
@@ -452,7 +461,7 @@ def _producer(
     Counter, item_smem, item_ready, item_empty,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, PERSISTENT: gl.constexpr,
-    VARLEN: gl.constexpr, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+    VARLEN: gl.constexpr, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr, Q_SLOTS: gl.constexpr,
 ):  # fmt: skip
     if PERSISTENT:
         # items program_id, then (DYNAMIC) whatever the counter hands out or (static) every
@@ -468,7 +477,7 @@ def _producer(
                 t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                 q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                 Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
-                MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
+                MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR, Q_SLOTS,
             )  # fmt: skip
             n_done += 1
             if DYNAMIC:
@@ -483,7 +492,7 @@ def _producer(
             gl.program_id(0), zero, zero, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
             q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
             Sched, CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS,
-            MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
+            MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR, Q_SLOTS,
         )  # fmt: skip
 
 
@@ -634,119 +643,95 @@ def _store_tile(out, o_tile, o_desc, b, h, row, BLOCK_M: gl.constexpr, HEAD_DIM:
 
 
 @gluon.jit
-def _consumer_item(
-    t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
-    o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-    qk_scale, softcap_in, softcap_out,
+def _issue_first(q_tile, k_smem, k_ready, turn, it, tk, s_zero, INDEX: gl.constexpr, STAGES: gl.constexpr,
+                 CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+    """OVERLAP: issue an item's first S = Q K^T (K/V tile ``it``) without waiting for it; returns
+    (the running wgmma's result, the new tk)."""
+    slot = it % STAGES
+    mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
+    _turn_wait(turn, tk, INDEX, PINGPONG)
+    s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
+    return s, tk + 1
+
+
+@gluon.jit
+def _overlap_rest(
+    s, q_tile, k_smem, v_smem, q_free, k_ready, v_ready, k_empty, v_empty, turn, it, tk, rows, lo, own, full_lo,
+    full_hi, k_len, window_left, window_right, qk_scale, softcap_in, softcap_out, s_zero,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
-    SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
-    PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+    SOFTCAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr,
+    FMA_SCALE: gl.constexpr, dtype: gl.constexpr,
 ):  # fmt: skip
-    """One work item of one consumer partition. ``it`` (K/V tiles consumed so far), ``tk``
-    (ping-pong turns taken) and ``n_done`` (items done) carry the barrier phases from item to
-    item; returns the new (it, tk)."""
-    dtype: gl.constexpr = o_desc.dtype
+    """OVERLAP: the rest of an item's key tiles [lo, own) once its first S = Q K^T (``s``, K/V
+    tile ``it``) is issued: that product's softmax, then each next S issued with the previous
+    tile's P V and its softmax computed under that product, then the last P V. Arrives on
+    ``q_free`` once the item's last S has completed. Returns (acc, m, l, it, tk): the
+    unnormalised output, the row max and sum, the counters past the item's last own tile."""
     s_layout: gl.constexpr = _mma_layout(BLOCK_N, NUM_WARPS)
     o_layout: gl.constexpr = _mma_layout(HEAD_DIM, NUM_WARPS)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
-        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-        BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
-    )  # fmt: skip
-    row0 = m0 + INDEX * BLOCK_M  # < 0: a causal item's block before row 0, never stored
-    own, full_lo, full_hi = _own_tiles(
-        row0, lo, n_tiles, q_len, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT,
-    )  # fmt: skip
-    # the rows' key positions, bottom-right aligned
-    rows = row0 + gl.arange(0, BLOCK_M, layout=row_s) + (k_len - q_len)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s = warpgroup_mma_wait(0, deps=(s,))
+    mbarrier.arrive(k_empty.index(it % STAGES))
+    p, alpha, m_i, l_i = _softmax_step(
+        s, m_i, l_i, rows, lo, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+        softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
+    )  # fmt: skip
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    for j in range(lo + 1, own):
+        prev = it % STAGES
+        it += 1
+        slot = it % STAGES
+        mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
+        _turn_wait(turn, tk, INDEX, PINGPONG)
+        s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)  # fmt: skip
+        acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
+        tk += 1
+        # S_j is done once at most one group (the P V product) is still running
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        mbarrier.arrive(k_empty.index(slot))
+        p, alpha, m_i, l_i = _softmax_step(
+            s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+            softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
+        )  # fmt: skip
+        # p_op is a register operand of the running wgmma: keep it alive until the wait
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+        mbarrier.arrive(v_empty.index(prev))
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+    # every S = Q K^T of this item has completed: the producer may load a next Q into this slot
+    mbarrier.arrive(q_free)
+    last = it % STAGES
+    mbarrier.wait(v_ready.index(last), (it // STAGES) & 1)
+    _turn_wait(turn, tk, INDEX, PINGPONG)
+    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
+    tk += 1
+    acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+    mbarrier.arrive(v_empty.index(last))
+    return acc, m_i, l_i, it + 1, tk
 
-    mbarrier.wait(q_bar, n_done & 1)
-    if OVERLAP:
-        if n_tiles > lo:
-            slot = it % STAGES
-            mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
-            _turn_wait(turn, tk, INDEX, PINGPONG)
-            s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
-            tk += 1
-            s = warpgroup_mma_wait(0, deps=(s,))
-            mbarrier.arrive(k_empty.index(slot))
-            p, alpha, m_i, l_i = _softmax_step(
-                s, m_i, l_i, rows, lo, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
-            )  # fmt: skip
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            for j in range(lo + 1, own):
-                prev = it % STAGES
-                it += 1
-                slot = it % STAGES
-                mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
-                mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
-                _turn_wait(turn, tk, INDEX, PINGPONG)
-                s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
-                                      is_async=True)  # fmt: skip
-                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
-                tk += 1
-                # S_j is done once at most one group (the P V product) is still running
-                s = warpgroup_mma_wait(1, deps=(s_tok,))
-                mbarrier.arrive(k_empty.index(slot))
-                p, alpha, m_i, l_i = _softmax_step(
-                    s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-                    softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
-                )  # fmt: skip
-                # p_op is a register operand of the running wgmma: keep it alive until the wait
-                acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
-                mbarrier.arrive(v_empty.index(prev))
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
-            # every S = Q K^T of this item has completed: the producer may load the next Q
-            mbarrier.arrive(q_empty)
-            last = it % STAGES
-            mbarrier.wait(v_ready.index(last), (it // STAGES) & 1)
-            _turn_wait(turn, tk, INDEX, PINGPONG)
-            acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-            _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
-            tk += 1
-            acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
-            mbarrier.arrive(v_empty.index(last))
-            it += 1
-        else:
-            mbarrier.arrive(q_empty)
-    else:
-        for j in range(lo, own):
-            slot = it % STAGES
-            phase = (it // STAGES) & 1
-            mbarrier.wait(k_ready.index(slot), phase)
-            _turn_wait(turn, tk, INDEX, PINGPONG)
-            s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
-            s = warpgroup_mma_wait(0, deps=(s,))
-            mbarrier.arrive(k_empty.index(slot))
-            p, alpha, m_i, l_i = _softmax_step(
-                s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
-            )  # fmt: skip
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.wait(v_ready.index(slot), phase)
-            _turn_wait(turn, tk + 1, INDEX, PINGPONG)
-            acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
-            _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
-            tk += 2
-            acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
-            mbarrier.arrive(v_empty.index(slot))
-            it += 1
-        mbarrier.arrive(q_empty)
 
+@gluon.jit
+def _epilogue(
+    acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h, row0,
+    q_off, q_len, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_WARPS: gl.constexpr, FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr, VARLEN: gl.constexpr,
+):  # fmt: skip
+    """Normalise a consumer's ``BLOCK_M`` rows from ``row0`` (of the sequence at q_off) and
+    store them with their log-sum-exp; rows past q_len (or before row 0) are not written."""
+    dtype: gl.constexpr = o_desc.dtype
+    row_s: gl.constexpr = gl.SliceLayout(1, _mma_layout(BLOCK_N, NUM_WARPS))
+    row_o: gl.constexpr = gl.SliceLayout(1, _mma_layout(HEAD_DIM, NUM_WARPS))
     # rows that saw no key: output 0 and lse = +inf (the backward's exp(s - lse) is then 0)
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
@@ -782,9 +767,191 @@ def _consumer_item(
     if not VARLEN:
         lse_ptrs += b.to(gl.int64) * stride_lb
     gl.store(lse_ptrs, lse, mask=(offs >= 0) & (offs < q_len))
+
+
+@gluon.jit
+def _consumer_item(
+    t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+    o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+    qk_scale, softcap_in, softcap_out,
+    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
+    SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
+    PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+):  # fmt: skip
+    """One work item of one consumer partition. ``it`` (K/V tiles consumed so far), ``tk``
+    (ping-pong turns taken) and ``n_done`` (items done) carry the barrier phases from item to
+    item; returns the new (it, tk)."""
+    dtype: gl.constexpr = o_desc.dtype
+    s_layout: gl.constexpr = _mma_layout(BLOCK_N, NUM_WARPS)
+    o_layout: gl.constexpr = _mma_layout(HEAD_DIM, NUM_WARPS)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
+        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+        BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
+    )  # fmt: skip
+    row0 = m0 + INDEX * BLOCK_M  # < 0: a causal item's block before row 0, never stored
+    own, full_lo, full_hi = _own_tiles(
+        row0, lo, n_tiles, q_len, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT,
+    )  # fmt: skip
+    # the rows' key positions, bottom-right aligned
+    rows = row0 + gl.arange(0, BLOCK_M, layout=row_s) + (k_len - q_len)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+
+    mbarrier.wait(q_bar.index(0), n_done & 1)
+    if OVERLAP:
+        if n_tiles > lo:
+            s, tk = _issue_first(q_tile, k_smem, k_ready, turn, it, tk, s_zero, INDEX, STAGES, CONSUMERS, PINGPONG)
+            acc, m_i, l_i, it, tk = _overlap_rest(
+                s, q_tile, k_smem, v_smem, q_empty.index(0), k_ready, v_ready, k_empty, v_empty, turn, it, tk,
+                rows, lo, own, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+                softcap_out, s_zero, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT,
+                RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, dtype,
+            )  # fmt: skip
+        else:
+            mbarrier.arrive(q_empty.index(0))
+    else:
+        for j in range(lo, own):
+            slot = it % STAGES
+            phase = (it // STAGES) & 1
+            mbarrier.wait(k_ready.index(slot), phase)
+            _turn_wait(turn, tk, INDEX, PINGPONG)
+            s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
+            s = warpgroup_mma_wait(0, deps=(s,))
+            mbarrier.arrive(k_empty.index(slot))
+            p, alpha, m_i, l_i = _softmax_step(
+                s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
+            )  # fmt: skip
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            mbarrier.wait(v_ready.index(slot), phase)
+            _turn_wait(turn, tk + 1, INDEX, PINGPONG)
+            acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
+            _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
+            tk += 2
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+            mbarrier.arrive(v_empty.index(slot))
+            it += 1
+        mbarrier.arrive(q_empty.index(0))
+
+    _epilogue(
+        acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h, row0,
+        q_off, q_len, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_WARPS, FMA_SCALE, SOFTCAP, VARLEN,
+    )  # fmt: skip
     # the item's key tiles past every key these rows see (causal): taken part in, not computed
     return _pass_tiles(own, n_tiles, it, tk, k_ready, v_ready, k_empty, v_empty, turn, INDEX, STAGES, CONSUMERS,
                        PINGPONG, 1 if OVERLAP else 2)  # fmt: skip
+
+
+@gluon.jit
+def _item_epilogue(
+    t, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
+    FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+):  # fmt: skip
+    """CARRY: the epilogue of dense item ``t`` (its rows decoded again), one item later."""
+    b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
+        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right,
+        BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
+    )  # fmt: skip
+    _epilogue(
+        acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h,
+        m0 + INDEX * BLOCK_M, q_off, q_len, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_WARPS, FMA_SCALE, SOFTCAP,
+        False,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _consumer_carry(
+    q_smem, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+    o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_in, softcap_out,
+    item_smem, item_ready, item_empty,
+    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
+    SOFTCAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr,
+    FMA_SCALE: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+):  # fmt: skip
+    """A dynamic persistent consumer (OVERLAP, dense) that finishes each item one item late:
+    item n's first S = Q K^T (Q in slot n % 2) is issued, then item n - 1's epilogue runs under
+    it (its output, row max and sum carried in registers), then item n's tiles as in
+    :func:`_overlap_rest`. An item without key tiles has no product to hide the epilogue under."""
+    dtype: gl.constexpr = o_desc.dtype
+    s_layout: gl.constexpr = _mma_layout(BLOCK_N, NUM_WARPS)
+    o_layout: gl.constexpr = _mma_layout(HEAD_DIM, NUM_WARPS)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    it = 0  # K/V tiles consumed so far (ring slot and phase), as in the producer
+    tk = 0  # ping-pong turns taken so far
+    n = 0  # items started
+    t = _read_item(0, item_smem, item_ready, item_empty, NUM_WARPS)
+    t_prev = t
+    # the previous item's unnormalised output, row max and sum
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+    while t < n_bh * n_m:
+        b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
+            t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right,
+            BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
+        )  # fmt: skip
+        row0 = m0 + INDEX * BLOCK_M
+        own, full_lo, full_hi = _own_tiles(
+            row0, lo, n_tiles, q_len, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT,
+        )  # fmt: skip
+        rows = row0 + gl.arange(0, BLOCK_M, layout=row_s) + (k_len - q_len)
+        qs = n % 2
+        q_tile = q_smem.index(qs * CONSUMERS + INDEX)
+        mbarrier.wait(q_bar.index(qs), (n // 2) & 1)
+        if n_tiles > lo:
+            s, tk = _issue_first(q_tile, k_smem, k_ready, turn, it, tk, s_zero, INDEX, STAGES, CONSUMERS, PINGPONG)
+            if n > 0:
+                _item_epilogue(
+                    t_prev, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
+                    stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+                    INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE,
+                    SOFTCAP, HEAD_MAJOR,
+                )  # fmt: skip
+            acc, m_i, l_i, it, tk = _overlap_rest(
+                s, q_tile, k_smem, v_smem, q_empty.index(qs), k_ready, v_ready, k_empty, v_empty, turn, it, tk,
+                rows, lo, own, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+                softcap_out, s_zero, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT,
+                RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, dtype,
+            )  # fmt: skip
+        else:
+            if n > 0:
+                _item_epilogue(
+                    t_prev, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
+                    stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+                    INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE,
+                    SOFTCAP, HEAD_MAJOR,
+                )  # fmt: skip
+            mbarrier.arrive(q_empty.index(qs))
+            acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+            l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+        # the item's key tiles past every key these rows see (causal): taken part in, not computed
+        it, tk = _pass_tiles(own, n_tiles, it, tk, k_ready, v_ready, k_empty, v_empty, turn, INDEX, STAGES,
+                             CONSUMERS, PINGPONG, 1)  # fmt: skip
+        t_prev = t
+        n += 1
+        t = _read_item(n, item_smem, item_ready, item_empty, NUM_WARPS)
+    if n > 0:
+        _item_epilogue(
+            t_prev, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+            nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, INDEX, BLOCK_M,
+            BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE, SOFTCAP, HEAD_MAJOR,
+        )  # fmt: skip
 
 
 @gluon.jit
@@ -797,11 +964,19 @@ def _consumer(
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
-    item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+    item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr,
 ):  # fmt: skip
-    q_tile = q_smem.index(INDEX)
     o_tile = o_smem.index(INDEX)
-    if PERSISTENT:
+    if CARRY:
+        _consumer_carry(
+            q_smem, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+            o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+            nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_in,
+            softcap_out, item_smem, item_ready, item_empty, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+            MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, HEAD_MAJOR,
+        )  # fmt: skip
+    elif PERSISTENT:
+        q_tile = q_smem.index(INDEX)
         it = 0  # K/V tiles consumed so far (ring slot and phase), as in the producer
         tk = 0  # ping-pong turns taken so far
         n_done = 0
@@ -829,10 +1004,10 @@ def _consumer(
         # one item per program: the phases start at 0 and nothing is carried
         zero = gl.to_tensor(0)  # a runtime value: the counters are loop-carried inside the item
         _consumer_item(
-            gl.program_id(0), zero, zero, zero, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-            k_empty, v_empty, turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-            nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-            qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
+            gl.program_id(0), zero, zero, zero, q_smem.index(INDEX), o_tile, k_smem, v_smem, q_bar, q_empty,
+            k_ready, v_ready, k_empty, v_empty, turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
+            stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+            window_right, qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
             MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
             HEAD_MAJOR,
         )  # fmt: skip
@@ -849,7 +1024,7 @@ def _attn_fwd_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
     PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr, DYNAMIC: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
     # program takes item program_id (PERSISTENT: then program_id + num_programs, ..., or DYNAMIC:
@@ -864,7 +1039,12 @@ def _attn_fwd_kernel(
     dtype: gl.constexpr = q_desc.dtype
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
-    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], tile_layout)
+    if CARRY:
+        gl.static_assert(DYNAMIC and OVERLAP and not PINGPONG and not VARLEN and not O_IN_Q,
+                         "the carried form is a dense dynamic persistent overlap form")
+    # CARRY: a Q tile per consumer for each of two items (item n in slot n % 2)
+    Q_SLOTS: gl.constexpr = 2 if CARRY else 1
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS * Q_SLOTS, BLOCK_M, HEAD_DIM], tile_layout)
     if O_IN_Q:
         # one item per program: a consumer's Q tile is not read again once its last S = Q K^T
         # has completed, before the output is stored
@@ -874,8 +1054,8 @@ def _attn_fwd_kernel(
         o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], tile_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -885,9 +1065,10 @@ def _attn_fwd_kernel(
     item_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     item_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     item_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    # each consumer partition arrives once per item (q_empty) and once per slot use
-    mbarrier.init(q_empty, count=CONSUMERS)
+    for i in gl.static_range(Q_SLOTS):
+        mbarrier.init(q_bar.index(i), count=1)
+        # each consumer partition arrives once per item (q_empty) and once per slot use
+        mbarrier.init(q_empty.index(i), count=CONSUMERS)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -909,19 +1090,19 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
                              item_empty, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             PERSISTENT, VARLEN, DYNAMIC, HEAD_MAJOR)),
+                             PERSISTENT, VARLEN, DYNAMIC, HEAD_MAJOR, Q_SLOTS)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -936,26 +1117,26 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
                              item_empty, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             PERSISTENT, VARLEN, DYNAMIC, HEAD_MAJOR)),
+                             PERSISTENT, VARLEN, DYNAMIC, HEAD_MAJOR, Q_SLOTS)),
             ],
             [CONSUMER_WARPS, CONSUMER_WARPS, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
@@ -1250,7 +1431,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
         FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
-        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major,
+        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CARRY=var.carry,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs
