@@ -895,7 +895,11 @@ def _consumer_carry(
     tk = 0  # ping-pong turns taken so far
     n = 0  # items started
     t = _read_item(0, item_smem, item_ready, item_empty, NUM_WARPS)
-    t_prev = t
+    # the previous item (none before the first: n == 0 skips its epilogue). Not `t_prev = t`:
+    # a name that enters the loop with the same value as another and is assigned that other
+    # name in the body is not made loop-carried by Gluon's code generator (it reads as unchanged
+    # there), so every epilogue would decode the first item
+    t_prev = gl.to_tensor(-1)
     # the previous item's unnormalised output, row max and sum
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
