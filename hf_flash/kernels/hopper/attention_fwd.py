@@ -443,13 +443,22 @@ def _publish_item(t, n, item_smem, item_ready, item_empty):
 
 
 @gluon.jit
-def _read_item(n, item_smem, item_ready, item_empty, NUM_WARPS: gl.constexpr):
-    """The ``n``-th item of this program, as the producer handed it over (consumers)."""
+def _item_in_slot(n, item_smem, NUM_WARPS: gl.constexpr):
+    """The item the producer put in the ``n``-th item's slot of the ring."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+    return gl.max(item_smem.index(n % 2).load(layout), axis=0)
+
+
+@gluon.jit
+def _read_item(n, item_smem, item_ready, item_empty, NUM_WARPS: gl.constexpr, RELEASE: gl.constexpr = True):
+    """The ``n``-th item of this program, as the producer handed it over (consumers); its slot
+    is handed back unless not RELEASE (then :func:`_item_in_slot` reads it again until the
+    consumer arrives on its ``item_empty`` itself)."""
     slot = n % 2
     mbarrier.wait(item_ready.index(slot), (n // 2) & 1)
-    t = gl.max(item_smem.index(slot).load(layout), axis=0)
-    mbarrier.arrive(item_empty.index(slot))
+    t = _item_in_slot(n, item_smem, NUM_WARPS)
+    if RELEASE:
+        mbarrier.arrive(item_empty.index(slot))
     return t
 
 
@@ -853,13 +862,18 @@ def _consumer_item(
 
 @gluon.jit
 def _item_epilogue(
-    t, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+    n, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+    item_smem, item_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
-    """CARRY: the epilogue of dense item ``t`` (its rows decoded again), one item later."""
+    """CARRY: the epilogue of this program's ``n``-th item, one item later. The item is read
+    again from its slot of the item ring, which the consumer hands back only now (a register
+    carrying it through the key loop made the d128 causal build spill), and its rows decoded
+    again."""
+    t = _item_in_slot(n, item_smem, NUM_WARPS)
+    mbarrier.arrive(item_empty.index(n % 2))
     b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right,
         BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
@@ -894,12 +908,8 @@ def _consumer_carry(
     it = 0  # K/V tiles consumed so far (ring slot and phase), as in the producer
     tk = 0  # ping-pong turns taken so far
     n = 0  # items started
-    t = _read_item(0, item_smem, item_ready, item_empty, NUM_WARPS)
-    # the previous item (none before the first: n == 0 skips its epilogue). Not `t_prev = t`:
-    # a name that enters the loop with the same value as another and is assigned that other
-    # name in the body is not made loop-carried by Gluon's code generator (it reads as unchanged
-    # there), so every epilogue would decode the first item
-    t_prev = gl.to_tensor(-1)
+    # each item's slot of the item ring is handed back after its epilogue (_item_epilogue)
+    t = _read_item(0, item_smem, item_ready, item_empty, NUM_WARPS, False)
     # the previous item's unnormalised output, row max and sum
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
@@ -921,8 +931,9 @@ def _consumer_carry(
             s, tk = _issue_first(q_tile, k_smem, k_ready, turn, it, tk, s_zero, INDEX, STAGES, CONSUMERS, PINGPONG)
             if n > 0:
                 _item_epilogue(
-                    t_prev, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
-                    stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+                    n - 1, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
+                    stride_lm, item_smem, item_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left,
+                    window_right, qk_scale,
                     INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE,
                     SOFTCAP, HEAD_MAJOR,
                 )  # fmt: skip
@@ -935,8 +946,9 @@ def _consumer_carry(
         else:
             if n > 0:
                 _item_epilogue(
-                    t_prev, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
-                    stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+                    n - 1, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
+                    stride_lm, item_smem, item_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left,
+                    window_right, qk_scale,
                     INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE,
                     SOFTCAP, HEAD_MAJOR,
                 )  # fmt: skip
@@ -947,14 +959,14 @@ def _consumer_carry(
         # the item's key tiles past every key these rows see (causal): taken part in, not computed
         it, tk = _pass_tiles(own, n_tiles, it, tk, k_ready, v_ready, k_empty, v_empty, turn, INDEX, STAGES,
                              CONSUMERS, PINGPONG, 1)  # fmt: skip
-        t_prev = t
         n += 1
-        t = _read_item(n, item_smem, item_ready, item_empty, NUM_WARPS)
+        t = _read_item(n, item_smem, item_ready, item_empty, NUM_WARPS, False)
     if n > 0:
         _item_epilogue(
-            t_prev, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-            nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, INDEX, BLOCK_M,
-            BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE, SOFTCAP, HEAD_MAJOR,
+            n - 1, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+            item_smem, item_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+            INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE, SOFTCAP,
+            HEAD_MAJOR,
         )  # fmt: skip
 
 
