@@ -18,6 +18,9 @@ SHARED_LIMIT = 227 * 1024
 SPECS = [(name, d, True, "bfloat16") for name, var in hk.VARIANTS.items() for d in var.head_dims]
 SPECS += [(name, d, causal, "bfloat16") for (d, causal), name in hk.DEFAULT.items() if not causal]
 SPECS += [(name, d, causal, "float16") for (d, causal), name in hk.DEFAULT.items() if causal]
+# the variants dense calls take by their length, non-causal (causal: every variant above)
+SPECS += sorted({(name, d, False, "bfloat16") for (d, causal), ranges in hk.SEQLEN_VARIANTS.items() if not causal
+                 for _, _, name in ranges})  # fmt: skip
 # packed (varlen): every variant with a packed form, bfloat16; the packed defaults in float16
 SPECS += [
     (compile_check.VARLEN_PREFIX + name, d, causal, "bfloat16")
@@ -84,10 +87,19 @@ def test_default_variant_and_mask_args():
                     assert hk.default_variant(d, causal, seqlen_q=s) == hk.DEFAULT[(d, causal)]
             assert hk.default_variant(d, causal, True, seqlen_q=lo) == hk.VARLEN_DEFAULT[(d, causal)]
             assert hk.default_variant(d, causal, seqlen_q=lo, softcap=30.0) == hk.DEFAULT[(d, causal)]
-            # the short ranges run the dynamic persistent form, the long (causal) ones head-major
+            # the short ranges (256 up to at most 8K queries) run the dynamic persistent form,
+            # the long (causal) ones head-major
             var = hk.VARIANTS[name]
-            assert (var.dynamic and lo == 256) or (var.head_major and causal and hi == hk.MAX_SEQLEN)
+            assert (var.dynamic and hi <= 8192) or (var.head_major and causal and hi == hk.MAX_SEQLEN)
+        assert min(lo for lo, _, _ in ranges) == 256
         assert hk.default_variant(d, causal, seqlen_q=0) == hk.DEFAULT[(d, causal)]  # length not given
+    # each item finished one item late (carry): where it measured faster, not d128 causal nor
+    # d128 non-causal past 4K
+    assert hk.VARIANTS[hk.default_variant(128, False, seqlen_q=4096)].carry
+    assert not hk.VARIANTS[hk.default_variant(128, False, seqlen_q=4097)].carry
+    assert hk.VARIANTS[hk.default_variant(128, False, seqlen_q=4097)].dynamic
+    assert not any(hk.VARIANTS[hk.default_variant(128, True, seqlen_q=s)].carry for s in (256, 4096, 8192))
+    assert hk.VARIANTS[hk.default_variant(64, True, seqlen_q=2048)].carry
     assert hk.default_variant(64, False, seqlen_q=2048) == hk.DEFAULT[(64, False)]  # 0.96x at 2K
     assert hk.default_variant(64, True, seqlen_q=4096) == hk.DEFAULT[(64, True)]
     assert hk.default_variant(128, True, window=(128, 0), seqlen_q=65536) == hk.DEFAULT[(128, True)]

@@ -51,7 +51,11 @@ through a two-slot shared-memory ring (``item_ready`` / ``item_empty``), so prog
 short items take more of them. Dense calls without a window or softcap take a variant by their
 query count (``SEQLEN_VARIANTS``): the dynamic form at 256-8K (d128) and 256-2K causal / 256-1K
 not (d64), and causal items numbered head by head (``head_major``, so the items in flight share
-one or two heads' K/V in L2) past 8K (d128) and from 32K (d64).
+one or two heads' K/V in L2) past 8K (d128) and from 32K (d64). The dynamic form's ``carry``
+variant (non-causal d128 up to 4K, d64 throughout its ranges) finishes each item one item late:
+a consumer issues its next item's first S = Q K^T, then normalises and stores the previous
+item's output under that product, so the tensor cores do not idle through every item's epilogue
+(Q has two slots per consumer so that the next item's Q is loaded in time).
 
 Head dim 256 uses 64-key K/V tiles and stages the output in the Q tile's shared memory (free
 once the item's last S = Q K^T has completed; one-item programs only), since a separate output
@@ -226,6 +230,14 @@ HEAD_DIMS = (64, 128, 256)
 #     1.10x); 2K 0.96x (session 24 call 7).
 #   - 256 queries (session 25 call 1): d128 205 / 371 (causal / not) against 157 / 300, d64 121 /
 #     254 against 66 / 150 (1.24-1.84x).
+# - Short calls, ws2x4-overlap-fma-dyn-carry: the dynamic form with each item's epilogue under the
+#   next item's first S = Q K^T (H200, session 45, 5 rounds, against -dyn; 256 queries not
+#   measured, where items are shortest and the gain should be largest):
+#   - d128 non-causal, two runs: 512 1.055 / 1.055x, 1K 1.030 / 1.022, 2K 1.041 / 1.023, 4K 1.009
+#     / 1.014; 8K level (0.983 / 1.001, paired rounds 0.998 / 1.000), so 8K keeps -dyn.
+#   - d64 non-causal 512 / 1K 1.092 / 1.027x; d64 causal 512 / 1K / 2K 1.015 / 1.016 / 1.004x.
+#   - d128 causal: 0.985-0.993x at 1K-16K (1.022 at 512), so causal d128 keeps -dyn: its two
+#     consumers reach an item's end apart (the diagonal tile), so the epilogue was partly hidden.
 # - Long causal calls, the head-major forms (head_major), which keep the K/V of one or two heads
 #   in L2 where that of every head exceeds it (H200, session 33):
 #   - d128 past 8K: 1.043 / 1.057 / 1.048 / 1.052x ws2x4-overlap-fma at 4K-32K (64-128 MB of K/V
@@ -234,10 +246,10 @@ HEAD_DIMS = (64, 128, 256)
 #     4K-8K and 0.95-1.00x at 16K, where the K/V of all heads (32 MB) fits the 50 MB L2.
 MAX_SEQLEN = 2**31 - 1
 SEQLEN_VARIANTS = {
-    (128, False): ((256, 8192, "ws2x4-overlap-fma-dyn"),),
+    (128, False): ((256, 4096, "ws2x4-overlap-fma-dyn-carry"), (4097, 8192, "ws2x4-overlap-fma-dyn")),
     (128, True): ((256, 8192, "ws2x4-overlap-fma-dyn"), (8193, MAX_SEQLEN, "ws2x4-overlap-fma-hm")),
-    (64, False): ((256, 1024, "ws2x4-overlap-fma-dyn"),),
-    (64, True): ((256, 2048, "ws2x4-overlap-fma-dyn"), (32768, MAX_SEQLEN, "ws3x4-pp-s3-hm")),
+    (64, False): ((256, 1024, "ws2x4-overlap-fma-dyn-carry"),),
+    (64, True): ((256, 2048, "ws2x4-overlap-fma-dyn-carry"), (32768, MAX_SEQLEN, "ws3x4-pp-s3-hm")),
 }
 # Calls with a left window bound run this variant where their default has three consumers: at
 # 160 registers each, the left-edge mask spills 128-296 bytes per thread (CPU compile, sm_90a);
