@@ -945,9 +945,8 @@ def _consumer_carry(
                 _item_epilogue(
                     n - 1, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
                     stride_lm, item_smem, item_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left,
-                    window_right, qk_scale,
-                    INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE,
-                    SOFTCAP, HEAD_MAJOR,
+                    window_right, qk_scale, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS,
+                    CONSUMERS, FMA_SCALE, SOFTCAP, HEAD_MAJOR,
                 )  # fmt: skip
             acc, m_i, l_i, it, tk = _overlap_rest(
                 s, q_tile, k_smem, v_smem, q_empty.index(qs), k_ready, v_ready, k_empty, v_empty, turn, it, tk,
@@ -956,13 +955,14 @@ def _consumer_carry(
                 RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, dtype,
             )  # fmt: skip
         else:
+            # the same epilogue as in the branch above, which must run it after issuing the first
+            # product (a running wgmma's result cannot leave an if to be waited for after it)
             if n > 0:
                 _item_epilogue(
                     n - 1, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
                     stride_lm, item_smem, item_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left,
-                    window_right, qk_scale,
-                    INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE,
-                    SOFTCAP, HEAD_MAJOR,
+                    window_right, qk_scale, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS,
+                    CONSUMERS, FMA_SCALE, SOFTCAP, HEAD_MAJOR,
                 )  # fmt: skip
             mbarrier.arrive(q_empty.index(qs))
             acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
