@@ -402,9 +402,10 @@ def _producer_item(
     # varlen: rows past the sequence's end read the next sequence's (or zeros past the tensor's
     # end); the consumers mask those keys and never store those rows. A causal item's blocks
     # before row 0 (m0 < 0) load row 0's block: no TMA coordinate is negative
-    # the Q tiles are free once every consumer has issued its last S = Q K^T of the previous
-    # item; a fresh barrier counts as having completed the phase before 0, so the first wait
-    # (and the first pass through the K/V ring) does not block
+    # a slot's Q tiles are free once every consumer's last S = Q K^T of the item that used the
+    # slot before has completed (the previous item's with one slot, the one before it with two);
+    # a fresh barrier counts as having completed the phase before 0, so the first wait on each
+    # slot (and the first pass through the K/V ring) does not block
     qs = n_done % Q_SLOTS
     mbarrier.wait(q_empty.index(qs), ((n_done // Q_SLOTS) & 1) ^ 1)
     mbarrier.expect(q_bar.index(qs), CONSUMERS * q_desc.block_type.nbytes)
