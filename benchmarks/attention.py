@@ -9,7 +9,8 @@ Providers, all timed in one process on the same inputs (bf16, Hq=32, Hkv=8):
 
   hf_flash    ``hf_flash.flash_attn_func``, layout (B, S, H, D); GQA by K/V head indexing. On an
               H100 the forward runs the Gluon Hopper kernel where it covers the call; every
-              row records the kernels that ran (``paths``, from ``attention_paths``).
+              row records the kernels that ran (``paths``, from ``attention_paths``) and, where
+              they are the Gluon kernels, which variants (``variants``).
   hf_flash_triton  the same with the Gluon kernel switched off (``configs.use_hopper(False)``):
               the portable Triton kernels, what other GPUs run.
   sdpa        ``F.scaled_dot_product_attention(..., enable_gqa=True)``, no backend forced: what
@@ -176,10 +177,28 @@ def _window_mask(seqlen: int, device) -> torch.Tensor:
     return m.view(1, 1, seqlen, seqlen)
 
 
+def hopper_variants(paths: dict, q, *, causal: bool, window=(-1, -1), softcap: float = 0.0,
+                    varlen: bool = False) -> dict:
+    """The Gluon variants a call with these ``paths`` (:func:`attention_paths`) runs by default:
+    ``{"forward": name or None, "backward": name or None}`` (None where that pass runs Triton).
+    ``q`` as the call's; dense calls pick by query length (``SEQLEN_VARIANTS``)."""
+    from hf_flash.kernels.hopper import attention_bwd, attention_fwd
+
+    d = q.shape[-1]
+    seqlen_q = 0 if varlen else q.shape[1]
+    fwd = bwd = None
+    if paths["forward"] == "hopper":
+        fwd = attention_fwd.default_variant(d, causal, varlen, window, seqlen_q, softcap)
+    if paths["backward"] == "hopper":
+        bwd = attention_bwd.variant_for(d, causal, varlen, seqlen_q, window)
+    return {"forward": fwd, "backward": bwd}
+
+
 def _hf_flash_builder(hopper: bool):
     """``hf_flash`` (the kernels hf_flash chooses: the Gluon forward on an H100 where it
     covers the call) or, with ``hopper=False``, ``hf_flash_triton`` (the portable Triton
-    kernels only). Each row records the kernels that ran (``paths``)."""
+    kernels only). Each row records the kernels that ran (``paths``) and their Gluon variants
+    (``variants``)."""
 
     def build(shape, q, k, v, dout):
         from hf_flash import flash_attn_func
@@ -203,9 +222,11 @@ def _hf_flash_builder(hopper: bool):
 
         with switch():
             paths = attention_paths(*leaves, **kw)
+            variants = hopper_variants(paths, q, causal=kw["causal"], window=kw.get("window_size", (-1, -1)),
+                                       softcap=kw.get("softcap", 0.0))  # fmt: skip
         # the switch also wraps the timing (run_shape): autograd runs the backward outside
         # attn(), and the backward reads the configs then
-        return attn, leaves, dout, {"paths": paths}, switch
+        return attn, leaves, dout, {"paths": paths, "variants": variants}, switch
 
     return build
 
@@ -720,9 +741,10 @@ def _packed_builders(lens, head_dim, flex_mode):
 
         with switch():
             paths = attention_paths(*leaves, causal=True, varlen=True)
+            variants = hopper_variants(paths, leaves[0], causal=True, varlen=True)
         # the switch also wraps the timing (run_packed): the backward reads the configs when
         # autograd runs it, outside attn()
-        return attn, leaves, dout, {"paths": paths}, both, packed_flops, switch
+        return attn, leaves, dout, {"paths": paths, "variants": variants}, both, packed_flops, switch
 
     out["hf_flash"] = lambda: hf("default")
     out["hf_flash_gluon_varlen"] = lambda: hf(True)
