@@ -792,6 +792,30 @@ def _epilogue(
 
 
 @gluon.jit
+def _consumer_rows(
+    t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr,
+    CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr,
+):  # fmt: skip
+    """Item ``t`` as consumer INDEX sees it: (b, h, row0, lo, n_tiles, q_off, q_len, k_len, own,
+    full_lo, full_hi, rows) - its first row (< 0: a causal item's block before row 0, never
+    stored), the item's key tiles, its own share of them (:func:`_own_tiles`) and its rows' key
+    positions, bottom-right aligned."""
+    row_s: gl.constexpr = gl.SliceLayout(1, _mma_layout(BLOCK_N, NUM_WARPS))
+    b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
+        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+        BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
+    )  # fmt: skip
+    row0 = m0 + INDEX * BLOCK_M
+    own, full_lo, full_hi = _own_tiles(
+        row0, lo, n_tiles, q_len, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT,
+    )  # fmt: skip
+    rows = row0 + gl.arange(0, BLOCK_M, layout=row_s) + (k_len - q_len)
+    return b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows
+
+
+@gluon.jit
 def _consumer_item(
     t, it, tk, n_done, q_tile, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
     o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
@@ -812,16 +836,10 @@ def _consumer_item(
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
-        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-        BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
+    b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
+        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right, INDEX,
+        BLOCK_M, BLOCK_N, NUM_WARPS, CONSUMERS, MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR,
     )  # fmt: skip
-    row0 = m0 + INDEX * BLOCK_M  # < 0: a causal item's block before row 0, never stored
-    own, full_lo, full_hi = _own_tiles(
-        row0, lo, n_tiles, q_len, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT,
-    )  # fmt: skip
-    # the rows' key positions, bottom-right aligned
-    rows = row0 + gl.arange(0, BLOCK_M, layout=row_s) + (k_len - q_len)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
@@ -887,14 +905,13 @@ def _item_epilogue(
     again."""
     t = _item_in_slot(n, item_smem, NUM_WARPS)
     mbarrier.arrive(item_empty.index(n % 2))
-    b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
-        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right,
-        BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
+    b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
+        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right, INDEX,
+        BLOCK_M, BLOCK_N, NUM_WARPS, CONSUMERS, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
     )  # fmt: skip
     _epilogue(
-        acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h,
-        m0 + INDEX * BLOCK_M, q_off, q_len, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_WARPS, FMA_SCALE, SOFTCAP,
-        False,
+        acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h, row0,
+        q_off, q_len, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_WARPS, FMA_SCALE, SOFTCAP, False,
     )  # fmt: skip
 
 
@@ -928,15 +945,10 @@ def _consumer_carry(
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
     while t < n_bh * n_m:
-        b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
-            t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right,
-            BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
+        b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
+            t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right, INDEX,
+            BLOCK_M, BLOCK_N, NUM_WARPS, CONSUMERS, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
         )  # fmt: skip
-        row0 = m0 + INDEX * BLOCK_M
-        own, full_lo, full_hi = _own_tiles(
-            row0, lo, n_tiles, q_len, k_len, window_left, window_right, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT,
-        )  # fmt: skip
-        rows = row0 + gl.arange(0, BLOCK_M, layout=row_s) + (k_len - q_len)
         qs = n % 2
         q_tile = q_smem.index(qs * CONSUMERS + INDEX)
         mbarrier.wait(q_bar.index(qs), (n // 2) & 1)
