@@ -140,11 +140,8 @@ def _variant(name: str):
 
 def exponentials_per_step(var) -> int:
     """One exponential per score a consumer thread holds: a step's [block_m, block_n] tile over a
-    warpgroup's 128 threads (the loops :func:`step_paths` looks for hold at least this many on
-    MUFU), less the share a forward variant's ``exp_emu`` computes on the FMA pipe."""
-    per_thread = var.block_m * var.block_n // 128
-    emu = getattr(var, "exp_emu", 0)
-    return per_thread - per_thread // emu if emu else per_thread
+    warpgroup's 128 threads (the loops :func:`step_paths` looks for hold at least this many)."""
+    return var.block_m * var.block_n // 128
 
 
 def main(argv=None) -> None:

@@ -138,9 +138,6 @@ class Variant:
     # shared-memory slots per consumer (item n in slot n % 2), so the next item's Q is loaded
     # while the current item's loop runs
     carry: bool = False
-    # one score in every ``exp_emu`` a thread holds gets its exp2 from a polynomial on the FMA
-    # pipe instead of the MUFU unit (0: every exp2 on MUFU); see :func:`_exp2`
-    exp_emu: int = 0
 
     @property
     def rows(self) -> int:
@@ -164,10 +161,6 @@ VARIANTS = {
                 pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,)),
         Variant("ws3x4-pp-s3", block_m=64, block_n=128, stages=3, consumers=3, consumer_warps=4, overlap=True,
                 pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,)),
-        # one exp2 in every 4 / 8 / 16 on the FMA pipe (exp_emu; _exp2): d64 steps are MUFU-bound
-        *(Variant(f"ws3x4-pp-s3-e{e}", block_m=64, block_n=128, stages=3, consumers=3, consumer_warps=4,
-                  overlap=True, pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,), exp_emu=e)
-          for e in (4, 8, 16)),
         Variant("ws3x4-overlap-fma", block_m=64, block_n=128, stages=2, consumers=3, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=160, head_dims=(64,)),
         # a persistent 3-consumer form spills 64 bytes at 160 registers per consumer (causal)
@@ -177,9 +170,6 @@ VARIANTS = {
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True),
         Variant("ws2x4-overlap-fma-dyn-carry", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True, carry=True),
-        Variant("ws2x4-overlap-fma-dyn-carry-e16", block_m=64, block_n=128, stages=2, consumers=2,
-                consumer_warps=4, overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True,
-                carry=True, head_dims=(64,), exp_emu=16),
         # the ping-pong form persistent with the item counter: cuDNN's shape at d64 causal 4K (two
         # consumers of 64 rows, persistent; the forward's weakest bar point). H200, session 35
         # (3 runs, 3-5 rounds): d64 causal 4K 1.018-1.033x ws3x4-pp-s3 (0.97-0.99x SDPA), 3K
@@ -542,67 +532,11 @@ def _per_tile(x):
     return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
 
-def _exp2_asm(pack: int) -> str:
-    """PTX for :func:`_exp2`: of ``pack`` scores (operands ``$pack..$2pack-1`` in, ``$0..$pack-1``
-    out) the first ``pack - 1`` go through ``ex2.approx`` (the MUFU unit, 16 results per clock
-    per SM) and the last through a cubic on the FMA pipe. For x clamped to [-127, inf) (NaN kept):
-    r = round(x) by adding and subtracting 1.5 * 2^23 (+127, the exponent bias, so the sum's low
-    bits are r + 127), f = x - r in [-0.5, 0.5], 2^f from the cubic (relative error 1.0e-4 over
-    that interval, a twentieth of bf16's rounding of P; exact 1 at f = 0), and 2^r as a float
-    whose exponent field is the sum's low bits shifted into place: x <= -127 gives 2^r = 0, so a
-    masked score (-inf) gives exactly 0 as ex2 does, and a NaN stays NaN through the product."""
-    lines = ["{", ".reg .f32 ex_x, ex_y, ex_r, ex_f, ex_p;", ".reg .b32 ex_e;"]
-    lines += [f"ex2.approx.ftz.f32 ${i}, ${pack + i};" for i in range(pack - 1)]
-    lines += [
-        f"max.NaN.f32 ex_x, ${2 * pack - 1}, 0fC2FE0000;",  # -127
-        "add.rn.f32 ex_y, ex_x, 0f4B40007F;",  # 1.5 * 2^23 + 127
-        "sub.rn.f32 ex_r, ex_y, 0f4B40007F;",
-        "sub.rn.f32 ex_f, ex_x, ex_r;",
-        "fma.rn.f32 ex_p, ex_f, 0f3D61510B, 0f3E780627;",  # 0.05500893 f + 0.24221097
-        "fma.rn.f32 ex_p, ex_p, ex_f, 0f3F317AFD;",  # ... f + 0.6932829
-        "fma.rn.f32 ex_p, ex_p, ex_f, 0f3F800000;",  # ... f + 1
-        "mov.b32 ex_e, ex_y;",
-        "shl.b32 ex_e, ex_e, 23;",
-        "mov.b32 ex_y, ex_e;",
-        f"mul.rn.f32 ${pack - 1}, ex_p, ex_y;",
-        "}",
-    ]
-    return "\n".join(lines)
-
-
-_EXP2_ASM_4 = gl.constexpr(_exp2_asm(4))
-_EXP2_ASM_8 = gl.constexpr(_exp2_asm(8))
-_EXP2_ASM_16 = gl.constexpr(_exp2_asm(16))
-_EXP2_REGS_4 = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 4))
-_EXP2_REGS_8 = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
-_EXP2_REGS_16 = gl.constexpr(",".join(["=r"] * 16 + ["r"] * 16))
-
-
-@gluon.jit
-def _exp2(x, EXP_EMU: gl.constexpr):
-    """exp2 of a tile of scores; EXP_EMU (4, 8 or 16) computes one score in every EXP_EMU a thread
-    holds on the FMA pipe (:func:`_exp2_asm`), 0 all of them on MUFU. At head dim 64 a thread's
-    64 exponentials per 64 x 128 step occupy the MUFU unit as long as the step's two wgmmas
-    occupy the tensor cores (16 exp2 against 4096 FLOPs per clock per SM), so MUFU bounds the
-    step; moving a share to the FMA pipe trades MUFU cycles for issue slots (~9 instructions per
-    moved score)."""
-    if EXP_EMU == 0:
-        return gl.exp2(x)
-    elif EXP_EMU == 4:
-        return gl.inline_asm_elementwise(_EXP2_ASM_4, _EXP2_REGS_4, [x], dtype=gl.float32, is_pure=True, pack=4)
-    elif EXP_EMU == 8:
-        return gl.inline_asm_elementwise(_EXP2_ASM_8, _EXP2_REGS_8, [x], dtype=gl.float32, is_pure=True, pack=8)
-    else:
-        gl.static_assert(EXP_EMU == 16, "EXP_EMU: 0, 4, 8 or 16")
-        return gl.inline_asm_elementwise(_EXP2_ASM_16, _EXP2_REGS_16, [x], dtype=gl.float32, is_pure=True,
-                                         pack=16)  # fmt: skip
-
-
 @gluon.jit
 def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale,
                   softcap_in, softcap_out, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                   MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
-                  FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr, EXP_EMU: gl.constexpr = 0):  # fmt: skip
+                  FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr):  # fmt: skip
     """Transform and mask tile ``j``'s scores and update the running max and sum; returns
     (p, alpha, m, l).
 
@@ -645,10 +579,10 @@ def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left,
     # rows that have seen no key yet keep m = -inf; subtract 0 instead to avoid inf - inf
     m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
     if FMA_SCALE and not SOFTCAP:
-        p = _exp2(s * qk_scale - gl.expand_dims(m_sub * qk_scale, 1), EXP_EMU)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_sub * qk_scale, 1))
         alpha = gl.exp2((m_i - m_sub) * qk_scale)
     else:
-        p = _exp2(s - gl.expand_dims(m_sub, 1), EXP_EMU)
+        p = gl.exp2(s - gl.expand_dims(m_sub, 1))
         alpha = gl.exp2(m_i - m_sub)
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
@@ -750,7 +684,7 @@ def _overlap_rest(
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr,
-    FMA_SCALE: gl.constexpr, dtype: gl.constexpr, EXP_EMU: gl.constexpr = 0,
+    FMA_SCALE: gl.constexpr, dtype: gl.constexpr,
 ):  # fmt: skip
     """OVERLAP: the rest of an item's key tiles [lo, own) once its first S = Q K^T (``s``, K/V
     tile ``it``) is issued: that product's softmax, then each next S issued with the previous
@@ -769,7 +703,7 @@ def _overlap_rest(
     mbarrier.arrive(k_empty.index(it % STAGES))
     p, alpha, m_i, l_i = _softmax_step(
         s, m_i, l_i, rows, lo, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-        softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP, EXP_EMU,
+        softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
     )  # fmt: skip
     p_op = gl.convert_layout(p.to(dtype), p_layout)
     for j in range(lo + 1, own):
@@ -789,7 +723,7 @@ def _overlap_rest(
         mbarrier.arrive(k_empty.index(slot))
         p, alpha, m_i, l_i = _softmax_step(
             s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-            softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP, EXP_EMU,
+            softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
         )  # fmt: skip
         # p_op is a register operand of the running wgmma: keep it alive until the wait
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
@@ -891,7 +825,6 @@ def _consumer_item(
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-    EXP_EMU: gl.constexpr = 0,
 ):  # fmt: skip
     """One work item of one consumer partition. ``it`` (K/V tiles consumed so far), ``tk``
     (ping-pong turns taken) and ``n_done`` (items done) carry the barrier phases from item to
@@ -919,7 +852,7 @@ def _consumer_item(
                 s, q_tile, k_smem, v_smem, q_empty.index(0), k_ready, v_ready, k_empty, v_empty, turn, it, tk,
                 rows, lo, own, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
                 softcap_out, s_zero, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT,
-                RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, dtype, EXP_EMU,
+                RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, dtype,
             )  # fmt: skip
         else:
             mbarrier.arrive(q_empty.index(0))
@@ -935,7 +868,7 @@ def _consumer_item(
             mbarrier.arrive(k_empty.index(slot))
             p, alpha, m_i, l_i = _softmax_step(
                 s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP, EXP_EMU,
+                softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
             )  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -991,7 +924,7 @@ def _consumer_carry(
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr,
-    FMA_SCALE: gl.constexpr, HEAD_MAJOR: gl.constexpr, EXP_EMU: gl.constexpr = 0,
+    FMA_SCALE: gl.constexpr, HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
     """A dynamic persistent consumer (OVERLAP, dense) that finishes each item one item late:
     item n's first S = Q K^T (Q in slot n % 2) is issued, then item n - 1's epilogue runs under
@@ -1032,7 +965,7 @@ def _consumer_carry(
                 s, q_tile, k_smem, v_smem, q_empty.index(qs), k_ready, v_ready, k_empty, v_empty, turn, it, tk,
                 rows, lo, own, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
                 softcap_out, s_zero, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT,
-                RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, dtype, EXP_EMU,
+                RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, dtype,
             )  # fmt: skip
         else:
             # the same epilogue as in the branch above, which must run it after issuing the first
@@ -1073,7 +1006,6 @@ def _consumer(
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
     item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr,
-    EXP_EMU: gl.constexpr,
 ):  # fmt: skip
     o_tile = o_smem.index(INDEX)
     if CARRY:
@@ -1083,7 +1015,6 @@ def _consumer(
             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_in,
             softcap_out, item_smem, item_ready, item_empty, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
             MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, HEAD_MAJOR,
-            EXP_EMU,
         )  # fmt: skip
     elif PERSISTENT:
         q_tile = q_smem.index(INDEX)
@@ -1103,7 +1034,7 @@ def _consumer(
                 nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
                 qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
                 MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
-                HEAD_MAJOR, EXP_EMU,
+                HEAD_MAJOR,
             )  # fmt: skip
             n_done += 1
             if DYNAMIC:
@@ -1119,7 +1050,7 @@ def _consumer(
             stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
             window_right, qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
             MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
-            HEAD_MAJOR, EXP_EMU,
+            HEAD_MAJOR,
         )  # fmt: skip
     tma.store_wait(0)
 
@@ -1134,7 +1065,7 @@ def _attn_fwd_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
     PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr, DYNAMIC: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr, EXP_EMU: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
     # program takes item program_id (PERSISTENT: then program_id + num_programs, ..., or DYNAMIC:
@@ -1200,14 +1131,14 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, EXP_EMU)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, EXP_EMU)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -1227,21 +1158,21 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, EXP_EMU)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, EXP_EMU)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, EXP_EMU)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -1541,7 +1472,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
         FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
-        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CARRY=var.carry, EXP_EMU=var.exp_emu,
+        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CARRY=var.carry,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs
