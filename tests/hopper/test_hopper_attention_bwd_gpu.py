@@ -312,6 +312,11 @@ def test_cuda_graph_capture_forward_backward():
     fresh = step()
     assert all(torch.equal(a, b) for a, b in zip(captured, fresh))
     assert not torch.equal(captured[1], eager[1])
+    # a second replay finds the captured forward's item counter back at 0 (the launch resets it)
+    first = [t.clone() for t in captured]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(captured, first))
 
 
 @needs_hopper

@@ -142,6 +142,30 @@ def test_dynamic_schedule_matches_one_item_programs_bitwise(head_dim, variant):
 
 
 @needs_hopper
+def test_item_counters_reset_themselves_per_stream():
+    # a dynamic launch leaves its stream's counter at 0 for the next launch (no fill per call):
+    # launches of different sizes back to back, on the default stream and on a side stream
+    # (its own counter), each match the one-item-per-program launch bitwise
+    from hf_flash.kernels.hopper import attention_fwd as hk
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    calls = [_qkv(1, 700, 700, 4, 2, 128, torch.bfloat16, seed=11), _qkv(2, 1500, 1500, 8, 2, 128, torch.bfloat16,
+                                                                        seed=12)]  # fmt: skip
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), side):
+        with torch.cuda.stream(stream):
+            for q, k, v in calls * 2:
+                dyn = _run(q, k, v, True, variant="ws2x4-overlap-fma-dyn")
+                one = _run(q, k, v, True, variant="ws2x4-overlap-fma")
+                assert torch.equal(dyn[0], one[0]) and torch.equal(dyn[1], one[1])
+                assert hk.item_counter(dev).item() == 0
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        side_counter = hk.item_counter(dev)
+    assert side_counter is not hk.item_counter(dev), "each stream has its own counter"
+
+
+@needs_hopper
 @pytest.mark.parametrize("variant,head_dim", _variant_head_dims())
 def test_many_items_per_program(variant, head_dim):
     # 4 x 16 heads x 12+ query tiles: persistent programs take several items each, of different
