@@ -334,15 +334,16 @@ class _DensePlan:
         a ``backward``."""
         if self.backward is None or dout.stride() != out.stride() or dout.data_ptr() % 16 or not direct_call(dout):
             return _attn_bwd(dout, None, q, k, v, out, lse, *(None,) * 7, **self.options)[:3]
-        from .kernels.hopper.attention_bwd import hopper_attention_backward
+        from .kernels.hopper.attention_bwd import hopper_attention_backward, sem_from_preprocess
 
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         o = self.options
+        dq_sem = sem_from_preprocess(q, self.backward, False)
         delta, stats = _bwd.backward_preprocess(out, dout, None, lse, cu_seqlens_q=None, max_seqlen_q=q.shape[1],
-                                                stats_m=self.stats_m)  # fmt: skip
+                                                stats_m=self.stats_m, dq_sem=dq_sem)  # fmt: skip
         hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=o["softmax_scale"],
                                   causal=o["causal"], variant=self.backward, window=self.window, softcap=o["softcap"],
-                                  stats=stats)  # fmt: skip
+                                  stats=stats, dq_sem=dq_sem)  # fmt: skip
         return dq, dk, dv
 
 

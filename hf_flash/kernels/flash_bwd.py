@@ -38,17 +38,19 @@ from .flash_fwd import _dense_or_varlen_strides, bounds_strides, kernel_flags
 
 @triton.jit
 def _bwd_preprocess(
-    Out, DOut, DLse, Lse, Delta, Stats, CuSeqlensQ,
+    Out, DOut, DLse, Lse, Delta, Stats, Sem, CuSeqlensQ,
     stride_ob, stride_om, stride_oh, stride_db, stride_dm, stride_dh,
     stride_lb, stride_lh,
     seqlen_q, nheads,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, STATS_M: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, STATS_M: tl.constexpr, ZERO_SEM: tl.constexpr,
 ):  # fmt: skip
     """delta of BLOCK_M query rows; with STATS_M > 0 (dense calls) also their part of the
     statistics buffer: per (batch, head, STATS_M-row query tile), in that order, a row pair of
     STATS_M floats, lse times log2 e then delta, with lse +inf (P = 0) and delta 0 past the
-    sequence's end (the grid then covers every tile's rows, past the end included)."""
+    sequence's end (the grid then covers every tile's rows, past the end included). ZERO_SEM
+    (with STATS_M): the int32 at Sem + tile is zeroed as well, one per tile (the Gluon backward's
+    ordered-dQ counters, one per query tile of STATS_M rows)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // nheads
@@ -87,6 +89,9 @@ def _bwd_preprocess(
         out = Stats + tile * (2 * STATS_M) + m0 % STATS_M + tl.arange(0, BLOCK_M)
         tl.store(out, lse * LOG2E)
         tl.store(out + STATS_M, tl.where(row_ok, delta, 0.0))
+        if ZERO_SEM:
+            if m0 % STATS_M == 0:
+                tl.store(Sem + tile, 0)
 
 
 @triton.jit
@@ -539,21 +544,22 @@ def flash_attn_backward(
         window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
         softmax_scale=softmax_scale, sinks=sinks, key_bounds=key_bounds,
     )  # fmt: skip
-    variant, stats_m = None, 0
+    variant, stats_m, dq_sem = None, 0, None
     if path == "hopper":
         from .hopper import attention_bwd as hopper
 
         variant = hopper.variant_for(head_dim, causal, varlen, 0 if varlen else q.shape[1],
                                      (window_left, window_right))  # fmt: skip
         stats_m = hopper.VARIANTS[variant].stats_rows
+        dq_sem = hopper.sem_from_preprocess(q, variant, varlen)
     delta, stats = backward_preprocess(out, dout, dlse, lse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                                       stats_m=stats_m)  # fmt: skip
+                                       stats_m=stats_m, dq_sem=dq_sem)  # fmt: skip
     if dsinks is not None:
         _sink_grad(sinks, lse, delta, varlen, dsinks)
     if path == "hopper" and hopper.hopper_attention_backward(
         q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=softmax_scale, causal=causal, variant=variant,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, window=(window_left, window_right),
-        softcap=softcap, stats=stats,
+        softcap=softcap, stats=stats, dq_sem=dq_sem,
     ):
         return  # the variant computed dQ too
     # the Triton kernels' arguments: dK/dV off Hopper, dQ wherever the Gluon kernel left it
@@ -618,12 +624,14 @@ def stats_numel(batch: int, nheads: int, seqlen_q: int, block_m: int) -> int:
     return batch * nheads * configs.cdiv(seqlen_q, block_m) * 2 * block_m
 
 
-def backward_preprocess(out, dout, dlse, lse, *, cu_seqlens_q, max_seqlen_q, stats_m=0):
+def backward_preprocess(out, dout, dlse, lse, *, cu_seqlens_q, max_seqlen_q, stats_m=0, dq_sem=None):
     """The backward's first launch (:func:`_bwd_preprocess`), layouts as in
     :func:`flash_attn_backward`: returns ``delta`` (lse's shape and strides) and, with ``stats_m``
     > 0 (dense calls: the query rows per step of a Gluon ``stats_smem`` variant), the statistics
     buffer that variant reads (per (batch, head, query tile) lse times log2 e, then delta), else
-    None."""
+    None. ``dq_sem`` (with ``stats_m``): int32 counters, one per (batch, head, query tile), that
+    the launch zeroes too (``hopper.attention_bwd.sem_from_preprocess``), so the backward that
+    reads them needs no fill launch of its own."""
     varlen = cu_seqlens_q is not None
     if varlen:
         batch, seqlen_q = cu_seqlens_q.numel() - 1, 0
@@ -640,6 +648,12 @@ def backward_preprocess(out, dout, dlse, lse, *, cu_seqlens_q, max_seqlen_q, sta
                              f"{lse.stride()}, stats_m={stats_m})")  # fmt: skip
         stats = torch.empty(stats_numel(batch, nheads, seqlen_q, stats_m), device=lse.device, dtype=torch.float32)
         rows = configs.cdiv(seqlen_q, stats_m) * stats_m  # every tile's rows, past the end included
+    if dq_sem is not None:
+        tiles = stats_numel(batch, nheads, seqlen_q, stats_m) // (2 * stats_m) if stats_m else 0
+        if not stats_m or dq_sem.dtype != torch.int32 or dq_sem.numel() != tiles or dq_sem.device != lse.device:
+            raise ValueError(f"backward_preprocess: dq_sem must be {tiles} int32 counters on {lse.device} (one "
+                             f"per query tile of stats_m rows, stats_m > 0), got {dq_sem.numel()} {dq_sem.dtype} "
+                             f"with stats_m={stats_m}")  # fmt: skip
     if dlse is not None:
         dlse = dlse.contiguous()
     delta = torch.empty_like(lse)
@@ -647,12 +661,12 @@ def backward_preprocess(out, dout, dlse, lse, *, cu_seqlens_q, max_seqlen_q, sta
     pre_m = 64 if block_d <= 256 else 32  # out and dO tiles of pre_m x block_d in registers
     _PREPROCESS(
         (configs.cdiv(rows, pre_m), batch * nheads),
-        (out, dout, dlse, lse, delta, stats, cu_seqlens_q),
+        (out, dout, dlse, lse, delta, stats, dq_sem, cu_seqlens_q),
         (*_dense_or_varlen_strides(out, varlen), *_dense_or_varlen_strides(dout, varlen),
          stride_lb, stride_lh, seqlen_q, nheads),
         (),
         _PREPROCESS.meta_for(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m, IS_VARLEN=varlen,
-                             HAS_DLSE=dlse is not None, STATS_M=stats_m),
+                             HAS_DLSE=dlse is not None, STATS_M=stats_m, ZERO_SEM=dq_sem is not None),
     )  # fmt: skip
     return delta, stats
 

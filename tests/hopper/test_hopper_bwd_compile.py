@@ -451,8 +451,11 @@ def test_preprocess_lays_out_lse_and_delta_per_query_tile(device, seqlen, stats_
                  for _ in range(2))  # fmt: skip
     lse = (torch.randn(batch, heads, seqlen, generator=g) * 4).to(device)
     dlse = torch.randn(batch, heads, seqlen, generator=g).to(device) if with_dlse else None
+    # the ordered-dQ counters, one per tile, handed over dirty: the launch zeroes them
+    sem = torch.full((batch * heads * n_m,), 7, dtype=torch.int32, device=device)
     delta, stats = flash_bwd.backward_preprocess(out, dout, dlse, lse, cu_seqlens_q=None, max_seqlen_q=seqlen,
-                                                 stats_m=stats_m)  # fmt: skip
+                                                 stats_m=stats_m, dq_sem=sem)  # fmt: skip
+    assert torch.equal(sem.cpu(), torch.zeros(batch * heads * n_m, dtype=torch.int32))
     want_delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).cpu()
     if with_dlse:
         want_delta -= dlse.cpu()
@@ -483,6 +486,12 @@ def test_preprocess_refuses_a_statistics_buffer_it_cannot_lay_out():
     with pytest.raises(ValueError, match="varlen=True"):
         cu = torch.tensor([0, 97], dtype=torch.int32)
         flash_bwd.backward_preprocess(out[0], out[0], None, lse[0], cu_seqlens_q=cu, max_seqlen_q=97, stats_m=64)
+    # counters to zero: one int32 per statistics tile (2 heads x 2 tiles of 64 rows), with stats_m
+    for sem, stats_m in ((torch.zeros(3, dtype=torch.int32), 64), (torch.zeros(4), 64),
+                         (torch.zeros(4, dtype=torch.int32), 0)):  # fmt: skip
+        with pytest.raises(ValueError, match="dq_sem must be"):
+            flash_bwd.backward_preprocess(out, out, None, lse, cu_seqlens_q=None, max_seqlen_q=97, stats_m=stats_m,
+                                          dq_sem=sem)  # fmt: skip
 
 
 def _stats_call(name, sq, sk):
@@ -686,3 +695,22 @@ def test_tail_for_plans_pieces_only_for_unmasked_dense_calls():
     assert hb._tail_for(q, k, name, False, (256, 256)) is None
     q2, k2 = _t(2, 4096, 32, 128), _t(2, 4224, 8, 128)  # 2 x 8 x 33 = 264 units: two whole waves
     assert hb._tail_for(q2, k2, name, False, (-1, -1)) is None
+
+
+def test_preprocess_zeroes_the_counters_of_dense_stats_variants():
+    """sem_from_preprocess hands out unfilled dQ counters exactly where the preprocess can zero
+    them (dense calls of a dq_ordered variant whose statistics tiles are its query tiles: every
+    default), and None elsewhere (the backward then makes zeroed ones)."""
+    q = torch.empty(2, 300, 4, 128, dtype=torch.bfloat16)
+    used = {hb.variant_for(128, causal, False, s) for causal in (False, True) for s in (256, 4096, 65536)}
+    for name, var in hb.VARIANTS.items():
+        if 128 not in var.head_dims or var.split_d:
+            continue
+        sem = hb.sem_from_preprocess(q, name, False)
+        if var.dq_ordered and var.stats_rows == var.block_m:
+            assert sem.dtype == torch.int32 and sem.numel() == hb.dq_sem_count(q, name)
+            assert sem.numel() == hb.stats_numel(2, 4, 300, var.stats_rows) // (2 * var.stats_rows)
+        else:
+            assert sem is None, name
+        assert hb.sem_from_preprocess(q, name, True) is None
+    assert all(hb.sem_from_preprocess(q, name, False) is not None for name in used)

@@ -2147,6 +2147,18 @@ def dq_sem_count(q: torch.Tensor, variant: str, cu_seqlens_q=None) -> int:
     return q.shape[0] * q.shape[2] * configs.cdiv(q.shape[1], var.block_m)
 
 
+def sem_from_preprocess(q: torch.Tensor, variant: str, varlen: bool) -> torch.Tensor | None:
+    """The ``dq_sem`` counters of a dense call of a ``dq_ordered`` variant whose statistics tiles
+    are its query tiles (``stats_rows == block_m``: one counter per statistics tile), unfilled:
+    ``flash_bwd.backward_preprocess(..., stats_m=stats_rows, dq_sem=...)`` zeroes them in the
+    same launch, which saves the backward a fill launch (~10-40 us of host time). None for other
+    calls (:func:`hopper_attention_backward` then makes zeroed ones)."""
+    var = VARIANTS[variant]
+    if varlen or not var.dq_ordered or var.stats_rows != var.block_m:
+        return None
+    return torch.empty(dq_sem_count(q, variant), device=q.device, dtype=torch.int32)
+
+
 def _descriptor_stats(stats: torch.Tensor, block_m: int) -> TensorDescriptor:
     """The statistics buffer as (tiles * 2, block_m) float32, one [2, block_m] box (no swizzle)
     per (batch, head, query tile)."""
@@ -2414,7 +2426,7 @@ def _tail_for(q, k, variant: str, causal: bool, window):
 
 def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale, causal,
                               variant=None, cu_seqlens_q=None, cu_seqlens_k=None, order=None,
-                              window=(-1, -1), softcap=0.0, stats=None) -> bool:  # fmt: skip
+                              window=(-1, -1), softcap=0.0, stats=None, dq_sem=None) -> bool:  # fmt: skip
     """dK and dV (and, for the ``dq_atomic`` variants, dQ) on Hopper. Layouts as
     ``hf_flash.kernels.flash_bwd.flash_attn_backward``: dense q/dout/dq (B, Sq, H, D),
     k/v/dk/dv (B, Sk, Hk, D), lse (the forward's natural-log log-sum-exp) and delta
@@ -2430,7 +2442,9 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     (``flash_bwd.backward_preprocess(..., stats_m=variant's block_m)``). Returns whether dq was
     written (else the caller runs a dQ kernel). A ``tail_split`` variant on a dense call without
     a mask runs the launch's partial last wave in pieces (:func:`tail_plan` on this GPU's SM
-    count) and then :func:`tail_sum` for those units' dK/dV."""
+    count) and then :func:`tail_sum` for those units' dK/dV. ``dq_sem``: a ``dq_ordered``
+    variant's counters, zeroed (:func:`sem_from_preprocess`'s, after the preprocess that zeroes
+    them); None: new zeroed ones."""
     varlen = cu_seqlens_q is not None
     variant = variant or variant_for(q.shape[-1], causal, varlen, 0 if varlen else q.shape[1], window)
     var = VARIANTS[variant]
@@ -2452,8 +2466,9 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
             dv.zero_()
             return False
     dq_accum = dq_accum_for(q, variant) if var.dq_atomic else None
-    dq_sem = None
-    if var.dq_ordered:
+    if not var.dq_ordered:
+        dq_sem = None
+    elif dq_sem is None:
         dq_sem = torch.zeros(dq_sem_count(q, variant, cu_seqlens_q), device=q.device, dtype=torch.int32)
     sched = varlen_key_schedule(cu_seqlens_q, cu_seqlens_k, k.shape[0], variant, causal, order) if varlen else None
     tail = None if varlen else _tail_for(q, k, variant, causal, window)
@@ -2523,6 +2538,7 @@ def kernel_for(variant: str):
 
 __all__ = [
     "hopper_attention_backward", "supports", "launch_args", "kernel_for", "dq_accum_for", "dq_sem_count",
+    "sem_from_preprocess",
     "tail_plan", "tail_numel", "tail_buffers", "tail_sum",
     "rows_without_keys",
     "dq_frag_to_bshd", "stats_numel",
