@@ -177,23 +177,6 @@ def _window_mask(seqlen: int, device) -> torch.Tensor:
     return m.view(1, 1, seqlen, seqlen)
 
 
-def hopper_variants(paths: dict, q, *, causal: bool, window=(-1, -1), softcap: float = 0.0,
-                    varlen: bool = False) -> dict:
-    """The Gluon variants a call with these ``paths`` (:func:`attention_paths`) runs by default:
-    ``{"forward": name or None, "backward": name or None}`` (None where that pass runs Triton).
-    ``q`` as the call's; dense calls pick by query length (``SEQLEN_VARIANTS``)."""
-    from hf_flash.kernels.hopper import attention_bwd, attention_fwd
-
-    d = q.shape[-1]
-    seqlen_q = 0 if varlen else q.shape[1]
-    fwd = bwd = None
-    if paths["forward"] == "hopper":
-        fwd = attention_fwd.default_variant(d, causal, varlen, window, seqlen_q, softcap)
-    if paths["backward"] == "hopper":
-        bwd = attention_bwd.variant_for(d, causal, varlen, seqlen_q, window)
-    return {"forward": fwd, "backward": bwd}
-
-
 def _hf_flash_builder(hopper: bool):
     """``hf_flash`` (the kernels hf_flash chooses: the Gluon forward on an H100 where it
     covers the call) or, with ``hopper=False``, ``hf_flash_triton`` (the portable Triton
@@ -202,7 +185,7 @@ def _hf_flash_builder(hopper: bool):
 
     def build(shape, q, k, v, dout):
         from hf_flash import flash_attn_func
-        from hf_flash.interface import attention_paths
+        from hf_flash.interface import attention_paths, attention_variants
         from hf_flash.kernels import configs
 
         mask = shape["mask"]
@@ -222,8 +205,7 @@ def _hf_flash_builder(hopper: bool):
 
         with switch():
             paths = attention_paths(*leaves, **kw)
-            variants = hopper_variants(paths, q, causal=kw["causal"], window=kw.get("window_size", (-1, -1)),
-                                       softcap=kw.get("softcap", 0.0))  # fmt: skip
+            variants = attention_variants(*leaves, **kw)
         # the switch also wraps the timing (run_shape): autograd runs the backward outside
         # attn(), and the backward reads the configs then
         return attn, leaves, dout, {"paths": paths, "variants": variants}, switch
@@ -704,7 +686,7 @@ def packed_lengths(n_docs: int = PACKED_DOCS, tokens: int = TOKENS, seed: int = 
 
 def _packed_builders(lens, head_dim, flex_mode):
     """name -> (attn, leaves, dout, info, passes, flops_fwd) on shared packed inputs."""
-    from hf_flash.interface import attention_paths, varlen_attention
+    from hf_flash.interface import attention_paths, attention_variants, varlen_attention
     from hf_flash.kernels import configs
 
     tokens = sum(lens)
@@ -741,7 +723,7 @@ def _packed_builders(lens, head_dim, flex_mode):
 
         with switch():
             paths = attention_paths(*leaves, causal=True, varlen=True)
-            variants = hopper_variants(paths, leaves[0], causal=True, varlen=True)
+            variants = attention_variants(*leaves, causal=True, varlen=True)
         # the switch also wraps the timing (run_packed): the backward reads the configs when
         # autograd runs it, outside attn()
         return attn, leaves, dout, {"paths": paths, "variants": variants}, both, packed_flops, switch

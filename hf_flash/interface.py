@@ -39,7 +39,7 @@ from .kernels import flash_fwd as _fwd
 __all__ = [
     "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
     "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_varlen_kvpacked_func", "attention_paths",
+    "flash_attn_varlen_kvpacked_func", "attention_paths", "attention_variants",
 ]  # fmt: skip
 
 
@@ -412,13 +412,33 @@ def _new_dense_plan(q, k, v, softmax_scale, causal, window_size, softcap, positi
     if _bwd.backward_path(q, k, v, None, None, None, None, **paths) != "hopper":
         return False
     from .kernels.hopper import attention_bwd as hopper_bwd
-    from .kernels.hopper import attention_fwd as hopper_fwd
 
     window = (options["window_left"], options["window_right"])
-    forward = hopper_fwd.default_variant(q.shape[-1], causal, False, window, q.shape[1], options["softcap"])
-    backward = hopper_bwd.variant_for(q.shape[-1], causal, False, q.shape[1], window)
-    var = hopper_bwd.VARIANTS[backward]
-    return _DensePlan(options, window, forward, backward if var.dq_atomic else None, var.stats_rows)
+    variants = _gluon_variants(_BOTH_HOPPER, q, False, options)
+    var = hopper_bwd.VARIANTS[variants["backward"]]
+    return _DensePlan(options, window, variants["forward"], variants["backward"] if var.dq_atomic else None,
+                      var.stats_rows)  # fmt: skip
+
+
+_BOTH_HOPPER = {"forward": "hopper", "backward": "hopper"}
+
+
+def _gluon_variants(paths: dict, q: Tensor, varlen: bool, options: dict) -> dict:
+    """The Gluon variants of a call whose passes take ``paths`` (:func:`attention_paths`), from
+    its normalised ``options`` (:func:`_call_options`): ``{"forward": name or None, "backward":
+    name or None}`` (None where a pass runs Triton). Dense calls pick by query length."""
+    from .kernels.hopper import attention_bwd as hopper_bwd
+    from .kernels.hopper import attention_fwd as hopper_fwd
+
+    head_dim, seqlen_q = q.shape[-1], 0 if varlen else q.shape[1]
+    window = (options["window_left"], options["window_right"])
+    causal = options["causal"]
+    return {
+        "forward": hopper_fwd.default_variant(head_dim, causal, varlen, window, seqlen_q, options["softcap"])
+        if paths["forward"] == "hopper" else None,
+        "backward": hopper_bwd.variant_for(head_dim, causal, varlen, seqlen_q, window)
+        if paths["backward"] == "hopper" else None,
+    }  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -450,6 +470,10 @@ def attention_paths(
     gradient is laid out like q (as autograd usually hands it); one TMA cannot address sends
     that call's backward to Triton. Arguments as :func:`flash_attn_func`; nothing is launched."""
     options = _call_options(q, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap)
+    return _paths(q, k, v, varlen, alibi_slopes, learnable_sink, key_bounds, options)
+
+
+def _paths(q, k, v, varlen, alibi_slopes, learnable_sink, key_bounds, options) -> dict:
     forward = _fwd.forward_path(
         q, k, v, None, varlen=varlen, alibi_slopes=alibi_slopes, sinks=learnable_sink,
         key_bounds=key_bounds, **options,
@@ -459,6 +483,22 @@ def attention_paths(
         sinks=learnable_sink, key_bounds=key_bounds, **options,
     )  # fmt: skip
     return {"forward": forward, "backward": backward}
+
+
+def attention_variants(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None, varlen: bool = False,
+    learnable_sink: Optional[Tensor] = None, key_bounds: Optional[Tensor] = None,
+) -> dict:  # fmt: skip
+    """The Gluon kernel forms (``hf_flash.kernels.hopper``'s ``VARIANTS`` names) a call runs by
+    default: ``{"forward": name or None, "backward": name or None}``, None where that pass runs
+    the Triton kernels (:func:`attention_paths`, whose arguments these are). Dense calls without
+    a window or softcap pick their forms by query length; nothing is launched."""
+    options = _call_options(q, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap)
+    paths = _paths(q, k, v, varlen, alibi_slopes, learnable_sink, key_bounds, options)
+    return _gluon_variants(paths, q, varlen, options)
 
 
 def flash_attn_func(

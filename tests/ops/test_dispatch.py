@@ -167,3 +167,29 @@ def test_attention_paths_without_a_hopper_gpu(device):
     expected = "hopper" if configs.hopper_enabled(q.device) else "triton"
     assert paths == {"forward": expected, "backward": expected}
     assert attention_paths(q, k, k, causal=True, varlen=True) == {"forward": "triton", "backward": "triton"}
+
+
+def test_attention_variants_name_the_gluon_forms(monkeypatch):
+    """attention_variants names the Gluon forms a call runs (benchmark rows record them): by
+    query length for dense calls, by head dim for packed ones, the windowed call's form with a
+    window, none where a pass runs Triton. The paths are forced here (no Hopper GPU on the CPU)."""
+    from hf_flash import interface
+    from hf_flash.kernels.hopper import attention_bwd, attention_fwd
+
+    forced = {"forward": "hopper", "backward": "hopper"}
+    monkeypatch.setattr(interface, "_paths", lambda *a: dict(forced))
+    q, k = torch.empty(4, 4096, 32, 128), torch.empty(4, 4096, 8, 128)
+    got = interface.attention_variants(q, k, k)
+    assert got == {"forward": attention_fwd.default_variant(128, False, seqlen_q=4096),
+                   "backward": attention_bwd.variant_for(128, False, seqlen_q=4096)}  # fmt: skip
+    assert attention_fwd.VARIANTS[got["forward"]].carry  # the length decides: 4K non-causal d128
+    long = interface.attention_variants(torch.empty(1, 16384, 32, 128), k[:1], k[:1])
+    assert not attention_fwd.VARIANTS[long["forward"]].carry
+    windowed = interface.attention_variants(q, k, k, causal=True, window_size=(4095, 0))
+    assert windowed["forward"] == attention_fwd.DEFAULT[(128, True)]
+    packed = interface.attention_variants(torch.empty(16384, 32, 128), k[0], k[0], causal=True, varlen=True)
+    assert packed["forward"] == attention_fwd.VARLEN_DEFAULT[(128, True)]
+    forced["forward"] = "triton"
+    assert interface.attention_variants(q, k, k)["forward"] is None
+    forced.update(forward="hopper", backward="triton")
+    assert interface.attention_variants(q, k, k)["backward"] is None

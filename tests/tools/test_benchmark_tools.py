@@ -445,27 +445,3 @@ def test_host_ab_prepare_renames_every_reference(tmp_path):
         for line in f.read_text().splitlines():
             assert not imports.search(line.strip()) and "hf_flash::" not in line, (f, line)
     assert "hf_flash_base::attn_fwd" in (tmp_path / BASE / "interface.py").read_text()
-
-
-def test_attention_rows_name_the_gluon_variants():
-    """benchmarks/attention.py rows record which Gluon variants ran (``variants``): by query
-    length for dense calls, by head dim for packed ones, none where a pass runs Triton."""
-    import torch
-
-    from benchmarks.attention import hopper_variants
-    from hf_flash.kernels.hopper import attention_bwd, attention_fwd
-
-    both = {"forward": "hopper", "backward": "hopper"}
-    q = torch.empty(4, 4096, 32, 128)
-    got = hopper_variants(both, q, causal=False)
-    assert got == {"forward": attention_fwd.default_variant(128, False, seqlen_q=4096),
-                   "backward": attention_bwd.variant_for(128, False, seqlen_q=4096)}  # fmt: skip
-    assert attention_fwd.VARIANTS[got["forward"]].carry  # the length decides: 4K non-causal d128
-    long = hopper_variants(both, torch.empty(1, 16384, 32, 128), causal=False)
-    assert not attention_fwd.VARIANTS[long["forward"]].carry
-    # a window: the variant for the windowed call, not the length's
-    assert hopper_variants(both, q, causal=True, window=(4095, 0))["forward"] == attention_fwd.DEFAULT[(128, True)]
-    packed = hopper_variants(both, torch.empty(16384, 32, 128), causal=True, varlen=True)
-    assert packed["forward"] == attention_fwd.VARLEN_DEFAULT[(128, True)]
-    assert hopper_variants({"forward": "triton", "backward": "hopper"}, q, causal=False)["forward"] is None
-    assert hopper_variants({"forward": "hopper", "backward": "triton"}, q, causal=False)["backward"] is None
