@@ -470,10 +470,6 @@ def attention_paths(
     gradient is laid out like q (as autograd usually hands it); one TMA cannot address sends
     that call's backward to Triton. Arguments as :func:`flash_attn_func`; nothing is launched."""
     options = _call_options(q, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap)
-    return _paths(q, k, v, varlen, alibi_slopes, learnable_sink, key_bounds, options)
-
-
-def _paths(q, k, v, varlen, alibi_slopes, learnable_sink, key_bounds, options) -> dict:
     forward = _fwd.forward_path(
         q, k, v, None, varlen=varlen, alibi_slopes=alibi_slopes, sinks=learnable_sink,
         key_bounds=key_bounds, **options,
@@ -485,20 +481,15 @@ def _paths(q, k, v, varlen, alibi_slopes, learnable_sink, key_bounds, options) -
     return {"forward": forward, "backward": backward}
 
 
-def attention_variants(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
-    alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None, varlen: bool = False,
-    learnable_sink: Optional[Tensor] = None, key_bounds: Optional[Tensor] = None,
-) -> dict:  # fmt: skip
+def attention_variants(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> dict:
     """The Gluon kernel forms (``hf_flash.kernels.hopper``'s ``VARIANTS`` names) a call runs by
     default: ``{"forward": name or None, "backward": name or None}``, None where that pass runs
-    the Triton kernels (:func:`attention_paths`, whose arguments these are). Dense calls without
-    a window or softcap pick their forms by query length; nothing is launched."""
-    options = _call_options(q, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap)
-    paths = _paths(q, k, v, varlen, alibi_slopes, learnable_sink, key_bounds, options)
-    return _gluon_variants(paths, q, varlen, options)
+    the Triton kernels. Keyword arguments as :func:`attention_paths`'s. Dense calls without a
+    window or softcap pick their forms by query length; nothing is launched."""
+    paths = attention_paths(q, k, v, **kwargs)
+    causal = kwargs.get("causal", False)
+    options = _call_options(q, 0, 0, 0.0, None, causal, kwargs.get("window_size", (-1, -1)), kwargs.get("softcap", 0.0))
+    return _gluon_variants(paths, q, kwargs.get("varlen", False), options)
 
 
 def flash_attn_func(

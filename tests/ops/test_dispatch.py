@@ -177,7 +177,7 @@ def test_attention_variants_name_the_gluon_forms(monkeypatch):
     from hf_flash.kernels.hopper import attention_bwd, attention_fwd
 
     forced = {"forward": "hopper", "backward": "hopper"}
-    monkeypatch.setattr(interface, "_paths", lambda *a: dict(forced))
+    monkeypatch.setattr(interface, "attention_paths", lambda *a, **kw: dict(forced))
     q, k = torch.empty(4, 4096, 32, 128), torch.empty(4, 4096, 8, 128)
     got = interface.attention_variants(q, k, k)
     assert got == {"forward": attention_fwd.default_variant(128, False, seqlen_q=4096),
