@@ -46,9 +46,9 @@ variants, one program per SM whose producer loads the next item's Q and K/V whil
 finish the previous item (the ring's slots and phases run on across items; the output is staged
 in its own shared-memory tile, so its store overlaps the next item's loop). Persistent programs
 take their next items either statically (program_id + num_programs, ...) or, ``dynamic``, from
-an atomic counter zeroed per launch: the producer fetches each and hands it to the consumers
-through a two-slot shared-memory ring (``item_ready`` / ``item_empty``), so programs that drew
-short items take more of them. Dense calls without a window or softcap take a variant by their
+an atomic counter (one per stream, which every launch leaves at 0: :func:`item_counter`): the
+producer fetches each and hands it to the consumers through a two-slot shared-memory ring
+(``item_ready`` / ``item_empty``), so programs that drew short items take more of them. Dense calls without a window or softcap take a variant by their
 query count (``SEQLEN_VARIANTS``): the dynamic form at 256-8K (d128) and 256-2K causal / 256-1K
 not (d64), and causal items numbered head by head (``head_major``, so the items in flight share
 one or two heads' K/V in L2) past 8K (d128) and from 32K (d64). The dynamic form's ``carry``
