@@ -138,10 +138,6 @@ class Variant:
     # shared-memory slots per consumer (item n in slot n % 2), so the next item's Q is loaded
     # while the current item's loop runs
     carry: bool = False
-    # OVERLAP: each row's sum of P taken on the tensor cores, P @ ones (an n8 wgmma issued beside
-    # P V; the sum is then of the bf16 P that P V multiplies), instead of a row reduction on the
-    # FP32 pipes (about 68 FADD per step and thread)
-    mma_sum: bool = False
 
     @property
     def rows(self) -> int:
@@ -190,16 +186,6 @@ VARIANTS = {
                 head_major=True),
         Variant("ws3x4-pp-s3-hm", block_m=64, block_n=128, stages=3, consumers=3, consumer_warps=4, overlap=True,
                 pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,), head_major=True),
-        # the row sums of P on the tensor cores (mma_sum), beside the forms they would replace
-        Variant("ws3x4-pp-s3-ms", block_m=64, block_n=128, stages=3, consumers=3, consumer_warps=4, overlap=True,
-                pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,), mma_sum=True),
-        Variant("ws2x4-overlap-fma-ms", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
-                overlap=True, fma_scale=True, consumer_regs=232, mma_sum=True),
-        Variant("ws2x4-overlap-fma-dyn-ms", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
-                overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True, mma_sum=True),
-        Variant("ws2x4-overlap-fma-dyn-carry-ms", block_m=64, block_n=128, stages=2, consumers=2,
-                consumer_warps=4, overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True,
-                carry=True, mma_sum=True),
         # head dim 256: the output accumulator alone is 128 registers per thread, so 64-key tiles
         # (S: 32 registers) and the output in Q's tile (smem: Q 64 KB + K/V ring 128 KB)
         Variant("ws2x4-overlap-fma-d256", block_m=64, block_n=64, stages=2, consumers=2, consumer_warps=4,
@@ -310,10 +296,6 @@ def varlen_builds(variant: str, causal: bool) -> bool:
     """True when ``variant`` has a packed (varlen) form for this causality (see VARLEN_DEFAULT)."""
     var = VARIANTS[variant]
     return not var.persistent and (var.consumers == 2 or causal)
-
-
-# MMA_SUM: the width of the P @ ones product (wgmma's narrowest N)
-SUM_N = gl.constexpr(8)
 
 
 @gluon.constexpr_function
@@ -561,10 +543,9 @@ def _per_tile(x):
 def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale,
                   softcap_in, softcap_out, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                   MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
-                  FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr, MMA_SUM: gl.constexpr = False):  # fmt: skip
+                  FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr):  # fmt: skip
     """Transform and mask tile ``j``'s scores and update the running max and sum; returns
-    (p, alpha, m, l); with MMA_SUM the sum is left to the caller's P @ ones (``l`` returned as
-    given).
+    (p, alpha, m, l).
 
     ``qk_scale`` is softmax_scale * log2(e). With FMA_SCALE the running max stays in the raw
     score domain and ``s * scale - m * scale`` is one fused multiply-add per score (the scale is
@@ -610,10 +591,7 @@ def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left,
     else:
         p = gl.exp2(s - gl.expand_dims(m_sub, 1))
         alpha = gl.exp2(m_i - m_sub)
-    if MMA_SUM:
-        l_new = l_i
-    else:
-        l_new = l_i * alpha + gl.sum(p, 1)
+    l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
 
 
@@ -713,15 +691,13 @@ def _overlap_rest(
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr,
-    FMA_SCALE: gl.constexpr, dtype: gl.constexpr, ones_smem, MMA_SUM: gl.constexpr,
+    FMA_SCALE: gl.constexpr, dtype: gl.constexpr,
 ):  # fmt: skip
     """OVERLAP: the rest of an item's key tiles [lo, own) once its first S = Q K^T (``s``, K/V
     tile ``it``) is issued: that product's softmax, then each next S issued with the previous
     tile's P V and its softmax computed under that product, then the last P V. Arrives on
     ``q_free`` once the item's last S has completed. Returns (acc, m, l, it, tk): the
-    unnormalised output, the row max and sum, the counters past the item's last own tile.
-    MMA_SUM: the row sums accumulate as P @ ones (``ones_smem``, SUM_N x BLOCK_N) beside P V,
-    rescaled with the output."""
+    unnormalised output, the row max and sum, the counters past the item's last own tile."""
     s_layout: gl.constexpr = _mma_layout(BLOCK_N, NUM_WARPS)
     o_layout: gl.constexpr = _mma_layout(HEAD_DIM, NUM_WARPS)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -730,14 +706,11 @@ def _overlap_rest(
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    if MMA_SUM:
-        sum_layout: gl.constexpr = _mma_layout(SUM_N, NUM_WARPS)
-        l_acc = gl.zeros([BLOCK_M, SUM_N], gl.float32, layout=sum_layout)
     s = warpgroup_mma_wait(0, deps=(s,))
     mbarrier.arrive(k_empty.index(it % STAGES))
     p, alpha, m_i, l_i = _softmax_step(
         s, m_i, l_i, rows, lo, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-        softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP, MMA_SUM,
+        softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
     )  # fmt: skip
     p_op = gl.convert_layout(p.to(dtype), p_layout)
     for j in range(lo + 1, own):
@@ -750,23 +723,17 @@ def _overlap_rest(
         s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)  # fmt: skip
         acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        if MMA_SUM:
-            l_tok = warpgroup_mma(p_op, ones_smem.permute((1, 0)), l_acc, is_async=True)
         _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
         tk += 1
-        # S_j is done once at most the groups issued after it (P V, and P @ ones) still run
-        s = warpgroup_mma_wait(2 if MMA_SUM else 1, deps=(s_tok,))
+        # S_j is done once at most one group (the P V product) is still running
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(slot))
         p, alpha, m_i, l_i = _softmax_step(
             s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
-            softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP, MMA_SUM,
+            softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
         )  # fmt: skip
         # p_op is a register operand of the running wgmma: keep it alive until the wait
-        if MMA_SUM:
-            acc, l_acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, l_tok, p_op))
-            l_acc = l_acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, sum_layout)), 1)
-        else:
-            acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
         mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -776,16 +743,9 @@ def _overlap_rest(
     mbarrier.wait(v_ready.index(last), (it // STAGES) & 1)
     _turn_wait(turn, tk, INDEX, PINGPONG)
     acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    if MMA_SUM:
-        l_tok = warpgroup_mma(p_op, ones_smem.permute((1, 0)), l_acc, is_async=True)
     _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
     tk += 1
-    if MMA_SUM:
-        acc, l_acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, l_tok, p_op))
-        # every column of l_acc holds the row's sum
-        l_i = gl.convert_layout(gl.max(l_acc, 1), row_s)
-    else:
-        acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+    acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
     mbarrier.arrive(v_empty.index(last))
     return acc, m_i, l_i, it + 1, tk
 
@@ -872,7 +832,6 @@ def _consumer_item(
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, VARLEN: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-    ones_smem, MMA_SUM: gl.constexpr,
 ):  # fmt: skip
     """One work item of one consumer partition. ``it`` (K/V tiles consumed so far), ``tk``
     (ping-pong turns taken) and ``n_done`` (items done) carry the barrier phases from item to
@@ -900,7 +859,7 @@ def _consumer_item(
                 s, q_tile, k_smem, v_smem, q_empty.index(0), k_ready, v_ready, k_empty, v_empty, turn, it, tk,
                 rows, lo, own, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
                 softcap_out, s_zero, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT,
-                RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, dtype, ones_smem, MMA_SUM,
+                RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, dtype,
             )  # fmt: skip
         else:
             mbarrier.arrive(q_empty.index(0))
@@ -972,7 +931,7 @@ def _consumer_carry(
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr,
-    FMA_SCALE: gl.constexpr, HEAD_MAJOR: gl.constexpr, ones_smem, MMA_SUM: gl.constexpr,
+    FMA_SCALE: gl.constexpr, HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
     """A dynamic persistent consumer (OVERLAP, dense) that finishes each item one item late:
     item n's first S = Q K^T (Q in slot n % 2) is issued, then item n - 1's epilogue runs under
@@ -1013,7 +972,7 @@ def _consumer_carry(
                 s, q_tile, k_smem, v_smem, q_empty.index(qs), k_ready, v_ready, k_empty, v_empty, turn, it, tk,
                 rows, lo, own, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
                 softcap_out, s_zero, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT,
-                RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, dtype, ones_smem, MMA_SUM,
+                RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, dtype,
             )  # fmt: skip
         else:
             # the same epilogue as in the branch above, which must run it after issuing the first
@@ -1054,7 +1013,6 @@ def _consumer(
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
     item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr,
-    ones_smem, MMA_SUM: gl.constexpr,
 ):  # fmt: skip
     o_tile = o_smem.index(INDEX)
     if CARRY:
@@ -1064,7 +1022,6 @@ def _consumer(
             nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_in,
             softcap_out, item_smem, item_ready, item_empty, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
             MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, HEAD_MAJOR,
-            ones_smem, MMA_SUM,
         )  # fmt: skip
     elif PERSISTENT:
         q_tile = q_smem.index(INDEX)
@@ -1084,7 +1041,7 @@ def _consumer(
                 nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
                 qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
                 MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
-                HEAD_MAJOR, ones_smem, MMA_SUM,
+                HEAD_MAJOR,
             )  # fmt: skip
             n_done += 1
             if DYNAMIC:
@@ -1100,7 +1057,7 @@ def _consumer(
             stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
             window_right, qk_scale, softcap_in, softcap_out, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
             MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, NUM_WARPS, CONSUMERS, PINGPONG, FMA_SCALE, VARLEN,
-            HEAD_MAJOR, ones_smem, MMA_SUM,
+            HEAD_MAJOR,
         )  # fmt: skip
     tma.store_wait(0)
 
@@ -1115,7 +1072,7 @@ def _attn_fwd_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
     PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr, DYNAMIC: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr, MMA_SUM: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
     # program takes item program_id (PERSISTENT: then program_id + num_programs, ..., or DYNAMIC:
@@ -1171,17 +1128,6 @@ def _attn_fwd_kernel(
         for i in gl.static_range(2):
             mbarrier.init(item_ready.index(i), count=1)
             mbarrier.init(item_empty.index(i), count=CONSUMERS)
-    if MMA_SUM:
-        gl.static_assert(OVERLAP, "the row sums on the tensor cores are an overlap form's")
-        # the B operand of P @ ones, K-major as K's tiles are (read through a permute)
-        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([SUM_N, BLOCK_N], dtype)
-        fill_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [CONSUMER_WARPS, 1], [1, 0])
-        ones_smem = gl.allocate_shared_memory(
-            dtype, [SUM_N, BLOCK_N], ones_layout, gl.full([SUM_N, BLOCK_N], 1.0, dtype, layout=fill_layout)
-        )
-        fence_async_shared()
-    else:
-        ones_smem = turn  # a placeholder, never read: warp_specialize's arguments cannot be None
 
     if CONSUMERS == 2:
         gl.warp_specialize(
@@ -1192,14 +1138,14 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, ones_smem, MMA_SUM)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, ones_smem, MMA_SUM)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -1219,21 +1165,21 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, ones_smem, MMA_SUM)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, ones_smem, MMA_SUM)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, ones_smem, MMA_SUM)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -1533,7 +1479,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
         FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
-        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CARRY=var.carry, MMA_SUM=var.mma_sum,
+        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CARRY=var.carry,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs
