@@ -7,7 +7,7 @@ which forward and backward forms a head dim's packed calls should take.
 A form is ``FORWARD/BACKWARD``: ``triton`` for the Triton kernel of that pass, or a Gluon variant
 name (``attention_fwd.VARIANTS`` / ``attention_bwd.VARIANTS``; it must have a packed build). The
 inputs are benchmarks/attention.py's packed rows (12 documents of random lengths, seed 0, in 16K
-tokens; Hq=32, Hkv=8, bf16, causal) and so is the timing (``time_passes``: forward without grad,
+tokens; Hq=32, Hkv=8, bf16; causal unless ``--non-causal``) and so is the timing (``time_passes``: forward without grad,
 backward on a kept graph, forward + backward; ``--rounds`` rounds, the forms taking turns, the
 median round). While a form runs, the dispatch tables the public path reads are set for this head
 dim (``attention_fwd.VARLEN_DISPATCH_HEAD_DIMS`` and ``VARLEN_DEFAULT`` for the forward,
@@ -15,7 +15,7 @@ dim (``attention_fwd.VARLEN_DISPATCH_HEAD_DIMS`` and ``VARLEN_DEFAULT`` for the 
 and variants the call reported (``interface.attention_paths`` / ``attention_variants``), so a form
 that did not take effect shows. Each form's output and gradients are compared with the first
 form's (max |difference|: a spot check that the timed call computes the same thing; the tests do
-the real checking). TFLOP/s with attention.py's packed formula.
+the real checking). TFLOP/s with attention.py's packed formula (not halved without causal masking).
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ def main(argv=None) -> None:
     ap.add_argument("out", help="JSON file to write")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--forms", nargs="+", required=True, help="FORWARD/BACKWARD, each 'triton' or a variant")
+    ap.add_argument("--non-causal", action="store_true", help="the documents without causal masking")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--min-calls", type=int, default=5)
     args = ap.parse_args(argv)
@@ -102,18 +103,19 @@ def main(argv=None) -> None:
     leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     max_len = max(lens)
-    flops = 4.0 * bench.NHEADS_Q * d * sum(n * n for n in lens) / 2
+    causal = not args.non_causal
+    flops = 4.0 * bench.NHEADS_Q * d * sum(n * n for n in lens) / (2 if causal else 1)
 
     def attn():
-        return varlen_attention(*leaves, cu, cu, max_len, max_len, causal=True, check_cu_seqlens=False)
+        return varlen_attention(*leaves, cu, cu, max_len, max_len, causal=causal, check_cu_seqlens=False)
 
     timing = {"warmup_ms": 10.0, "rep_ms": 40.0, "min_calls": args.min_calls}
     info, first = {}, None
     for fwd, bwd in forms:
         name = f"{fwd}/{bwd}"
-        with packed_form(d, True, fwd, bwd):
-            paths = attention_paths(*leaves, causal=True, varlen=True)
-            variants = attention_variants(*leaves, causal=True, varlen=True)
+        with packed_form(d, causal, fwd, bwd):
+            paths = attention_paths(*leaves, causal=causal, varlen=True)
+            variants = attention_variants(*leaves, causal=causal, varlen=True)
             out = attn()
             grads = torch.autograd.grad(out, leaves, dout)
         res = [out.detach().float(), *(g.float() for g in grads)]
@@ -125,7 +127,7 @@ def main(argv=None) -> None:
     times = {f"{fwd}/{bwd}": {} for fwd, bwd in forms}
     for r in range(args.rounds):
         for fwd, bwd in forms if r % 2 == 0 else forms[::-1]:
-            with packed_form(d, True, fwd, bwd):
+            with packed_form(d, causal, fwd, bwd):
                 res = bench.time_passes(attn, leaves, dout, ("fwd", "bwd", "fwd+bwd"), timing)
             for p, x in res.items():
                 times[f"{fwd}/{bwd}"].setdefault(p, []).append(x)
@@ -134,14 +136,14 @@ def main(argv=None) -> None:
     for p in ("fwd", "bwd", "fwd+bwd"):
         for name in times:
             res = bench.median_round(times[name][p])
-            row = {"head_dim": d, "form": name, "pass": p, **info[name], **res}
+            row = {"head_dim": d, "causal": causal, "form": name, "pass": p, **info[name], **res}
             if "ms" in res:
                 row["tflops"] = flops * bench.PASS_FACTOR[p] / (res["ms"] * 1e-3) / 1e12
                 b = bench.median_round(times[base][p])
                 row["vs_first"] = b["ms"] / res["ms"] if "ms" in b else None
                 row["vs_first_paired"] = bench.paired_ratio(res, b)
             rows.append(row)
-            print(f"d{d} {p:8s} {name:40s} " + (f"{row['tflops']:6.1f} TFLOP/s  x{row['vs_first']:.3f} "
+            print(f"d{d} {'causal' if causal else 'full'} {p:8s} {name:40s} " + (f"{row['tflops']:6.1f} TFLOP/s  x{row['vs_first']:.3f} "
                   f"(paired {row['vs_first_paired']})" if "ms" in res else str(res)), flush=True)  # fmt: skip
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
