@@ -459,11 +459,11 @@ def attention_paths(
     FlashAttention-3-style code for H100/H200 (:mod:`hf_flash.kernels.hopper`), taken for
     fp16/bf16 calls, causal or not, with or without a sliding window, without ALiBi, dropout,
     sinks or ``key_bounds``: the forward (softcap too) of dense calls at head dim 64 or 128, and
-    of packed calls (``varlen=True``; q/k/v then (total, nheads, headdim)) at head dim 128
+    of packed calls (``varlen=True``; q/k/v then (total, nheads, headdim)) at head dim 64 or 128
     (``HF_FLASH_HOPPER_VARLEN=0`` keeps those on Triton); the backward (dK, dV and dQ in one
-    kernel; for causal packed calls dQ in Triton; the delta preprocess stays Triton) at head dim
-    128 for dense and packed calls alike (whichever forward ran) and at head dim 64 for dense
-    calls, without softcap; at head dim 256 a split-D dK/dV kernel (dQ in Triton), dense and
+    kernel; for causal packed calls at d128 and every packed call at d64, dQ in Triton; the delta
+    preprocess stays Triton) at head dims 64 and 128 for dense and packed calls alike (whichever
+    forward ran), without softcap; at head dim 256 a split-D dK/dV kernel (dQ in Triton), dense and
     packed, softcap too. Everything
     else runs the portable Triton kernels.
     ``HF_FLASH_HOPPER=0`` keeps every call on Triton. The backward's answer assumes the incoming

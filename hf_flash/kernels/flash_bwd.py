@@ -485,7 +485,8 @@ def backward_path(q, k, v, out, dout, dk, dv, *, varlen, causal, window_left, wi
     module's kernels). The Hopper kernel covers what the Hopper forward covers (fp16/bf16,
     causal or not, sliding windows; no ALiBi, dropout, sinks or key bounds), dense and packed
     (``varlen``: cu_seqlens, each sequence bottom-right aligned on its own), at head dims 128 and
-    256, and dense calls at head dim 64 (packed d64 stays Triton; the softcap at 256 only) with
+    256, and at head dim 64 (dense: the 128-row kernel; packed: dK/dV only, dQ in Triton; the
+    softcap at 256 only) with
     out, dout, dk and dv
     addressable by TMA too (``None``: still to be
     allocated like q / k, which then are). Packed calls take it whatever

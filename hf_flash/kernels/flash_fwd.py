@@ -245,9 +245,8 @@ def forward_path(q, k, v, out, *, varlen, causal, window_left, window_right, sof
     softcap), without ALiBi, dropout, sinks or per-row key bounds, on tensors TMA can address
     (``out`` None: the output is still to be allocated like q, which then is addressable too):
     dense calls at head dim 64, 128 or 256, packed calls (``varlen``: cu_seqlens, causal
-    alignment per sequence) at head dim 128 or 256 unless switched off (:func:`configs.hopper_varlen_enabled`,
-    ``HF_FLASH_HOPPER_VARLEN=0``; ``VARLEN_DISPATCH_HEAD_DIMS``: at 64 the packed Gluon kernel
-    measured level with this module's, so this one runs them)."""
+    alignment per sequence) at head dim 64, 128 or 256 (``VARLEN_DISPATCH_HEAD_DIMS``) unless
+    switched off (:func:`configs.hopper_varlen_enabled`, ``HF_FLASH_HOPPER_VARLEN=0``)."""
     if sinks is not None or key_bounds is not None or not configs.hopper_enabled(q.device):
         return "triton"
     if varlen and not configs.hopper_varlen_enabled():

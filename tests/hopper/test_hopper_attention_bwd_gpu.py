@@ -429,7 +429,7 @@ PACKED_LENS = [1, 97, 0, 1025, 300, 64, 128, 129, 2]
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("h,hk", [(32, 8), (8, 1)], ids=["gqa-32-8", "mqa-8-1"])
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_packed_matches_reference(h, hk, causal, dtype, d):
     _check_packed(PACKED_LENS, PACKED_LENS, h, hk, causal, dtype, d=d)
 
@@ -455,8 +455,9 @@ def test_packed_every_variant_matches_reference(variant, causal, monkeypatch):
 
 
 @needs_hopper
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_packed_nondeterministic_choice_through_the_public_function(causal):
+def test_packed_nondeterministic_choice_through_the_public_function(causal, d):
     """With deterministic gradients not required, packed calls run VARLEN_NONDETERMINISTIC's
     variant where there is one; the gradients match the oracle."""
     from hf_flash import flash_attn_varlen_func
@@ -465,11 +466,11 @@ def test_packed_nondeterministic_choice_through_the_public_function(causal):
     from hf_flash.reference import assert_grads_close_to_ref, attention_varlen_ref
 
     lens = [97, 1025, 1, 300, 0, 640]
-    q, k, v, cu, _ = _packed_qkv(lens, lens, 16, 4, 128, torch.bfloat16, seed=11)
+    q, k, v, cu, _ = _packed_qkv(lens, lens, 16, 4, d, torch.bfloat16, seed=11)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     with configs.use_deterministic(False):
-        assert hb.variant_for(128, causal, varlen=True) == hb.VARLEN_NONDETERMINISTIC.get(
-            (128, causal), hb.VARLEN_DEFAULT[(128, causal)])
+        assert hb.variant_for(d, causal, varlen=True) == hb.VARLEN_NONDETERMINISTIC.get(
+            (d, causal), hb.VARLEN_DEFAULT[(d, causal)])
         out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
         ref = attention_varlen_ref(q, k, v, cu, cu, causal=causal)
         ref_lp = attention_varlen_ref(q, k, v, cu, cu, causal=causal, upcast=False)
@@ -477,56 +478,61 @@ def test_packed_nondeterministic_choice_through_the_public_function(causal):
 
 
 @needs_hopper
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_packed_q_len_differs_from_k_len(causal):
+def test_packed_q_len_differs_from_k_len(causal, d):
     """Documents with q_len != k_len (causal: bottom-right per document): fewer queries than
     keys (chunked prefill), more (rows that see no key), no queries (dK/dV still written: 0) and
     a one-query document."""
     lens_q = [50, 200, 1, 0, 300, 97, 1]
     lens_k = [120, 200, 77, 64, 97, 1025, 1]
-    _check_packed(lens_q, lens_k, 8, 2, causal, torch.bfloat16, seed=3)
-    _check_packed(lens_q, lens_k, 4, 1, causal, torch.float16, seed=4, scale=0.07)
+    _check_packed(lens_q, lens_k, 8, 2, causal, torch.bfloat16, d=d, seed=3)
+    _check_packed(lens_q, lens_k, 4, 1, causal, torch.float16, d=d, seed=4, scale=0.07)
 
 
 @needs_hopper
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_packed_many_short_documents(causal):
+def test_packed_many_short_documents(causal, d):
     """Many short documents: most key blocks and query tiles straddle two or more documents, and
     the dQ counters of neighbouring documents sit in neighbouring slots."""
     g = torch.Generator().manual_seed(5)
     lens = torch.randint(1, 150, (60,), generator=g).tolist()
     lens[7] = 0
     lens[20] = 1
-    _check_packed(lens, lens, 8, 2, causal, torch.bfloat16, seed=5)
+    _check_packed(lens, lens, 8, 2, causal, torch.bfloat16, d=d, seed=5)
 
 
 @needs_hopper
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_packed_repeats_bitwise(causal):
-    """The packed backward adds into each query tile of dQ in a fixed order of the document's key
-    blocks: bitwise repeatable, on a grid of several waves of programs."""
+def test_packed_repeats_bitwise(causal, d):
+    """The packed backward is bitwise repeatable on a grid of several waves of programs: its fused
+    form (d128 non-causal) adds into each query tile of dQ in a fixed order of the document's key
+    blocks, the others leave dQ to its own kernel."""
     g = torch.Generator().manual_seed(6)
     cuts = sorted((torch.randperm(8191, generator=g)[:11] + 1).tolist())
     lens = [b - a for a, b in zip([0, *cuts], [*cuts, 8192])]
-    q, k, v, cu_q, cu_k = _packed_qkv(lens, lens, 16, 4, 128, torch.bfloat16, seed=6)
+    q, k, v, cu_q, cu_k = _packed_qkv(lens, lens, 16, 4, d, torch.bfloat16, seed=6)
     dout = torch.randn_like(q)
     a = _packed_backward(q, k, v, dout, cu_q, cu_k, causal)
     for _ in range(2):
         b = _packed_backward(q, k, v, dout, cu_q, cu_k, causal)
         assert all(torch.equal(x, y) for x, y in zip(a, b))
-    _check_packed(lens, lens, 16, 4, causal, torch.bfloat16, seed=6)
+    _check_packed(lens, lens, 16, 4, causal, torch.bfloat16, d=d, seed=6)
 
 
 @needs_hopper
-def test_packed_public_function_takes_the_hopper_backward():
-    """flash_attn_varlen_func's autograd runs the Gluon backward for packed d128 calls
+@pytest.mark.parametrize("d", [64, 128])
+def test_packed_public_function_takes_the_hopper_backward(d):
+    """flash_attn_varlen_func's autograd runs the Gluon backward for packed d64 and d128 calls
     (attention_paths says so) and its gradients match the oracle."""
     from hf_flash import flash_attn_varlen_func
     from hf_flash.interface import attention_paths
     from hf_flash.reference import assert_grads_close_to_ref, attention_varlen_ref
 
     lens = [1, 97, 1025, 0, 300]
-    q, k, v, cu, _ = _packed_qkv(lens, lens, 32, 8, 128, torch.bfloat16, seed=7)
+    q, k, v, cu, _ = _packed_qkv(lens, lens, 32, 8, d, torch.bfloat16, seed=7)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     for causal in (False, True):
         assert attention_paths(q, k, v, causal=causal, varlen=True)["backward"] == "hopper"
@@ -629,7 +635,7 @@ def test_ordered_dq_with_a_window_repeats_bitwise(variant, head_dim, causal, win
 
 @needs_hopper
 @pytest.mark.parametrize("causal,window", WINDOWS)
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_packed_windows_match_reference(causal, window, d):
     _check_packed(PACKED_LENS, PACKED_LENS, 8, 2, causal, torch.bfloat16, d=d, seed=25, window=window)
     _check_packed([50, 200, 1, 0, 300], [120, 200, 77, 64, 97], 4, 1, causal, torch.float16, d=d, seed=26,

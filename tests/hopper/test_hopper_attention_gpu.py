@@ -298,10 +298,10 @@ def test_varlen_forward_path_and_gradients_through_the_public_function(opt_in, m
             q, k, v = (t.requires_grad_(True) for t in (q, k, v))
             for causal in (False, True):
                 paths = attention_paths(q, k, v, causal=causal, varlen=True)
-                # on unless switched off; d64 packed calls stay on Triton (hk.VARLEN_DISPATCH_HEAD_DIMS);
-                # the packed backward takes the Gluon kernel at d128 whichever forward ran
-                forward = "hopper" if d == 128 and opt_in else "triton"
-                backward = "hopper" if d == 128 else "triton"
+                # on unless switched off; the packed backward takes the Gluon kernel whichever
+                # forward ran
+                forward = "hopper" if opt_in else "triton"
+                backward = "hopper"
                 assert paths == {"forward": forward, "backward": backward}, paths
                 out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
                 ref = attention_varlen_ref(q, k, v, cu, cu, causal=causal)

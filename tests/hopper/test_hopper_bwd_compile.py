@@ -21,8 +21,9 @@ SPILL_BYTES = {64: 0, 128: 160, 256: 0}
 SPILL_BYTES_DQ = {64: 0, 128: 384}
 # the packed (varlen) form with dQ: its document bounds are loaded values (registers), not kernel
 # arguments; dqwld measured 292/468 causal, 100/152 non-causal (.notes/hopper-bwd.md, session 19);
-# without dQ (s2) it stays within SPILL_BYTES
-SPILL_BYTES_VARLEN_DQ = {128: 512}
+# without dQ (s2) it stays within SPILL_BYTES; d64 with dQ by atomics (dqa, the packed
+# non-deterministic choice) spills nothing (session 47)
+SPILL_BYTES_VARLEN_DQ = {64: 0, 128: 512}
 # lse/delta through shared memory (stats_smem), CPU compile, session 26: d128 dqwldfs 8/8 bytes
 # causal and not (dqwldf 108/140 causal); d64 with 128 query rows per step (dqwlds) 60/72 causal
 # (420-1144 with the vectors in registers)
@@ -143,7 +144,7 @@ def test_bwd_defaults_are_variants_for_their_head_dim():
         assert d in hb.VARIANTS[name].head_dims and (d, not causal) in hb.DEFAULT
         var = hb.VARIANTS[name]
         assert not var.dq_atomic or var.dq_ordered, "the default backward must be deterministic"
-    assert hb.covered_head_dims(varlen=True) == {128, 256}
+    assert hb.covered_head_dims(varlen=True) == {64, 128, 256}
     for (d, causal), name in hb.VARLEN_DEFAULT.items():
         var = hb.VARIANTS[name]
         assert d in var.head_dims and (d, not causal) in hb.VARLEN_DEFAULT and hb.varlen_builds(name)
@@ -179,7 +180,7 @@ def test_dense_calls_in_a_seqlen_range_take_its_variant():
         assert hb.variant_for(d, causal, seqlen_q=lo, window=(-1, 0 if causal else -1)) == name
         if not causal:
             assert hb.variant_for(d, causal, seqlen_q=lo, window=(-1, 5)) == hb.DEFAULT[(d, causal)]
-        if (d, causal) in hb.VARLEN_DEFAULT:  # packed d64 calls keep the Triton backward
+        if (d, causal) in hb.VARLEN_DEFAULT:
             assert hb.variant_for(d, causal, varlen=True) == hb.VARLEN_DEFAULT[(d, causal)]
 
 
@@ -260,18 +261,26 @@ def test_backward_path_head_dim_256(on_hopper):
 
 
 def test_backward_head_dims_follow_default(on_hopper, monkeypatch):
-    """A head dim is covered exactly when DEFAULT names a variant for it: dense d64 runs the
-    128-row form with lse/delta in shared memory; packed d64 calls (no VARLEN_DEFAULT entry) and
-    soft-capped ones keep the Triton backward."""
+    """A head dim is covered exactly when DEFAULT (packed: VARLEN_DEFAULT) names a variant for
+    it: dense d64 runs the 128-row form with lse/delta in shared memory, packed d64 the 64-row
+    dK/dV form with the Triton dQ kernel (deterministic; dQ by atomics inside without the
+    guarantee); soft-capped d64 calls keep the Triton backward."""
     assert hb.variant_for(64, False) == hb.variant_for(64, True) == "kv2x64-m128-s2-dqwlds"
+    assert hb.variant_for(64, False, varlen=True) == hb.variant_for(64, True, varlen=True) == "kv2x64-m64-s2"
+    with configs.use_deterministic(False):
+        assert hb.variant_for(64, True, varlen=True) == "kv2x64-m64-s2-dqa"
     assert _path(_call(64)) == "hopper"
     assert _path(_call(64), causal=True, window_right=0) == "hopper"
     assert _path(_call(64), window_left=16, window_right=4) == "hopper"
-    assert _path(_packed(d=64), varlen=True, causal=True, window_right=0) == "triton"
+    assert _path(_packed(d=64), varlen=True, causal=True, window_right=0) == "hopper"
+    assert _path(_packed(d=64), varlen=True) == "hopper"
     assert _path(_call(64), softcap=30.0) == "triton"
+    assert _path(_packed(d=64), varlen=True, causal=True, window_right=0, softcap=30.0) == "triton"
     monkeypatch.delitem(hb.DEFAULT, (64, False))
     monkeypatch.delitem(hb.DEFAULT, (64, True))
     assert _path(_call(64)) == "triton"
+    monkeypatch.delitem(hb.VARLEN_DEFAULT, (64, True))
+    assert _path(_packed(d=64), varlen=True, causal=True, window_right=0) == "triton"
 
 
 def test_backward_path_rejects_dtypes_and_layouts(on_hopper):
@@ -294,8 +303,8 @@ def _packed(d=128, dtype=torch.bfloat16, h=8, hk=2, tq=300, tk=300):
 
 
 def test_backward_path_packed_calls(on_hopper):
-    """Packed (varlen) calls at head dims 128 and 256 take the Gluon backward, causal or not,
-    GQA/MQA, fp16/bf16, whether or not the packed Gluon forward is switched on; d64 stays Triton."""
+    """Packed (varlen) calls at head dims 64, 128 and 256 take the Gluon backward, causal or not,
+    GQA/MQA, fp16/bf16, whether or not the packed Gluon forward is switched on."""
     for dtype in (torch.bfloat16, torch.float16):
         assert _path(_packed(dtype=dtype), varlen=True) == "hopper"
         assert _path(_packed(dtype=dtype), varlen=True, causal=True, window_right=0) == "hopper"
@@ -309,7 +318,8 @@ def test_backward_path_packed_calls(on_hopper):
     q, k, *_ = _packed()
     assert _path((q, k, k, None, None, None, None), varlen=True) == "hopper"
     assert _path(_packed(256), varlen=True) == "hopper"
-    for d in (64, 80, 192):
+    assert _path(_packed(64), varlen=True) == "hopper"
+    for d in (80, 192):
         assert _path(_packed(d), varlen=True) == "triton"
     assert _path(_packed(dtype=torch.float32), varlen=True) == "triton"
     # dense tensors called as packed, and packed as dense, are not covered

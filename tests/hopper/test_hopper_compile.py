@@ -333,10 +333,13 @@ def test_forward_path_packed(on_hopper, monkeypatch):
     with configs.use_hopper_varlen(False):
         assert flash_fwd.forward_path(q, k, k, None, **opts) == "triton"
     monkeypatch.setattr(configs, "_HOPPER_VARLEN", True)
-    # d64 packed: the kernel covers it, but it measured no faster than Triton's, so Triton runs it
+    # d64 packed calls run the Gluon forward too (VARLEN_DISPATCH_HEAD_DIMS)
     q64, k64 = _t(300, 8, 64), _t(200, 2, 64)
     assert hk.supports(q64, k64, k64, causal=True, varlen=True)
-    assert flash_fwd.forward_path(q64, k64, k64, None, **opts) == "triton"
+    assert flash_fwd.forward_path(q64, k64, k64, None, **opts) == "hopper"
+    with monkeypatch.context() as m:
+        m.setattr(hk, "VARLEN_DISPATCH_HEAD_DIMS", (128, 256))
+        assert flash_fwd.forward_path(q64, k64, k64, None, **opts) == "triton"
     assert flash_fwd.forward_path(q, k, k, None, **{**opts, "window_left": 63}) == "hopper"
     assert flash_fwd.forward_path(q, k, k, None, **{**opts, "softcap": 30.0}) == "hopper"
     # soft-capped calls at d64: covered, but the Triton forward measured faster there

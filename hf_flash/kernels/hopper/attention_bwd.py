@@ -607,7 +607,12 @@ NONDETERMINISTIC: dict = {}
 # dqwl 287), while s2 (Gluon dK/dV + the Triton dQ kernel, deterministic) ran 307 (1.17x);
 # non-causal dqwld 372 against 308 (1.21x), s2 348. Call 3 with these defaults: causal 313 against
 # 263 (1.19x), non-causal 373 against 312 (1.19x); fwd+bwd behind the Triton forward 334 against 290.
+# d64 (H200, session 47, benchmarks/diagnostics/packed_forms.py, the same 12 documents, 5 rounds):
+# s2 (Gluon dK/dV, Triton dQ) 268-270 TFLOP/s causal against the Triton backward's 222 (1.217x),
+# non-causal 293 against 257 (1.137x); forward+backward 1.162x / 1.108x. (The 128-row dense d64
+# default reads lse/delta through a per-query-tile buffer that has no packed layout.)
 VARLEN_DEFAULT = {
+    (64, False): "kv2x64-m64-s2", (64, True): "kv2x64-m64-s2",
     (128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2",
     (256, False): "kv64-m64-s2-splitd", (256, True): "kv64-m64-s2-splitd",
 }  # fmt: skip
@@ -615,8 +620,11 @@ VARLEN_DEFAULT = {
 # non-causal and 218 against 213 causal (session 25 call 5, 3 rounds): under the 1.03x the rule
 # asked for, not kept (on short documents the turn waits bind, not the writer).
 # packed calls when deterministic gradients are not required: non-causal dqwl 406 TFLOP/s (1.09x
-# dqwld); causal keeps s2 (dqwl 287 < 307)
-VARLEN_NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
+# dqwld); causal keeps s2 (dqwl 287 < 307). d64 (session 47): s2 with dQ added by atomics inside
+# (dqa) 285-287 causal against s2's 268-270 (1.061-1.065x), non-causal 310 against 293 (1.058x)
+VARLEN_NONDETERMINISTIC = {
+    (128, False): "kv2x64-m64-s2-dqwl", (64, False): "kv2x64-m64-s2-dqa", (64, True): "kv2x64-m64-s2-dqa",
+}  # fmt: skip
 
 
 def varlen_builds(variant: str) -> bool:

@@ -255,11 +255,14 @@ SEQLEN_VARIANTS = {
 # 160 registers each, the left-edge mask spills 128-296 bytes per thread (CPU compile, sm_90a);
 # two consumers spill nothing with any mask or the softcap.
 LEFT_WINDOW_FALLBACK = "ws2x4-overlap-fma"
-# Packed calls hf_flash dispatches here (flash_fwd.forward_path): head dims 128 and 256. At d64 the
-# packed kernel measured slower than the Triton varlen forward (H100, 12 documents in 16K tokens:
-# 0.53 ms against 0.48 ms; .notes/hopper.md), so d64 packed calls stay on Triton. d256, the same
+# Packed calls hf_flash dispatches here (flash_fwd.forward_path): head dims 64, 128 and 256. d64,
+# 12 documents in 16K tokens, Hq=32, Hkv=8, bf16 (H200, session 47, 5 rounds, two runs causal;
+# benchmarks/diagnostics/packed_forms.py): causal ws3x4-pp-s3 351-354 TFLOP/s against the Triton
+# varlen forward's 327-328 (1.074-1.077x), non-causal ws2x4-overlap-fma 392 against 375 (1.045x);
+# forward+backward 1.015x / 1.009x, the forward's share of the pair (on the H100 of session 19 the
+# d64 packed kernel of that time had measured 0.53 ms against Triton's 0.48). d256, the same
 # documents, causal: 579 TFLOP/s against the Triton varlen forward's 247 (session 22).
-VARLEN_DISPATCH_HEAD_DIMS = (128, 256)
+VARLEN_DISPATCH_HEAD_DIMS = (64, 128, 256)
 # Soft-capped calls hf_flash dispatches here: head dim 128. At d64 the kernel's tanh (an exp2
 # and a reciprocal per score on top of the softmax's exp2) made it slower than the Triton forward
 # (H100, causal, cap 50, S = 8K-32K: 185-205 TFLOP/s against 220-237; d128 388-406 against
