@@ -445,3 +445,33 @@ def test_host_ab_prepare_renames_every_reference(tmp_path):
         for line in f.read_text().splitlines():
             assert not imports.search(line.strip()) and "hf_flash::" not in line, (f, line)
     assert "hf_flash_base::attn_fwd" in (tmp_path / BASE / "interface.py").read_text()
+
+
+def test_packed_forms_sets_the_dispatch_tables_and_restores_them():
+    """benchmarks/diagnostics/packed_forms.py: inside ``packed_form`` the packed calls of one head
+    dim take the named forward and backward (or Triton's), and the tables come back as they were,
+    an error inside the block included; unknown variants and forms without a packed build are
+    refused before anything changes."""
+    from benchmarks.diagnostics.packed_forms import packed_form
+    from hf_flash.kernels.hopper import attention_bwd as hb
+    from hf_flash.kernels.hopper import attention_fwd as hf
+
+    before = (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT))
+    with packed_form(64, True, "ws2x4-overlap-fma", "kv2x64-m64-s2-dqa"):
+        assert 64 in hf.VARLEN_DISPATCH_HEAD_DIMS
+        assert hf.default_variant(64, True, varlen=True) == "ws2x4-overlap-fma"
+        assert hb.VARLEN_DEFAULT[(64, True)] == "kv2x64-m64-s2-dqa"
+        assert hb.VARLEN_DEFAULT[(64, False)] == before[2][(64, False)]  # the other causality untouched
+    with pytest.raises(RuntimeError):
+        with packed_form(128, False, "triton", "triton"):
+            assert 128 not in hf.VARLEN_DISPATCH_HEAD_DIMS and (128, False) not in hb.VARLEN_DEFAULT
+            assert (128, True) in hb.VARLEN_DEFAULT
+            raise RuntimeError("inside the block")
+    assert (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT)) == before
+    for fwd, bwd, what in (("ws9", "triton", "unknown variant"), ("triton", "kv9", "unknown variant"),
+                           ("ws3x4-pp-s3", "triton", "no packed form"),
+                           ("triton", "kv2x64-m128-s2-dqwlds", "no packed form")):  # fmt: skip
+        with pytest.raises(ValueError, match=what):
+            with packed_form(64, False, fwd, bwd):
+                pass
+        assert (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT)) == before
