@@ -301,6 +301,48 @@ def test_past_2_31_elements_int64_addressing(window, hopper):
     assert (g[1][:, : -(m + w)] == 0).all(), "keys no query with a gradient sees must get 0"
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_packed_past_2_31_elements_int64_addressing(d):
+    """Packed documents whose last rows start past element 2^31 of q (1.05M tokens x 32 heads at
+    head dim 64, 576K at 128), with a sliding window so the call is short: on Hopper the Gluon
+    forward and backward run them (attention_paths says which). The last document's last rows
+    and the keys they see are checked against the oracle, forward and backward; every other key
+    gets a zero gradient."""
+    torch.manual_seed(6)
+    h, hk, m, w = 32, 8, 16, 256
+    s = (2**31 // (h * d)) + 4096
+    lens = [3001, s - 3001]
+    dtype = torch.bfloat16
+    q, k, v = (t[0] for t in _qkv(1, s, s, h, hk, d, dtype))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    assert q[-m:].storage_offset() > 2**31
+    cu = torch.tensor([0, lens[0], s], dtype=torch.int32, device=DEV)
+    opts = {"causal": True, "window_size": (w - 1, 0)}
+    paths = attention_paths(q, k, v, varlen=True, **opts)
+    if configs.hopper_enabled(q.device):
+        assert paths == {"forward": "hopper", "backward": "hopper"}, paths
+    out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), **opts)
+    dout = torch.zeros_like(out)
+    dout[-m:] = torch.randn_like(dout[-m:])
+    g = torch.autograd.grad(out, (q, k, v), dout)
+    out, dout, g = out[-m:].clone(), dout[-m:].clone(), (g[0][-m:].clone(), g[1], g[2])
+    # the last document is longer than m + w: its last rows see only its own keys
+    qs = q[None, -m:].detach().requires_grad_()
+    ks = k[None, -(m + w) :].detach().requires_grad_()
+    vs = v[None, -(m + w) :].detach().requires_grad_()
+    ref = attention_ref(qs, ks, vs, **opts)
+    ref_lp = attention_ref(qs, ks, vs, upcast=False, **opts)
+    assert_close_to_ref("out[-m:]", out[None], ref, ref_lp, FWD_FACTOR, dtype)
+    g_ref = torch.autograd.grad(ref, (qs, ks, vs), dout[None].float())
+    del ref
+    g_lp = torch.autograd.grad(ref_lp, (qs, ks, vs), dout[None])
+    assert_close_to_ref("dq", g[0][None], g_ref[0], g_lp[0], GRAD_FACTOR, dtype)
+    assert_close_to_ref("dk", g[1][None, -(m + w) :], g_ref[1], g_lp[1], GRAD_FACTOR, dtype)
+    assert_close_to_ref("dv", g[2][None, -(m + w) :], g_ref[2], g_lp[2], GRAD_FACTOR, dtype)
+    for name, grad in (("dk", g[1]), ("dv", g[2])):
+        assert (grad[: -(m + w)] == 0).all(), f"{name}: keys no query with a gradient sees must get 0"
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_tensors_on_a_device_that_is_not_current():
     """A model split over GPUs (device_map) runs layers on a device that is not the current one:
