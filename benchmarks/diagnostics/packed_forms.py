@@ -16,6 +16,7 @@ and variants the call reported (``interface.attention_paths`` / ``attention_vari
 that did not take effect shows. Each form's output and gradients are compared with the first
 form's (max |difference|: a spot check that the timed call computes the same thing; the tests do
 the real checking). TFLOP/s with attention.py's packed formula (not halved without causal masking).
+``--profile N`` adds each form's kernels and their device time per forward + backward call.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def main(argv=None) -> None:
     ap.add_argument("--non-causal", action="store_true", help="the documents without causal masking")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--min-calls", type=int, default=5)
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also run N forward+backward calls of each form under the PyTorch profiler and report "
+                         "each kernel's device time per call")  # fmt: skip
     args = ap.parse_args(argv)
     forms = []
     for f in args.forms:
@@ -146,10 +150,37 @@ def main(argv=None) -> None:
             shown = (f"{row['tflops']:6.1f} TFLOP/s  x{row['vs_first']:.3f} (paired {row['vs_first_paired']})"
                      if "ms" in res else str(res))  # fmt: skip
             print(f"d{d} {'causal' if causal else 'full'} {p:8s} {name:40s} {shown}", flush=True)
+    profiles = {}
+    for fwd, bwd in forms if args.profile else ():
+        name = f"{fwd}/{bwd}"
+        with packed_form(d, causal, fwd, bwd):
+            profiles[name] = kernel_times(lambda: torch.autograd.grad(attn(), leaves, dout), args.profile)
+        print(f"{name}: device us per forward+backward call, by kernel", flush=True)
+        for kernel, us in profiles[name].items():
+            print(f"  {us:9.1f}  {kernel}", flush=True)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "doc_lengths": lens, "rounds": args.rounds}  # fmt: skip
-    Path(args.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    Path(args.out).write_text(json.dumps({"env": env, "rows": rows, "kernel_us_per_call": profiles}, indent=1))
+
+
+def kernel_times(fn, calls: int) -> dict:
+    """{kernel name (first 90 characters): device microseconds per call} over ``calls`` calls of
+    ``fn`` under the PyTorch profiler (after one call outside it), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            key = e.name[:90]
+            totals[key] = totals.get(key, 0.0) + e.time_range.elapsed_us() / calls
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
 if __name__ == "__main__":
