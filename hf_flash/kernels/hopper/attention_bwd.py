@@ -76,8 +76,8 @@ and dS = 0. Keys past the end of the sequence (zero-filled K/V rows, whose dK/dV
 store clips) are masked in the one key tile that has them, so they add nothing to dQ. Rows that saw no key in the forward (lse +inf) get P = 0.
 
 Packed (varlen) calls (``VARLEN``; cu_seqlens; ``VARLEN_DEFAULT``: d128, non-causal the ordered
-fused dqwld, causal kv2x64-m64-s2 with the Triton dQ kernel, which measured faster there; d256
-split-D): q/dout
+fused dqwld, causal kv2x64-m64-s2 with the Triton dQ kernel, which measured faster there; d64
+kv2x64-m64-s2 both ways; d256 split-D): q/dout
 (Tq, H, D), k/v (Tk, Hk, D) are one batch entry (1, H, T, D) of the descriptors, and
 a program takes one entry of :func:`attention_fwd.varlen_schedule` built over the key blocks
 (document, key block; document -1: an empty item, nothing written) for one K/V head; each
