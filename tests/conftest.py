@@ -81,3 +81,24 @@ def launches(monkeypatch):
                               (flash_bwd, "flash_attn_backward", "bwd")):  # fmt: skip
         monkeypatch.setattr(module, name, counting(key, getattr(module, name)))
     return counts
+
+
+@pytest.fixture
+def exclusive_gpu_memory():
+    """For the tests that need tens of GB of GPU memory (the tensors past 2^31 elements): one at
+    a time among the pytest processes sharing the GPU (the GPU suite's shards, xdist workers),
+    through an exclusive lock on a file; the test's cached blocks go back to the driver before the
+    lock is released, so the next holder finds the memory free."""
+    import fcntl
+    import gc
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), "hf_flash-gpu-memory.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -259,6 +259,7 @@ def test_packed_compile_and_cuda_graph_capture(hopper, monkeypatch):
     assert not torch.equal(captured, out_e)
 
 
+@pytest.mark.usefixtures("exclusive_gpu_memory")
 @pytest.mark.parametrize(
     "window,hopper", [(256, True), (256, False), (None, True)], ids=["window", "window-triton", "dense"]
 )
@@ -301,6 +302,7 @@ def test_past_2_31_elements_int64_addressing(window, hopper):
     assert (g[1][:, : -(m + w)] == 0).all(), "keys no query with a gradient sees must get 0"
 
 
+@pytest.mark.usefixtures("exclusive_gpu_memory")
 @pytest.mark.parametrize("d", [64, 128])
 def test_packed_past_2_31_elements_int64_addressing(d):
     """Packed documents whose last rows start past element 2^31 of q (1.05M tokens x 32 heads at
