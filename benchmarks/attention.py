@@ -684,11 +684,9 @@ def packed_lengths(n_docs: int = PACKED_DOCS, tokens: int = TOKENS, seed: int = 
     return [b - a for a, b in zip(bounds, bounds[1:])]
 
 
-def _packed_builders(lens, head_dim, flex_mode):
-    """name -> (attn, leaves, dout, info, passes, flops_fwd) on shared packed inputs."""
-    from hf_flash.interface import attention_paths, attention_variants, varlen_attention
-    from hf_flash.kernels import configs
-
+def packed_inputs(lens, head_dim):
+    """The packed rows' inputs for documents of ``lens`` tokens: (q, k, v, dout, cu_seqlens,
+    max_len), bf16 (total, heads, head_dim), drawn from a generator seeded with the head dim."""
     tokens = sum(lens)
     gen = torch.Generator(device=DEVICE).manual_seed(head_dim)
 
@@ -698,8 +696,23 @@ def _packed_builders(lens, head_dim, flex_mode):
     q, k, v = randn(tokens, NHEADS_Q, head_dim), randn(tokens, NHEADS_KV, head_dim), randn(tokens, NHEADS_KV, head_dim)
     dout = randn(tokens, NHEADS_Q, head_dim)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
-    max_len = max(lens)
-    packed_flops = 4.0 * NHEADS_Q * head_dim * sum(n * n for n in lens) / 2
+    return q, k, v, dout, cu, max(lens)
+
+
+def packed_flops(lens, head_dim, causal=True) -> float:
+    """The forward FLOPs of packed attention over documents of ``lens`` tokens (each document's
+    own square, halved under causal masking)."""
+    return 4.0 * NHEADS_Q * head_dim * sum(n * n for n in lens) / (2 if causal else 1)
+
+
+def _packed_builders(lens, head_dim, flex_mode):
+    """name -> (attn, leaves, dout, info, passes, flops_fwd) on shared packed inputs."""
+    from hf_flash.interface import attention_paths, attention_variants, varlen_attention
+    from hf_flash.kernels import configs
+
+    tokens = sum(lens)
+    q, k, v, dout, cu, max_len = packed_inputs(lens, head_dim)
+    packed_flops_fwd = packed_flops(lens, head_dim)
     dense_flops = 4.0 * NHEADS_Q * head_dim * tokens * tokens / 2
     both = ("fwd", "bwd", "fwd+bwd")
     out = {}
@@ -726,7 +739,7 @@ def _packed_builders(lens, head_dim, flex_mode):
             variants = attention_variants(*leaves, causal=True, varlen=True)
         # the switch also wraps the timing (run_packed): the backward reads the configs when
         # autograd runs it, outside attn()
-        return attn, leaves, dout, {"paths": paths, "variants": variants}, both, packed_flops, switch
+        return attn, leaves, dout, {"paths": paths, "variants": variants}, both, packed_flops_fwd, switch
 
     out["hf_flash"] = lambda: hf("default")
     out["hf_flash_gluon_varlen"] = lambda: hf(True)
@@ -745,7 +758,7 @@ def _packed_builders(lens, head_dim, flex_mode):
                                         cu_seqlens_q=cu, cu_seqlens_k=cu, **kw)  # fmt: skip
             return o
 
-        return attn, (), None, {"launcher": kw}, ("fwd",), packed_flops
+        return attn, (), None, {"launcher": kw}, ("fwd",), packed_flops_fwd
 
     out["gluon_longest"] = lambda: gluon(order="longest")
     out["gluon_docorder"] = lambda: gluon(order="document")
@@ -767,7 +780,7 @@ def _packed_builders(lens, head_dim, flex_mode):
         def attn():
             return fn(*leaves, block_mask=block_mask, enable_gqa=True)
 
-        return attn, leaves, dout.transpose(0, 1).unsqueeze(0).contiguous(), {"compile": mode}, both, packed_flops
+        return attn, leaves, dout.transpose(0, 1).unsqueeze(0).contiguous(), {"compile": mode}, both, packed_flops_fwd
 
     out["flex"] = lambda: flex(flex_mode)
     if flex_mode != "static":  # the peer at its best too: compiled for this one shape

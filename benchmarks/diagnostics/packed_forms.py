@@ -6,16 +6,16 @@ which forward and backward forms a head dim's packed calls should take.
 
 A form is ``FORWARD/BACKWARD``: ``triton`` for the Triton kernel of that pass, or a Gluon variant
 name (``attention_fwd.VARIANTS`` / ``attention_bwd.VARIANTS``; it must have a packed build). The
-inputs are benchmarks/attention.py's packed rows (12 documents of random lengths, seed 0, in 16K
-tokens; Hq=32, Hkv=8, bf16; causal unless ``--non-causal``) and so is the timing (``time_passes``: forward without grad,
-backward on a kept graph, forward + backward; ``--rounds`` rounds, the forms taking turns, the
-median round). While a form runs, the dispatch tables the public path reads are set for this head
+inputs are benchmarks/attention.py's packed rows (``packed_inputs``: 12 documents of random
+lengths, seed 0, in 16K tokens; Hq=32, Hkv=8, bf16; causal unless ``--non-causal``) and so is the
+timing (``time_passes``: forward without grad, backward on a kept graph, forward + backward;
+``--rounds`` rounds, the forms taking turns, the median round). While a form runs, the dispatch tables the public path reads are set for this head
 dim (``attention_fwd.VARLEN_DISPATCH_HEAD_DIMS`` and ``VARLEN_DEFAULT`` for the forward,
 ``attention_bwd.VARLEN_DEFAULT`` for the backward) and restored after; the rows record the paths
 and variants the call reported (``interface.attention_paths`` / ``attention_variants``), so a form
 that did not take effect shows. Each form's output and gradients are compared with the first
 form's (max |difference|: a spot check that the timed call computes the same thing; the tests do
-the real checking). TFLOP/s with attention.py's packed formula (not halved without causal masking).
+the real checking). TFLOP/s with attention.py's ``packed_flops``.
 ``--profile N`` adds each form's kernels and their device time per forward + backward call.
 """
 
@@ -100,15 +100,10 @@ def main(argv=None) -> None:
 
     d = args.head_dim
     lens = bench.packed_lengths()
-    tokens = sum(lens)
-    gen = torch.Generator(device="cuda").manual_seed(d)
-    q, k, v, dout = (torch.randn(tokens, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                     for h in (bench.NHEADS_Q, bench.NHEADS_KV, bench.NHEADS_KV, bench.NHEADS_Q))  # fmt: skip
+    q, k, v, dout, cu, max_len = bench.packed_inputs(lens, d)
     leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    max_len = max(lens)
     causal = not args.non_causal
-    flops = 4.0 * bench.NHEADS_Q * d * sum(n * n for n in lens) / (2 if causal else 1)
+    flops = bench.packed_flops(lens, d, causal)
 
     def attn():
         return varlen_attention(*leaves, cu, cu, max_len, max_len, causal=causal, check_cu_seqlens=False)

@@ -475,3 +475,23 @@ def test_packed_forms_sets_the_dispatch_tables_and_restores_them():
             with packed_form(64, False, fwd, bwd):
                 pass
         assert (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT)) == before
+
+
+def test_packed_inputs_and_flops_shared_by_the_packed_benchmarks(monkeypatch):
+    """benchmarks/attention.py's packed rows and diagnostics/packed_forms.py draw their inputs
+    from one helper: the same tensors for the same documents and head dim, cu_seqlens their
+    cumulative lengths, and FLOPs from each document's own square (halved when causal)."""
+    import torch
+
+    from benchmarks import attention as bench
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    lens = [3, 5, 0, 8]
+    q, k, v, dout, cu, max_len = bench.packed_inputs(lens, 64)
+    assert q.shape == dout.shape == (16, bench.NHEADS_Q, 64) and k.shape == v.shape == (16, bench.NHEADS_KV, 64)
+    assert cu.tolist() == [0, 3, 8, 8, 16] and cu.dtype == torch.int32 and max_len == 8
+    again = bench.packed_inputs(lens, 64)
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v, dout), again[:4]))
+    assert not torch.equal(q, bench.packed_inputs(lens, 128)[0][..., :64])
+    full = 4.0 * bench.NHEADS_Q * 64 * (9 + 25 + 64)
+    assert bench.packed_flops(lens, 64, causal=False) == full and bench.packed_flops(lens, 64) == full / 2

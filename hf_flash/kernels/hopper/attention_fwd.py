@@ -49,9 +49,10 @@ take their next items either statically (program_id + num_programs, ...) or, ``d
 an atomic counter (one per stream, which every launch leaves at 0: :func:`item_counter`): the
 producer fetches each and hands it to the consumers through a two-slot shared-memory ring
 (``item_ready`` / ``item_empty``), so programs that drew short items take more of them. Dense
-calls without a window or softcap take a variant by their query count (``SEQLEN_VARIANTS``): the dynamic form at 256-8K (d128) and 256-2K causal / 256-1K
-not (d64), and causal items numbered head by head (``head_major``, so the items in flight share
-one or two heads' K/V in L2) past 8K (d128) and from 32K (d64). The dynamic form's ``carry``
+calls without a window or softcap take a variant by their query count (``SEQLEN_VARIANTS``): the
+dynamic form at 256-8K (d128) and 256-2K causal / 256-1K not (d64), and causal items numbered
+head by head (``head_major``, so the items in flight share one or two heads' K/V in L2) past 8K
+(d128) and from 32K (d64). The dynamic form's ``carry``
 variant (non-causal d128 up to 4K, d64 throughout its ranges) finishes each item one item late:
 a consumer issues its next item's first S = Q K^T, then normalises and stores the previous
 item's output under that product, so the tensor cores do not idle through every item's epilogue
