@@ -426,18 +426,27 @@ _BOTH_HOPPER = {"forward": "hopper", "backward": "hopper"}
 def _gluon_variants(paths: dict, q: Tensor, varlen: bool, options: dict) -> dict:
     """The Gluon variants of a call whose passes take ``paths`` (:func:`attention_paths`), from
     its normalised ``options`` (:func:`_call_options`): ``{"forward": name or None, "backward":
-    name or None}`` (None where a pass runs Triton). Dense calls pick by query length."""
+    name or None, "dq": name or None}`` (None where a pass runs Triton; ``"dq"``: the dQ
+    kernel's variant where the backward variant leaves dQ to a kernel of its own, None where the
+    backward variant computes it or the Triton dQ kernel does). Dense calls pick by query
+    length."""
     from .kernels.hopper import attention_bwd as hopper_bwd
+    from .kernels.hopper import attention_dq as hopper_dq
     from .kernels.hopper import attention_fwd as hopper_fwd
 
     head_dim, seqlen_q = q.shape[-1], 0 if varlen else q.shape[1]
     window = (options["window_left"], options["window_right"])
     causal = options["causal"]
+    backward = dq = None
+    if paths["backward"] == "hopper":
+        backward = hopper_bwd.variant_for(head_dim, causal, varlen, seqlen_q, window)
+        if not hopper_bwd.VARIANTS[backward].dq_atomic:
+            dq = hopper_dq.variant_for(head_dim, options["softcap"])
     return {
         "forward": hopper_fwd.default_variant(head_dim, causal, varlen, window, seqlen_q, options["softcap"])
         if paths["forward"] == "hopper" else None,
-        "backward": hopper_bwd.variant_for(head_dim, causal, varlen, seqlen_q, window)
-        if paths["backward"] == "hopper" else None,
+        "backward": backward,
+        "dq": dq,
     }  # fmt: skip
 
 
@@ -483,8 +492,10 @@ def attention_paths(
 
 def attention_variants(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> dict:
     """The Gluon kernel forms (``hf_flash.kernels.hopper``'s ``VARIANTS`` names) a call runs by
-    default: ``{"forward": name or None, "backward": name or None}``, None where that pass runs
-    the Triton kernels. Keyword arguments as :func:`attention_paths`'s. Dense calls without a
+    default: ``{"forward": name or None, "backward": name or None, "dq": name or None}``, None
+    where that pass runs the Triton kernels (``"dq"``: the Gluon dQ kernel beside a backward
+    variant that computes dK/dV only; None where the backward variant computes dQ itself or the
+    Triton dQ kernel runs). Keyword arguments as :func:`attention_paths`'s. Dense calls without a
     window or softcap pick their forms by query length; nothing is launched."""
     paths = attention_paths(q, k, v, **kwargs)
     causal = kwargs.get("causal", False)

@@ -5,7 +5,10 @@ which forward and backward forms a head dim's packed calls should take.
         --forms triton/triton triton/kv2x64-m64-s2 ws3x4-pp-s3/triton [--rounds 5]
 
 A form is ``FORWARD/BACKWARD``: ``triton`` for the Triton kernel of that pass, or a Gluon variant
-name (``attention_fwd.VARIANTS`` / ``attention_bwd.VARIANTS``; it must have a packed build). The
+name (``attention_fwd.VARIANTS`` / ``attention_bwd.VARIANTS``; it must have a packed build). A
+backward variant that leaves dQ to a kernel of its own takes ``+DQ``: ``+triton`` for the Triton
+dQ kernel or ``+<name>`` for a Gluon one (``attention_dq.VARIANTS``); without it, the library's
+choice (``attention_dq.DEFAULT``). The
 inputs are benchmarks/attention.py's packed rows (``packed_inputs``: 12 documents of random
 lengths, seed 0, in 16K tokens; Hq=32, Hkv=8, bf16; causal unless ``--non-causal``) and so is the
 timing (``time_passes``: forward without grad, backward on a kept graph, forward + backward;
@@ -41,13 +44,17 @@ TRITON = "triton"
 @contextlib.contextmanager
 def packed_form(head_dim: int, causal: bool, fwd: str, bwd: str):
     """Within the block, packed calls of ``head_dim`` run forward ``fwd`` and backward ``bwd``
-    (``"triton"`` or a Gluon variant)."""
+    (``"triton"`` or a Gluon variant, the latter with ``+DQ`` for its dQ kernel: ``+triton`` or
+    a Gluon dQ variant)."""
     from hf_flash.kernels import configs
-    from hf_flash.kernels.hopper import attention_bwd, attention_fwd
+    from hf_flash.kernels.hopper import attention_bwd, attention_dq, attention_fwd
 
     key = (head_dim, causal)
+    bwd, _, dq = bwd.partition("+")
+    if dq and dq != TRITON and dq not in attention_dq.VARIANTS:
+        raise ValueError(f"unknown dQ variant {dq!r}; known: {', '.join(attention_dq.VARIANTS)}")
     saved = (attention_fwd.VARLEN_DISPATCH_HEAD_DIMS, attention_fwd.VARLEN_DEFAULT.get(key),
-             attention_bwd.VARLEN_DEFAULT.get(key))  # fmt: skip
+             attention_bwd.VARLEN_DEFAULT.get(key), attention_dq.DEFAULT.get(head_dim))  # fmt: skip
     for name, table in ((fwd, attention_fwd.VARIANTS), (bwd, attention_bwd.VARIANTS)):
         if name != TRITON and name not in table:
             raise ValueError(f"unknown variant {name!r}; known: {', '.join(table)}")
@@ -66,15 +73,20 @@ def packed_form(head_dim: int, causal: bool, fwd: str, bwd: str):
             attention_bwd.VARLEN_DEFAULT[key] = bwd
         else:
             attention_bwd.VARLEN_DEFAULT.pop(key, None)
+        if dq == TRITON:
+            attention_dq.DEFAULT.pop(head_dim, None)
+        elif dq:
+            attention_dq.DEFAULT[head_dim] = dq
         with configs.use_hopper_varlen(True), configs.use_hopper_backward(True):
             yield
     finally:
         attention_fwd.VARLEN_DISPATCH_HEAD_DIMS = saved[0]
-        for table, value in ((attention_fwd.VARLEN_DEFAULT, saved[1]), (attention_bwd.VARLEN_DEFAULT, saved[2])):
+        for table, k, value in ((attention_fwd.VARLEN_DEFAULT, key, saved[1]),
+                                (attention_bwd.VARLEN_DEFAULT, key, saved[2]), (attention_dq.DEFAULT, head_dim, saved[3])):
             if value is None:
-                table.pop(key, None)
+                table.pop(k, None)
             else:
-                table[key] = value
+                table[k] = value
 
 
 def main(argv=None) -> None:

@@ -563,6 +563,15 @@ def flash_attn_backward(
         softcap=softcap, stats=stats, dq_sem=dq_sem,
     ):
         return  # the variant computed dQ too
+    if path == "hopper":
+        from .hopper import attention_dq
+
+        if attention_dq.covers(q, dq, softcap=softcap):
+            attention_dq.hopper_attention_dq(
+                q, k, v, dout, lse, delta, dq, softmax_scale=softmax_scale, causal=causal,
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, window=(window_left, window_right),
+            )  # fmt: skip
+            return
     # the Triton kernels' arguments: dK/dV off Hopper, dQ wherever the Gluon kernel left it
     dkdv_cfg, dq_cfg = configs.bwd_configs(head_dim, q.dtype, q.device)
     flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p, key_bounds)

@@ -694,3 +694,78 @@ def test_windowed_public_function_takes_the_hopper_backward():
         ref = attention_ref(q, k, v, upcast=True, **opts)
         ref_lp = attention_ref(q, k, v, upcast=False, **opts)
         assert_grads_close_to_ref(out, ref, ref_lp, (q, k, v), torch.randn_like(out), torch.bfloat16)
+
+
+# ---- the Gluon dQ kernel (attention_dq), beside the dK/dV-only backward variant ----
+
+
+def _dq_variants():
+    from hf_flash.kernels.hopper.attention_dq import VARIANTS
+
+    return [(name, d) for name, var in VARIANTS.items() for d in var.head_dims]
+
+
+def _pin_dq(monkeypatch, head_dim, variant, causal, varlen):
+    """Pin the dK/dV-only backward (kv2x64-m64-s2) and the dQ ``variant`` for the call's key;
+    returns the list the spied dQ launcher appends each launch's variant to."""
+    from hf_flash.kernels.hopper import attention_bwd as hb
+    from hf_flash.kernels.hopper import attention_dq as hdq
+
+    table = hb.VARLEN_DEFAULT if varlen else hb.DEFAULT
+    for masked in (False, True):
+        monkeypatch.setitem(table, (head_dim, masked), "kv2x64-m64-s2")
+        if not varlen and (head_dim, masked) in hb.SEQLEN_VARIANTS:
+            monkeypatch.delitem(hb.SEQLEN_VARIANTS, (head_dim, masked))
+    monkeypatch.setitem(hdq.DEFAULT, head_dim, variant)
+    launches = []
+    run = hdq.hopper_attention_dq
+
+    def spy(*args, **kwargs):
+        launches.append(kwargs.get("variant") or hdq.variant_for(args[0].shape[-1]))
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(hdq, "hopper_attention_dq", spy)
+    return launches
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant,head_dim", _dq_variants())
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_dq_every_variant_matches_reference(variant, head_dim, causal, monkeypatch):
+    """Each dQ variant on dense calls: a query length that is no multiple of the tiles, more keys
+    than queries, fewer (causal: rows that see no key), MHA, GQA and a window; NaN-poisoned dq."""
+    launches = _pin_dq(monkeypatch, head_dim, variant, causal, varlen=False)
+    _check(*_qkv(2, 1025, 1100, 8, 2, head_dim, torch.bfloat16, seed=31), causal)
+    _check(*_qkv(1, 300, 97, 4, 4, head_dim, torch.float16, seed=32), causal)
+    _check(*_qkv(1, 700, 650, 4, 1, head_dim, torch.bfloat16, seed=33), causal, window=(64, -1 if causal else 200))
+    assert launches == [variant] * 3
+
+
+@needs_hopper
+@pytest.mark.parametrize("variant,head_dim", _dq_variants())
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_dq_every_variant_packed(variant, head_dim, causal, monkeypatch):
+    """Each dQ variant on packed calls: empty, one-token and odd documents, tiles that cross a
+    document's end, q_len != k_len per document, a window; NaN-poisoned dq."""
+    launches = _pin_dq(monkeypatch, head_dim, variant, causal, varlen=True)
+    _check_packed(PACKED_LENS, PACKED_LENS, 8, 2, causal, torch.bfloat16, d=head_dim, seed=34)
+    _check_packed([50, 200, 1, 0, 300, 97, 1], [120, 200, 77, 64, 97, 1025, 1], 4, 1, causal, torch.float16,
+                  d=head_dim, seed=35)  # fmt: skip
+    _check_packed(PACKED_LENS, PACKED_LENS, 8, 2, causal, torch.bfloat16, d=head_dim, seed=36, window=(100, -1))
+    assert launches == [variant] * 3
+
+
+@needs_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_dq_repeats_bitwise(head_dim, monkeypatch):
+    """The dQ kernel sums each row in key order: repeated calls give the same bits."""
+    launches = _pin_dq(monkeypatch, head_dim, "dq2x64-n64-s3", True, varlen=True)
+    g = torch.Generator().manual_seed(37)
+    cuts = sorted((torch.randperm(8191, generator=g)[:11] + 1).tolist())
+    lens = [b - a for a, b in zip([0, *cuts], [*cuts, 8192])]
+    q, k, v, cu_q, cu_k = _packed_qkv(lens, lens, 16, 4, head_dim, torch.bfloat16, seed=37)
+    dout = torch.randn_like(q)
+    a = _packed_backward(q, k, v, dout, cu_q, cu_k, True)
+    b = _packed_backward(q, k, v, dout, cu_q, cu_k, True)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert len(launches) == 2

@@ -174,14 +174,14 @@ def test_attention_variants_name_the_gluon_forms(monkeypatch):
     query length for dense calls, by head dim for packed ones, the windowed call's form with a
     window, none where a pass runs Triton. The paths are forced here (no Hopper GPU on the CPU)."""
     from hf_flash import interface
-    from hf_flash.kernels.hopper import attention_bwd, attention_fwd
+    from hf_flash.kernels.hopper import attention_bwd, attention_dq, attention_fwd
 
     forced = {"forward": "hopper", "backward": "hopper"}
     monkeypatch.setattr(interface, "attention_paths", lambda *a, **kw: dict(forced))
     q, k = torch.empty(4, 4096, 32, 128), torch.empty(4, 4096, 8, 128)
     got = interface.attention_variants(q, k, k)
     assert got == {"forward": attention_fwd.default_variant(128, False, seqlen_q=4096),
-                   "backward": attention_bwd.variant_for(128, False, seqlen_q=4096)}  # fmt: skip
+                   "backward": attention_bwd.variant_for(128, False, seqlen_q=4096), "dq": None}  # fmt: skip
     assert attention_fwd.VARIANTS[got["forward"]].carry  # the length decides: 4K non-causal d128
     long = interface.attention_variants(torch.empty(1, 16384, 32, 128), k[:1], k[:1])
     assert not attention_fwd.VARIANTS[long["forward"]].carry
@@ -189,7 +189,15 @@ def test_attention_variants_name_the_gluon_forms(monkeypatch):
     assert windowed["forward"] == attention_fwd.DEFAULT[(128, True)]
     packed = interface.attention_variants(torch.empty(16384, 32, 128), k[0], k[0], causal=True, varlen=True)
     assert packed["forward"] == attention_fwd.VARLEN_DEFAULT[(128, True)]
+    # the packed causal backward computes dK/dV only: the dQ kernel's variant is named beside it,
+    # and a soft-capped call's dQ stays on Triton
+    assert not attention_bwd.VARIANTS[packed["backward"]].dq_atomic
+    assert packed["dq"] == attention_dq.DEFAULT[128]
+    capped = interface.attention_variants(torch.empty(16384, 32, 128), k[0], k[0], causal=True, varlen=True,
+                                          softcap=30.0)  # fmt: skip
+    assert capped["dq"] is None
     forced["forward"] = "triton"
     assert interface.attention_variants(q, k, k)["forward"] is None
     forced.update(forward="hopper", backward="triton")
     assert interface.attention_variants(q, k, k)["backward"] is None
+    assert interface.attention_variants(torch.empty(16384, 32, 128), k[0], k[0], varlen=True)["dq"] is None

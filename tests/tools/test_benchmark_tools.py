@@ -456,25 +456,34 @@ def test_packed_forms_sets_the_dispatch_tables_and_restores_them():
     from hf_flash.kernels.hopper import attention_bwd as hb
     from hf_flash.kernels.hopper import attention_fwd as hf
 
-    before = (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT))
+    from hf_flash.kernels.hopper import attention_dq as hdq
+
+    before = (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT), dict(hdq.DEFAULT))
     with packed_form(64, True, "ws2x4-overlap-fma", "kv2x64-m64-s2-dqa"):
         assert 64 in hf.VARLEN_DISPATCH_HEAD_DIMS
         assert hf.default_variant(64, True, varlen=True) == "ws2x4-overlap-fma"
         assert hb.VARLEN_DEFAULT[(64, True)] == "kv2x64-m64-s2-dqa"
         assert hb.VARLEN_DEFAULT[(64, False)] == before[2][(64, False)]  # the other causality untouched
+        assert hdq.DEFAULT == before[3]  # no +DQ: the library's dQ choice
+    with packed_form(64, True, "triton", "kv2x64-m64-s2+triton"):
+        assert hb.VARLEN_DEFAULT[(64, True)] == "kv2x64-m64-s2" and hdq.variant_for(64) is None
+    with packed_form(128, True, "triton", "kv2x64-m64-s2+dq2x64-n64-s2"):
+        assert hdq.variant_for(128) == "dq2x64-n64-s2"
     with pytest.raises(RuntimeError):
         with packed_form(128, False, "triton", "triton"):
             assert 128 not in hf.VARLEN_DISPATCH_HEAD_DIMS and (128, False) not in hb.VARLEN_DEFAULT
             assert (128, True) in hb.VARLEN_DEFAULT
             raise RuntimeError("inside the block")
-    assert (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT)) == before
+    assert (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT), dict(hdq.DEFAULT)) == before
     for fwd, bwd, what in (("ws9", "triton", "unknown variant"), ("triton", "kv9", "unknown variant"),
+                           ("triton", "kv2x64-m64-s2+dq9", "unknown dQ variant"),
                            ("ws3x4-pp-s3", "triton", "no packed form"),
                            ("triton", "kv2x64-m128-s2-dqwlds", "no packed form")):  # fmt: skip
         with pytest.raises(ValueError, match=what):
             with packed_form(64, False, fwd, bwd):
                 pass
-        assert (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT)) == before
+        assert (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT),
+                dict(hdq.DEFAULT)) == before
 
 
 def test_packed_inputs_and_flops_shared_by_the_packed_benchmarks(monkeypatch):

@@ -418,6 +418,17 @@ def _producer_item(
             q_desc, [b, h, q_off + gl.maximum(m0 + c * BLOCK_M, 0), 0], q_bar.index(qs),
             q_smem.index(qs * CONSUMERS + c).reshape([1, 1, BLOCK_M, HEAD_DIM]),
         )
+    return load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, kv_h, k_off, lo,
+                         n_tiles, it, BLOCK_N, HEAD_DIM, STAGES)  # fmt: skip
+
+
+@gluon.jit
+def load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, kv_h, k_off, lo, n_tiles, it,
+                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    """Producer: K/V tiles [lo, n_tiles) of K/V head ``kv_h`` (keys from row ``k_off``) into the
+    ``STAGES``-deep ring, each slot once the consumers have released it (``k_empty`` /
+    ``v_empty``) and announced on ``k_ready`` / ``v_ready``; ``it`` counts the tiles loaded so far
+    (ring slot and phase). Returns the new ``it``."""
     for j in range(lo, n_tiles):
         slot = it % STAGES
         phase = ((it // STAGES) & 1) ^ 1
@@ -544,25 +555,13 @@ def _per_tile(x):
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale,
-                  softcap_in, softcap_out, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                  MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
-                  FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr):  # fmt: skip
-    """Transform and mask tile ``j``'s scores and update the running max and sum; returns
-    (p, alpha, m, l).
-
-    ``qk_scale`` is softmax_scale * log2(e). With FMA_SCALE the running max stays in the raw
-    score domain and ``s * scale - m * scale`` is one fused multiply-add per score (the scale is
-    positive, so the max commutes with it); otherwise the scores are scaled first. SOFTCAP
-    replaces the scale by ``softcap_out * tanh(s * softcap_in)`` (softcap_in = softmax_scale /
-    cap, softcap_out = cap * log2(e)), FMA_SCALE or not. ``m`` is in the domain of the scores it
-    came from; the epilogue converts it. Tiles outside [full_lo, full_hi) are masked: row r
-    at key position ``rows[r]`` sees keys ``rows[r] - window_left <= j <= rows[r] +
-    window_right`` (each bound with its MASK_ switch)."""
-    if SOFTCAP:
-        s = _tanh(s * softcap_in) * softcap_out
-    elif not FMA_SCALE:
-        s = s * qk_scale
+def _mask_scores(s, rows, j, full_lo, full_hi, seqlen_k, window_left, window_right, s_layout: gl.constexpr,
+                 BLOCK_N: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr,
+                 RIGHT_WINDOW: gl.constexpr):  # fmt: skip
+    """Key tile ``j``'s scores ``s`` with the keys a row does not see set to -inf (tiles inside
+    [full_lo, full_hi) are returned as they are): row r at key position ``rows[r]`` sees keys
+    ``rows[r] - window_left <= key <= rows[r] + window_right`` (each bound with its MASK_ switch)
+    below ``seqlen_k``."""
     masked = j >= full_hi
     if MASK_LEFT:
         masked = masked | (j < full_lo)
@@ -586,6 +585,31 @@ def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left,
             if MASK_RIGHT:
                 vis = vis & (cols <= gl.expand_dims(rows, 1))
         s = gl.where(vis, s, float("-inf"))
+    return s
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale,
+                  softcap_in, softcap_out, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                  MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
+                  FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr):  # fmt: skip
+    """Transform and mask tile ``j``'s scores and update the running max and sum; returns
+    (p, alpha, m, l).
+
+    ``qk_scale`` is softmax_scale * log2(e). With FMA_SCALE the running max stays in the raw
+    score domain and ``s * scale - m * scale`` is one fused multiply-add per score (the scale is
+    positive, so the max commutes with it); otherwise the scores are scaled first. SOFTCAP
+    replaces the scale by ``softcap_out * tanh(s * softcap_in)`` (softcap_in = softmax_scale /
+    cap, softcap_out = cap * log2(e)), FMA_SCALE or not. ``m`` is in the domain of the scores it
+    came from; the epilogue converts it. Tiles outside [full_lo, full_hi) are masked: row r
+    at key position ``rows[r]`` sees keys ``rows[r] - window_left <= j <= rows[r] +
+    window_right`` (each bound with its MASK_ switch)."""
+    if SOFTCAP:
+        s = _tanh(s * softcap_in) * softcap_out
+    elif not FMA_SCALE:
+        s = s * qk_scale
+    s = _mask_scores(s, rows, j, full_lo, full_hi, seqlen_k, window_left, window_right, s_layout, BLOCK_N,
+                     MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW)  # fmt: skip
     m_new = gl.maximum(m_i, gl.max(s, 1))
     # rows that have seen no key yet keep m = -inf; subtract 0 instead to avoid inf - inf
     m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -673,6 +697,36 @@ def _store_tile(out, o_tile, o_desc, b, h, row, BLOCK_M: gl.constexpr, HEAD_DIM:
     o_tile.store(out)
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [b, h, row, 0], o_tile.reshape([1, 1, BLOCK_M, HEAD_DIM]))
+
+
+@gluon.jit
+def store_rows(out, o_tile, o_desc, Out, stride_om, stride_oh, b, h, row0, q_off, q_len, BLOCK_M: gl.constexpr,
+               HEAD_DIM: gl.constexpr, NUM_WARPS: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """Store a consumer's ``BLOCK_M`` rows ``out`` (in ``o_desc``'s dtype) from its first row
+    ``row0`` of the sequence at ``q_off``: through ``o_tile`` and a TMA store, except (VARLEN) a
+    tile that crosses the sequence's end, stored element-wise with its rows past q_len left
+    alone; dense rows before row 0 (row0 < 0: a causal item's block before the first) are not
+    stored."""
+    if VARLEN:
+        if row0 + BLOCK_M > q_len:
+            # a tile that crosses the sequence's end: a TMA store would write the next
+            # sequence's rows, so only the rows inside are stored, element-wise (one such tile
+            # per sequence and head), from a layout with 8 consecutive elements per thread
+            # (16-byte stores; the wgmma layout's pairs would need a pointer per pair)
+            st_layout: gl.constexpr = gl.BlockedLayout(
+                [1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [NUM_WARPS, 1], [1, 0]
+            )
+            offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, st_layout))
+            offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, st_layout))
+            o_ptrs = (
+                Out + h.to(gl.int64) * stride_oh + gl.expand_dims((q_off + offs_m).to(gl.int64) * stride_om, 1)
+                + gl.expand_dims(offs_d, 0)
+            )  # fmt: skip
+            gl.store(o_ptrs, gl.convert_layout(out, st_layout), mask=gl.expand_dims(offs_m < q_len, 1))
+        else:
+            _store_tile(out, o_tile, o_desc, b, h, q_off + row0, BLOCK_M, HEAD_DIM)
+    elif row0 >= 0:
+        _store_tile(out, o_tile, o_desc, b, h, row0, BLOCK_M, HEAD_DIM)
 
 
 @gluon.jit
@@ -775,26 +829,8 @@ def _epilogue(
         m_log2 = m_i
     lse = gl.where(empty, float("inf"), (m_log2 + gl.log2(l_safe)) * LN2)
 
-    if VARLEN:
-        if row0 + BLOCK_M > q_len:
-            # a tile that crosses the sequence's end: a TMA store would write the next
-            # sequence's rows, so only the rows inside are stored, element-wise (one such tile
-            # per sequence and head), from a layout with 8 consecutive elements per thread
-            # (16-byte stores; the wgmma layout's pairs would need a pointer per pair)
-            st_layout: gl.constexpr = gl.BlockedLayout(
-                [1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [NUM_WARPS, 1], [1, 0]
-            )
-            offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, st_layout))
-            offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, st_layout))
-            o_ptrs = (
-                Out + h.to(gl.int64) * stride_oh + gl.expand_dims((q_off + offs_m).to(gl.int64) * stride_om, 1)
-                + gl.expand_dims(offs_d, 0)
-            )  # fmt: skip
-            gl.store(o_ptrs, gl.convert_layout(out.to(dtype), st_layout), mask=gl.expand_dims(offs_m < q_len, 1))
-        else:
-            _store_tile(out.to(dtype), o_tile, o_desc, b, h, q_off + row0, BLOCK_M, HEAD_DIM)
-    elif row0 >= 0:
-        _store_tile(out.to(dtype), o_tile, o_desc, b, h, row0, BLOCK_M, HEAD_DIM)
+    store_rows(out.to(dtype), o_tile, o_desc, Out, stride_om, stride_oh, b, h, row0, q_off, q_len, BLOCK_M, HEAD_DIM,
+               NUM_WARPS, VARLEN)  # fmt: skip
     offs = row0 + gl.arange(0, BLOCK_M, layout=row_s)
     lse_ptrs = Lse + h.to(gl.int64) * stride_lh + (q_off + offs).to(gl.int64) * stride_lm
     if not VARLEN:

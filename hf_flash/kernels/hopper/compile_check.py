@@ -28,7 +28,7 @@ from triton.compiler import make_backend
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import create_function_from_signature
 
-from . import attention_bwd, attention_fwd
+from . import attention_bwd, attention_dq, attention_fwd
 
 SHARED_PER_SM = 227 * 1024
 REGISTERS_PER_SM = 65536
@@ -75,6 +75,8 @@ def _ptxas_report(ptx: str) -> str:
 BWD_PREFIX = "bwd:"
 VARLEN_PREFIX = "varlen:"
 BWD_VARLEN_PREFIX = "bwd-varlen:"
+DQ_PREFIX = "dq:"
+DQ_VARLEN_PREFIX = "dq-varlen:"
 
 
 # the masks a spec's optional fifth element names: a sliding window on both sides (one side when
@@ -98,7 +100,8 @@ def compile_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloa
     """Compile one variant for sm_90a as its launcher would launch it: (the compiled kernel, its
     variant record, rows per program, keys per block). ``variant`` names an entry of
     ``attention_fwd.VARIANTS`` (its packed form behind ``"varlen:"``), or of
-    ``attention_bwd.VARIANTS`` behind ``"bwd:"`` (its packed form behind ``"bwd-varlen:"``);
+    ``attention_bwd.VARIANTS`` behind ``"bwd:"`` (its packed form behind ``"bwd-varlen:"``), or of
+    ``attention_dq.VARIANTS`` behind ``"dq:"`` (packed: ``"dq-varlen:"``);
     ``features`` a key of ``FEATURES`` (the masks compiled in)."""
     masks = _masks(features, causal)
     batch, nheads, nheads_k = 2, 8, 2
@@ -107,7 +110,26 @@ def compile_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloa
     v = torch.empty_like(k)
     out = torch.empty_like(q)
     lse = torch.empty(batch, nheads, SEQLEN, dtype=torch.float32)
-    if variant.startswith(BWD_VARLEN_PREFIX):
+    if variant.startswith((DQ_PREFIX, DQ_VARLEN_PREFIX)):
+        var = attention_dq.VARIANTS[variant.split(":", 1)[1]]
+        if variant.startswith(DQ_VARLEN_PREFIX):
+            # the batch's sequences packed: (B * S, H, D), lse/delta (H, B * S)
+            cu = torch.arange(0, (batch + 1) * SEQLEN, SEQLEN, dtype=torch.int32)
+            qp = q.flatten(0, 1)
+            lse_p = lse.transpose(0, 1).reshape(nheads, batch * SEQLEN)
+            _, args, kwargs = attention_dq.launch_args(
+                qp, k.flatten(0, 1), v.flatten(0, 1), out.flatten(0, 1), lse_p, torch.empty_like(lse_p),
+                torch.empty_like(qp), softmax_scale=head_dim**-0.5, causal=causal, variant=var.name,
+                cu_seqlens_q=cu, cu_seqlens_k=cu, sched=_unwritten_schedule(qp.shape[0], batch, var.rows), **masks,
+            )  # fmt: skip
+        else:
+            _, args, kwargs = attention_dq.launch_args(
+                q, k, v, out, lse, torch.empty_like(lse), torch.empty_like(q), softmax_scale=head_dim**-0.5,
+                causal=causal, variant=var.name, **masks,
+            )  # fmt: skip
+        compiled = compile_sm90(attention_dq._attn_dq_kernel, args, kwargs)
+        rows, block_n = var.rows, var.block_n
+    elif variant.startswith(BWD_VARLEN_PREFIX):
         var = attention_bwd.VARIANTS[variant[len(BWD_VARLEN_PREFIX):]]
         # the batch's sequences packed: (B * S, H, D), lse/delta (H, B * S)
         cu = torch.arange(0, (batch + 1) * SEQLEN, SEQLEN, dtype=torch.int32)
@@ -215,6 +237,8 @@ def check_many(specs, processes: int = 2) -> list[dict]:
 
 
 def _head_dims(name):
+    if name.startswith((DQ_PREFIX, DQ_VARLEN_PREFIX)):
+        return attention_dq.VARIANTS[name.split(":", 1)[1]].head_dims
     if name.startswith(BWD_VARLEN_PREFIX):
         return attention_bwd.VARIANTS[name[len(BWD_VARLEN_PREFIX):]].head_dims
     if name.startswith(BWD_PREFIX):
@@ -239,10 +263,11 @@ def bwd_varlen_variants():
 
 def all_variants():
     """Every forward variant, its packed form as ``"varlen:<name>"``, then every backward (dK/dV)
-    variant as ``"bwd:<name>"`` and the packed backward as ``"bwd-varlen:<name>"``."""
+    variant as ``"bwd:<name>"`` and the packed backward as ``"bwd-varlen:<name>"``, then every dQ
+    variant, dense (``"dq:<name>"``) and packed (``"dq-varlen:<name>"``)."""
     return [
         *attention_fwd.VARIANTS, *varlen_variants(), *(BWD_PREFIX + name for name in attention_bwd.VARIANTS),
-        *bwd_varlen_variants(),
+        *bwd_varlen_variants(), *(prefix + name for prefix in (DQ_PREFIX, DQ_VARLEN_PREFIX) for name in attention_dq.VARIANTS),
     ]  # fmt: skip
 
 

@@ -1,0 +1,429 @@
+"""dQ of the FlashAttention backward for Hopper (sm_90a) in Gluon: the query-tile kernel that runs
+beside the backward variants that compute dK/dV only (``attention_bwd``'s ``kv2x64-m64-s2`` and
+the split-D forms), in place of the Triton dQ kernel.
+
+A program owns ``CONSUMERS * BLOCK_M`` query rows of one (batch, head): the forward's work items
+(:func:`attention_fwd._work_item`: the same causal and window ranges of key tiles, dense or
+packed through :func:`attention_fwd.varlen_schedule`), and walks the key tiles those rows see:
+
+* a producer partition (one warp) loads the program's Q and dO tiles once and streams the K and V
+  tiles through a ``STAGES``-deep shared-memory ring (:func:`attention_fwd.load_kv_tiles`);
+* each consumer warpgroup owns ``BLOCK_M`` rows and, per key tile j, computes
+
+      S  = Q K_j^T,  dP = dO V_j^T        (asynchronous wgmma, issued back to back)
+      P  = exp2(S * scale * log2(e) - lse * log2(e))
+      dS = P * (dP - delta)               (delta = rowsum(dO * O) - dlse, from the preprocess)
+      dQ += dS K_j                        (dS from registers, K_j from shared memory)
+
+  with tile j-1's dQ product issued after S_j and dP_j, so it runs while dS_j is computed. V_j's
+  slot goes back to the producer once dP_j has completed, K_j's once dQ_j has.
+
+dQ is scaled by the softmax scale once, at the end, and stored in q's dtype through the Q tile's
+shared memory (free by then) and a TMA store; a packed tile that crosses its sequence's end is
+stored element-wise (:func:`attention_fwd.store_rows`). Each row of dQ is summed by one
+warpgroup in key order: deterministic. Masking as the forward's (bottom-right causal, sliding
+windows; :func:`attention_fwd.mask_args`); rows that see no key (lse +inf) and rows outside the
+sequence (their lse read as +inf) get P = 0, so dQ = 0 there. No softcap (its tanh derivative
+is the Triton kernel's) and head dims 64 and 128 (``VARIANTS``); ``DEFAULT`` names the variant
+hf_flash runs per head dim, and calls of other head dims keep the Triton dQ kernel.
+
+With the dK/dV kernel beside it the backward computes 7 products for the 5 counted (S and dP
+twice); the fused variants that add dQ inside the dK/dV kernel compute 5 but wait on each other
+to add in a fixed order, which costs more than the 2 products on packed causal calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from .. import configs
+from ..launch import CachedLauncher, LaunchPlan, PlanCache
+from .attention_fwd import (
+    LOG2E, _consumer_rows, _descriptor, _mask_scores, _mma_layout, _pass_tiles, _work_item, load_kv_tiles,
+    mask_args, store_rows, tensors_key, tma_compatible, varlen_schedule,
+)
+
+PRODUCER_REGS = 24
+LOG2E_C = gl.constexpr(LOG2E)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled form of the dQ kernel: ``consumers`` warpgroups of ``block_m`` query rows
+    each, ``block_n`` keys per K/V tile, a ``stages``-deep K/V ring; ``consumer_regs`` registers
+    per consumer thread (the producer warp keeps ``PRODUCER_REGS``)."""
+
+    name: str
+    block_m: int
+    block_n: int
+    stages: int
+    consumers: int = 2
+    consumer_regs: int = 240
+    head_dims: tuple = (64, 128)
+
+    @property
+    def rows(self) -> int:
+        return self.consumers * self.block_m
+
+
+VARIANTS = {
+    v.name: v
+    for v in (
+        Variant("dq2x64-n64-s3", block_m=64, block_n=64, stages=3),
+        Variant("dq2x64-n64-s2", block_m=64, block_n=64, stages=2),
+        Variant("dq2x64-n128-s2", block_m=64, block_n=128, stages=2, head_dims=(64,)),
+        Variant("dq3x64-n64-s3", block_m=64, block_n=64, stages=3, consumers=3, consumer_regs=160, head_dims=(64,)),
+    )
+}  # fmt: skip
+# head dim -> the variant hf_flash runs where the backward variant leaves dQ to a separate kernel;
+# head dims without an entry keep the Triton dQ kernel
+DEFAULT = {64: "dq2x64-n64-s3", 128: "dq2x64-n64-s3"}
+
+
+def variant_for(head_dim: int, softcap: float = 0.0) -> str | None:
+    """The dQ variant hf_flash runs for a call of ``head_dim`` whose backward variant leaves dQ to
+    a kernel of its own (None: the Triton dQ kernel: head dims without a ``DEFAULT`` entry, and
+    soft-capped calls)."""
+    return None if softcap > 0.0 else DEFAULT.get(head_dim)
+
+
+def covers(q, dq, *, softcap: float = 0.0) -> bool:
+    """True when :func:`hopper_attention_dq` takes the dQ of a backward call whose dK/dV the
+    Gluon backward covers (``attention_bwd.supports``: fp16/bf16 on sm_90, no ALiBi or dropout,
+    TMA-addressable q/k/v/dout): :func:`variant_for` names a variant, and ``dq`` is shaped like q
+    and addressable by TMA."""
+    if variant_for(q.shape[-1], softcap) is None:
+        return False
+    return dq.shape == q.shape and dq.dtype == q.dtype and dq.device == q.device and tma_compatible(dq)
+
+
+@gluon.jit
+def _ds(s, dp, lse2, delta, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale,
+        s_layout: gl.constexpr, BLOCK_N: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr,
+        RIGHT_WINDOW: gl.constexpr):  # fmt: skip
+    """dS of key tile ``j`` from its scores and dP: P = exp2(S * qk_scale - lse2) with the keys a
+    row does not see masked, times dP - delta."""
+    s = _mask_scores(s, rows, j, full_lo, full_hi, k_len, window_left, window_right, s_layout, BLOCK_N,
+                     MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW)  # fmt: skip
+    p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+    return p * (dp - gl.expand_dims(delta, 1))
+
+
+@gluon.jit
+def _dq_tiles(
+    q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, dq, it, lse2, delta, rows, lo, own,
+    full_lo, full_hi, k_len, window_left, window_right, qk_scale,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+    MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, NUM_WARPS: gl.constexpr,
+    dtype: gl.constexpr,
+):  # fmt: skip
+    """dQ of one consumer's rows over key tiles [lo, own) (at least one), ring tile ``it`` first:
+    each tile's S and dP issued, then the previous tile's dQ product, which runs while this tile's
+    dS is computed. Returns (dq, the ring counter past the last tile)."""
+    s_layout: gl.constexpr = _mma_layout(BLOCK_N, NUM_WARPS)
+    ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=_mma_layout(HEAD_DIM, NUM_WARPS),
+                                                  k_width=2)  # fmt: skip
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    slot = it % STAGES
+    phase = (it // STAGES) & 1
+    mbarrier.wait(k_ready.index(slot), phase)
+    s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(slot), phase)
+    dp_tok = warpgroup_mma(do_tile, v_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+    mbarrier.arrive(v_empty.index(slot))
+    ds = _ds(s, dp, lse2, delta, rows, lo, full_lo, full_hi, k_len, window_left, window_right, qk_scale, s_layout,
+             BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW)  # fmt: skip
+    ds_op = gl.convert_layout(ds.to(dtype), ds_layout)
+    for j in range(lo + 1, own):
+        prev = it % STAGES
+        it += 1
+        slot = it % STAGES
+        phase = (it // STAGES) & 1
+        mbarrier.wait(k_ready.index(slot), phase)
+        s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(slot), phase)
+        dp_tok = warpgroup_mma(do_tile, v_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dq_tok = warpgroup_mma(ds_op, k_smem.index(prev), dq, is_async=True)
+        # S_j and dP_j are done once at most one group (tile j-1's dQ product) is still running
+        s, dp = warpgroup_mma_wait(1, deps=(s_tok, dp_tok))
+        mbarrier.arrive(v_empty.index(slot))
+        ds = _ds(s, dp, lse2, delta, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale,
+                 s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW)  # fmt: skip
+        # ds_op is a register operand of the running wgmma: kept alive until the wait
+        dq, ds_op = warpgroup_mma_wait(0, deps=(dq_tok, ds_op))
+        mbarrier.arrive(k_empty.index(prev))
+        ds_op = gl.convert_layout(ds.to(dtype), ds_layout)
+    last = it % STAGES
+    dq_tok = warpgroup_mma(ds_op, k_smem.index(last), dq, is_async=True)
+    dq, ds_op = warpgroup_mma_wait(0, deps=(dq_tok, ds_op))
+    mbarrier.arrive(k_empty.index(last))
+    return dq, it + 1
+
+
+@gluon.jit
+def _dq_consumer(
+    q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+    dq_desc, DQ, stride_dqm, stride_dqh, Lse, Delta, stride_lb, stride_lh, stride_lm,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+    qk_scale, softmax_scale,
+    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
+    NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr, VARLEN: gl.constexpr,
+):  # fmt: skip
+    dtype: gl.constexpr = dq_desc.dtype
+    row_s: gl.constexpr = gl.SliceLayout(1, _mma_layout(BLOCK_N, NUM_WARPS))
+    b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
+        gl.program_id(0), nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+        window_right, INDEX, BLOCK_M, BLOCK_N, NUM_WARPS, CONSUMERS, MASK_LEFT, MASK_RIGHT, VARLEN, False,
+    )  # fmt: skip
+    # the rows' statistics; rows outside the sequence (before row 0 of a causal item's partial
+    # block, past q_len) read lse = +inf, so their P and dS are 0
+    offs = row0 + gl.arange(0, BLOCK_M, layout=row_s)
+    stats_off = h.to(gl.int64) * stride_lh + (q_off + offs).to(gl.int64) * stride_lm
+    if not VARLEN:
+        stats_off += b.to(gl.int64) * stride_lb
+    inside = (offs >= 0) & (offs < q_len)
+    lse2 = gl.load(Lse + stats_off, mask=inside, other=float("inf")) * LOG2E_C
+    delta = gl.load(Delta + stats_off, mask=inside, other=0.0)
+    q_tile = q_smem.index(INDEX)
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=_mma_layout(HEAD_DIM, NUM_WARPS))
+    it = gl.to_tensor(0)  # K/V tiles consumed (ring slot and phase), as in the producer
+    mbarrier.wait(q_bar.index(0), 0)
+    if own > lo:
+        dq, it = _dq_tiles(
+            q_tile, do_smem.index(INDEX), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, dq, it, lse2, delta,
+            rows, lo, own, full_lo, full_hi, k_len, window_left, window_right, qk_scale, BLOCK_M, BLOCK_N,
+            HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, NUM_WARPS, dtype,
+        )  # fmt: skip
+    # every S = Q K^T has completed: the Q tile stages the output
+    store_rows((dq * softmax_scale).to(dtype), q_tile, dq_desc, DQ, stride_dqm, stride_dqh, b, h, row0, q_off,
+               q_len, BLOCK_M, HEAD_DIM, NUM_WARPS, VARLEN)  # fmt: skip
+    # the item's key tiles past every key these rows see (causal): taken part in, not computed
+    _pass_tiles(own, n_tiles, it, 0, k_ready, v_ready, k_empty, v_empty, q_bar, INDEX, STAGES, CONSUMERS, False, 0)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _dq_producer(
+    q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
+):  # fmt: skip
+    b, h, kv_h, m0, lo, n_tiles, q_off, k_off, q_len, k_len = _work_item(
+        gl.program_id(0), nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
+        window_right, BLOCK_M * CONSUMERS, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, VARLEN, False,
+    )  # fmt: skip
+    # as the forward: packed rows past the sequence's end read the next sequence's (never stored);
+    # a causal item's blocks before row 0 read row 0's
+    mbarrier.expect(q_bar.index(0), 2 * CONSUMERS * q_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        row = q_off + gl.maximum(m0 + c * BLOCK_M, 0)
+        tma.async_copy_global_to_shared(
+            q_desc, [b, h, row, 0], q_bar.index(0), q_smem.index(c).reshape([1, 1, BLOCK_M, HEAD_DIM])
+        )
+        tma.async_copy_global_to_shared(
+            do_desc, [b, h, row, 0], q_bar.index(0), do_smem.index(c).reshape([1, 1, BLOCK_M, HEAD_DIM])
+        )
+    load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, kv_h, k_off, lo, n_tiles,
+                  gl.to_tensor(0), BLOCK_N, HEAD_DIM, STAGES)  # fmt: skip
+
+
+@gluon.jit
+def _attn_dq_kernel(
+    q_desc, k_desc, v_desc, do_desc, dq_desc, DQ, Lse, Delta, Sched, CuSeqQ, CuSeqK,
+    stride_dqm, stride_dqh, stride_lb, stride_lh, stride_lm,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softmax_scale,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
+    VARLEN: gl.constexpr,
+):  # fmt: skip
+    # one work item per program: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M
+    # rows (packed: the schedule's entries x heads)
+    if not RIGHT_WINDOW:
+        window_right = 0
+    if not MASK_LEFT:
+        window_left = 0
+    dtype: gl.constexpr = q_desc.dtype
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], tile_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], tile_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar.index(0), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    # (the partitions' argument lists are spelled out: a Gluon kernel cannot hold a function in a
+    # tuple or unpack one into a call)
+    if CONSUMERS == 2:
+        gl.warp_specialize(
+            [
+                (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, dq_desc, DQ,
+                                stride_dqm, stride_dqh, Lse, Delta, stride_lb, stride_lh, stride_lm, nheads, group,
+                                n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+                                qk_scale, softmax_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
+                                MASK_RIGHT, RIGHT_WINDOW, CONSUMER_WARPS, CONSUMERS, VARLEN)),
+                (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, dq_desc, DQ,
+                                stride_dqm, stride_dqh, Lse, Delta, stride_lb, stride_lh, stride_lm, nheads, group,
+                                n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+                                qk_scale, softmax_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
+                                MASK_RIGHT, RIGHT_WINDOW, CONSUMER_WARPS, CONSUMERS, VARLEN)),
+                (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready,
+                                v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched,
+                                CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                CONSUMERS, MASK_LEFT, MASK_RIGHT, VARLEN)),
+            ],
+            [CONSUMER_WARPS, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.static_assert(CONSUMERS == 3, "2 or 3 consumer partitions")
+        gl.warp_specialize(
+            [
+                (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, dq_desc, DQ,
+                                stride_dqm, stride_dqh, Lse, Delta, stride_lb, stride_lh, stride_lm, nheads, group,
+                                n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+                                qk_scale, softmax_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
+                                MASK_RIGHT, RIGHT_WINDOW, CONSUMER_WARPS, CONSUMERS, VARLEN)),
+                (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, dq_desc, DQ,
+                                stride_dqm, stride_dqh, Lse, Delta, stride_lb, stride_lh, stride_lm, nheads, group,
+                                n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+                                qk_scale, softmax_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
+                                MASK_RIGHT, RIGHT_WINDOW, CONSUMER_WARPS, CONSUMERS, VARLEN)),
+                (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, dq_desc, DQ,
+                                stride_dqm, stride_dqh, Lse, Delta, stride_lb, stride_lh, stride_lm, nheads, group,
+                                n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
+                                qk_scale, softmax_scale, 2, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
+                                MASK_RIGHT, RIGHT_WINDOW, CONSUMER_WARPS, CONSUMERS, VARLEN)),
+                (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready,
+                                v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched,
+                                CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                CONSUMERS, MASK_LEFT, MASK_RIGHT, VARLEN)),
+            ],
+            [CONSUMER_WARPS, CONSUMER_WARPS, 1],
+            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------
+
+
+def launch_args(q, k, v, dout, lse, delta, dq, *, softmax_scale, causal, variant, cu_seqlens_q=None,
+                cu_seqlens_k=None, sched=None, window=(-1, -1)):  # fmt: skip
+    """(grid, positional args, keyword args) of one launch; shared by the launcher and the CPU
+    compile check, so both build the same kernel. Layouts as :func:`hopper_attention_dq`;
+    packed calls pass their work items ``sched`` (:func:`attention_fwd.varlen_schedule` with the
+    variant's rows)."""
+    var = VARIANTS[variant]
+    varlen = cu_seqlens_q is not None
+    nheads, head_dim = q.shape[-2:]
+    if head_dim not in var.head_dims:
+        raise ValueError(f"dQ variant {variant} is built for head dims {var.head_dims}, not {head_dim}")
+    if not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
+    if delta.stride() != lse.stride():
+        raise ValueError(f"delta must be laid out like lse (strides {lse.stride()}), got {delta.stride()}")
+    masks = mask_args(causal, window, 0.0, softmax_scale)
+    if varlen:
+        if sched is None:
+            raise ValueError("packed (varlen) launches need their work items (sched=varlen_schedule(...))")
+        seqlen_q = seqlen_k = 0  # per sequence, from cu_seqlens
+        n_bh, n_m = nheads, 0
+        grid = (sched.shape[0] * nheads,)
+        stride_dqm, stride_dqh = dq.stride(0), dq.stride(1)
+        stride_lb, stride_lh, stride_lm = 0, lse.stride(0), lse.stride(1)
+    else:
+        batch, seqlen_q = q.shape[:2]
+        seqlen_k = k.shape[1]
+        sched = cu_seqlens_q = cu_seqlens_k = None
+        n_bh, n_m = batch * nheads, configs.cdiv(seqlen_q, var.rows)
+        grid = (n_bh * n_m,)
+        stride_dqm, stride_dqh = dq.stride(1), dq.stride(2)
+        stride_lb, stride_lh, stride_lm = lse.stride(0), lse.stride(1), lse.stride(2)
+    args = (
+        _descriptor(q, var.block_m), _descriptor(k, var.block_n), _descriptor(v, var.block_n),
+        _descriptor(dout, var.block_m), _descriptor(dq, var.block_m), dq, lse, delta, sched, cu_seqlens_q,
+        cu_seqlens_k, stride_dqm, stride_dqh, stride_lb, stride_lh, stride_lm,
+        nheads, nheads // k.shape[-2], n_bh, n_m, seqlen_q, seqlen_k, masks["window_left"], masks["window_right"],
+        float(softmax_scale) * LOG2E, float(softmax_scale),
+    )  # fmt: skip
+    kwargs = dict(
+        BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages, CONSUMERS=var.consumers,
+        CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs, PRODUCER_REGS=PRODUCER_REGS,
+        MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"], RIGHT_WINDOW=masks["RIGHT_WINDOW"],
+        VARLEN=varlen, num_warps=4,
+    )  # fmt: skip
+    return grid, args, kwargs
+
+
+def hopper_attention_dq(q, k, v, dout, lse, delta, dq, *, softmax_scale, causal, variant=None, cu_seqlens_q=None,
+                        cu_seqlens_k=None, window=(-1, -1)) -> None:  # fmt: skip
+    """dQ on Hopper, beside a dK/dV-only Gluon backward. Layouts as
+    ``hf_flash.kernels.flash_bwd.flash_attn_backward``: dense q/dout/dq (B, Sq, H, D), k/v (B, Sk,
+    Hk, D), lse (the forward's natural-log log-sum-exp) and delta float32 (B, H, Sq) with the same
+    strides; packed (cu_seqlens int32 (batch + 1,) given) q/dout/dq (Tq, H, D), k/v (Tk, Hk, D),
+    lse/delta (H, Tq). For calls :func:`covers` (and ``attention_bwd.supports``) accepts, checked
+    by the caller. ``variant`` names an entry of ``VARIANTS`` (default: :func:`variant_for`).
+    Packed rows outside every sequence are not written; no host sync reads cu_seqlens."""
+    varlen = cu_seqlens_q is not None
+    if varlen != (cu_seqlens_k is not None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k go together")
+    if q.numel() == 0:
+        return
+    if k.shape[-3] == 0:  # no keys (packed: in any sequence)
+        dq.zero_()
+        return
+    head_dim = q.shape[-1]
+    variant = variant or variant_for(head_dim)
+    if variant is None:
+        raise ValueError(f"no Gluon dQ variant for head dim {head_dim} (DEFAULT covers {sorted(DEFAULT)})")
+    var = VARIANTS[variant]
+    sched = None
+    if varlen:
+        sched = varlen_schedule(cu_seqlens_q, cu_seqlens_k, q.shape[0], rows=var.rows, block_n=var.block_n,
+                                causal=causal)  # fmt: skip
+    key = (variant, tensors_key(q, k, v, dout, dq), lse.shape, lse.stride(), delta.stride(), bool(causal),
+           tuple(window), float(softmax_scale), None if sched is None else sched.shape[0])  # fmt: skip
+    tensors = (q, k, v, dout, lse, delta, dq, sched, cu_seqlens_q, cu_seqlens_k)
+    with configs.device_guard(q.device):
+        plan = _PLANS.get(key, lambda: _plan(tensors, variant, causal, window, softmax_scale))
+        _DQ(plan.grid, plan.pointers(tensors), plan.ints, plan.floats, plan.meta)
+
+
+def _plan(tensors, variant, causal, window, softmax_scale) -> LaunchPlan:
+    q, k, v, dout, lse, delta, dq, sched, cu_seqlens_q, cu_seqlens_k = tensors
+    grid, args, kwargs = launch_args(
+        q, k, v, dout, lse, delta, dq, softmax_scale=softmax_scale, causal=causal, variant=variant,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window,
+    )  # fmt: skip
+    key = (variant, q.shape[-1], sched is not None, *(kwargs[f] for f in ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW")))
+    meta = _LAUNCH_META.get(key)
+    if meta is None:
+        meta = _LAUNCH_META[key] = _DQ.meta(**kwargs)
+    # launch_args' order: 5 descriptors and 6 pointers, 13 integers, 2 floats
+    return LaunchPlan.capture(grid, args[:11], args[11:24], args[24:], meta, tensors)
+
+
+_DQ = CachedLauncher(_attn_dq_kernel)
+_LAUNCH_META: dict = {}
+_PLANS = PlanCache()
+
+__all__ = ["hopper_attention_dq", "covers", "variant_for", "launch_args", "VARIANTS", "DEFAULT"]
