@@ -10,7 +10,8 @@ provider it times the backward alone (``torch.autograd.grad`` on a kept graph: t
 preprocess, dK/dV and dQ) and forward + backward:
 
   hopper:<variant>  flash_attn_func, Gluon forward, Gluon backward kernel ``variant`` (with its
-                    own dQ, or + the Triton dQ kernel for a dK/dV-only variant)
+                    own dQ, or + the library's dQ kernel for a dK/dV-only variant; ``<variant>+DQ``
+                    names that kernel: ``+triton`` or a Gluon one, ``attention_dq.VARIANTS``)
   hf_flash_tbwd     flash_attn_func, Gluon forward, Triton backward (use_hopper_backward(False));
                     left out with ``--no-triton-backward``
   sdpa              F.scaled_dot_product_attention(..., enable_gqa=True), no backend forced
@@ -50,13 +51,20 @@ def providers(q, k, v, dout, causal, variants, softcap=0.0, triton_backward=True
     from hf_flash.kernels import configs
     from hf_flash.kernels.hopper import attention_bwd as hb
 
+    from hf_flash.kernels.hopper import attention_dq
+
     fns = {}
     for name in variants:
-        if q.shape[-1] not in hb.VARIANTS[name].head_dims:
+        base, _, dq = name.partition("+")
+        if q.shape[-1] not in hb.VARIANTS[base].head_dims:
             continue
 
-        def pick(name=name):
-            return hb.pinned(name, (q.shape[-1],))  # the named variant at every length
+        @contextlib.contextmanager
+        def pick(base=base, dq=dq):
+            # the named variant at every length, and the named dQ kernel beside it
+            with hb.pinned(base, (q.shape[-1],)), (attention_dq.pinned(q.shape[-1], dq) if dq
+                                                   else contextlib.nullcontext()):  # fmt: skip
+                yield
 
         fns[f"hopper:{name}"] = (
             lambda: flash_attn_func(q, k, v, causal=causal, softcap=softcap, window_size=window), pick
@@ -163,8 +171,8 @@ def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0, triton_ba
         if name.startswith("hopper:") and ref is not None:
             rows[name]["max_abs_diff_vs_triton_bwd"] = max((a.float() - b.float()).abs().max().item()
                                                            for a, b in zip(grads, ref))  # fmt: skip
-    for name in variants:
-        if f"hopper:{name}" in timers:
+    for name in dict.fromkeys(n.partition("+")[0] for n in variants):
+        if any(t.partition("+")[0] == f"hopper:{name}" for t in timers):
             rows[f"dkdv:{name}"] = {"provider": f"dkdv:{name}", "head_dim": head_dim, "causal": causal,
                                     "seqlen": seqlen, "batch": batch, "round_ms": []}  # fmt: skip
             timers[f"dkdv:{name}"] = (dkdv_only(q, k, v, dout, causal, name, softcap, window_size), None, None)

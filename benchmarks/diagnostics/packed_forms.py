@@ -51,10 +51,8 @@ def packed_form(head_dim: int, causal: bool, fwd: str, bwd: str):
 
     key = (head_dim, causal)
     bwd, _, dq = bwd.partition("+")
-    if dq and dq != TRITON and dq not in attention_dq.VARIANTS:
-        raise ValueError(f"unknown dQ variant {dq!r}; known: {', '.join(attention_dq.VARIANTS)}")
     saved = (attention_fwd.VARLEN_DISPATCH_HEAD_DIMS, attention_fwd.VARLEN_DEFAULT.get(key),
-             attention_bwd.VARLEN_DEFAULT.get(key), attention_dq.DEFAULT.get(head_dim))  # fmt: skip
+             attention_bwd.VARLEN_DEFAULT.get(key))  # fmt: skip
     for name, table in ((fwd, attention_fwd.VARIANTS), (bwd, attention_bwd.VARIANTS)):
         if name != TRITON and name not in table:
             raise ValueError(f"unknown variant {name!r}; known: {', '.join(table)}")
@@ -73,20 +71,16 @@ def packed_form(head_dim: int, causal: bool, fwd: str, bwd: str):
             attention_bwd.VARLEN_DEFAULT[key] = bwd
         else:
             attention_bwd.VARLEN_DEFAULT.pop(key, None)
-        if dq == TRITON:
-            attention_dq.DEFAULT.pop(head_dim, None)
-        elif dq:
-            attention_dq.DEFAULT[head_dim] = dq
-        with configs.use_hopper_varlen(True), configs.use_hopper_backward(True):
+        pin = attention_dq.pinned(head_dim, dq) if dq else contextlib.nullcontext()
+        with pin, configs.use_hopper_varlen(True), configs.use_hopper_backward(True):
             yield
     finally:
         attention_fwd.VARLEN_DISPATCH_HEAD_DIMS = saved[0]
-        for table, k, value in ((attention_fwd.VARLEN_DEFAULT, key, saved[1]),
-                                (attention_bwd.VARLEN_DEFAULT, key, saved[2]), (attention_dq.DEFAULT, head_dim, saved[3])):
+        for table, value in ((attention_fwd.VARLEN_DEFAULT, saved[1]), (attention_bwd.VARLEN_DEFAULT, saved[2])):
             if value is None:
-                table.pop(k, None)
+                table.pop(key, None)
             else:
-                table[k] = value
+                table[key] = value
 
 
 def main(argv=None) -> None:

@@ -364,6 +364,16 @@ def test_backward_benchmark_runs_a_named_variant_at_every_length():
             assert hb.variant_for(128, False, False, s) == other
             assert hb.variant_for(128, True, False, s) == other
     assert hb.DEFAULT == default and {k: tuple(v) for k, v in hb.SEQLEN_VARIANTS.items()} == ranges
+    # a dK/dV-only variant with its dQ kernel named: both pinned inside, both restored after
+    from hf_flash.kernels.hopper import attention_dq
+
+    dq_default = dict(attention_dq.DEFAULT)
+    fns = providers(q, k, v, q, False, ["kv2x64-m64-s2+triton", "kv2x64-m64-s2+dq2x64-n64-s2"], triton_backward=False)
+    with fns["hopper:kv2x64-m64-s2+triton"][1]():
+        assert hb.variant_for(128, False, False, 4096) == "kv2x64-m64-s2" and attention_dq.variant_for(128) is None
+    with fns["hopper:kv2x64-m64-s2+dq2x64-n64-s2"][1]():
+        assert attention_dq.variant_for(128) == "dq2x64-n64-s2"
+    assert attention_dq.DEFAULT == dq_default and hb.DEFAULT == default
 
 
 def test_bench_ms_min_calls_grows_the_repetition_window(monkeypatch):

@@ -34,6 +34,7 @@ to add in a fixed order, which costs more than the 2 products on packed causal c
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -77,12 +78,16 @@ VARIANTS = {
         Variant("dq2x64-n64-s3", block_m=64, block_n=64, stages=3),
         Variant("dq2x64-n64-s2", block_m=64, block_n=64, stages=2),
         Variant("dq2x64-n128-s2", block_m=64, block_n=128, stages=2, head_dims=(64,)),
+        Variant("dq2x64-n64-s4", block_m=64, block_n=64, stages=4, head_dims=(128,)),
         Variant("dq3x64-n64-s3", block_m=64, block_n=64, stages=3, consumers=3, consumer_regs=160, head_dims=(64,)),
+        Variant("dq3x64-n64-s4", block_m=64, block_n=64, stages=4, consumers=3, consumer_regs=160, head_dims=(64,)),
+        Variant("dq2x64-n32-s2", block_m=64, block_n=32, stages=2, head_dims=(256,)),
+        Variant("dq2x64-n32-s3", block_m=64, block_n=32, stages=3, head_dims=(256,)),
     )
 }  # fmt: skip
 # head dim -> the variant hf_flash runs where the backward variant leaves dQ to a separate kernel;
 # head dims without an entry keep the Triton dQ kernel
-DEFAULT = {64: "dq2x64-n64-s3", 128: "dq2x64-n64-s3"}
+DEFAULT = {64: "dq3x64-n64-s3", 128: "dq2x64-n64-s3"}
 
 
 def variant_for(head_dim: int, softcap: float = 0.0) -> str | None:
@@ -90,6 +95,28 @@ def variant_for(head_dim: int, softcap: float = 0.0) -> str | None:
     a kernel of its own (None: the Triton dQ kernel: head dims without a ``DEFAULT`` entry, and
     soft-capped calls)."""
     return None if softcap > 0.0 else DEFAULT.get(head_dim)
+
+
+@contextlib.contextmanager
+def pinned(head_dim: int, dq: str):
+    """Within the block, calls of ``head_dim`` that leave dQ to a kernel of its own take ``dq``: a
+    name in ``VARIANTS``, or ``"triton"`` for the Triton dQ kernel; ``DEFAULT`` is restored on exit.
+    For benchmarks and diagnostics that time one dQ form through the public functions."""
+    if dq != "triton" and (dq not in VARIANTS or head_dim not in VARIANTS[dq].head_dims):
+        known = ", ".join(n for n, v in VARIANTS.items() if head_dim in v.head_dims)
+        raise ValueError(f"unknown dQ variant {dq!r} for head dim {head_dim}; known: triton, {known}")
+    saved = DEFAULT.get(head_dim)
+    if dq == "triton":
+        DEFAULT.pop(head_dim, None)
+    else:
+        DEFAULT[head_dim] = dq
+    try:
+        yield
+    finally:
+        if saved is None:
+            DEFAULT.pop(head_dim, None)
+        else:
+            DEFAULT[head_dim] = saved
 
 
 def covers(q, dq, *, softcap: float = 0.0) -> bool:
@@ -426,4 +453,4 @@ _DQ = CachedLauncher(_attn_dq_kernel)
 _LAUNCH_META: dict = {}
 _PLANS = PlanCache()
 
-__all__ = ["hopper_attention_dq", "covers", "variant_for", "launch_args", "VARIANTS", "DEFAULT"]
+__all__ = ["hopper_attention_dq", "covers", "variant_for", "pinned", "launch_args", "VARIANTS", "DEFAULT"]
