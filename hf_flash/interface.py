@@ -441,7 +441,7 @@ def _gluon_variants(paths: dict, q: Tensor, varlen: bool, options: dict) -> dict
     if paths["backward"] == "hopper":
         backward = hopper_bwd.variant_for(head_dim, causal, varlen, seqlen_q, window)
         if not hopper_bwd.VARIANTS[backward].dq_atomic:
-            dq = hopper_dq.variant_for(head_dim, options["softcap"])
+            dq = hopper_dq.variant_for(head_dim, options["softcap"], varlen)
     return {
         "forward": hopper_fwd.default_variant(head_dim, causal, varlen, window, seqlen_q, options["softcap"])
         if paths["forward"] == "hopper" else None,

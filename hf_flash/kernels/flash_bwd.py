@@ -491,8 +491,9 @@ def backward_path(q, k, v, out, dout, dk, dv, *, varlen, causal, window_left, wi
     addressable by TMA too (``None``: still to be
     allocated like q / k, which then are). Packed calls take it whatever
     :func:`configs.hopper_varlen_enabled` says (that switch is the packed forward's). The
-    preprocess is this module's on both paths; the dQ kernel too unless the Hopper variant
-    computes dQ itself (its default, in a fixed order: deterministic)."""
+    preprocess is this module's on both paths; dQ comes from the Hopper variant itself where it
+    computes it (in a fixed order: deterministic), else from the Gluon dQ kernel
+    (:mod:`hf_flash.kernels.hopper.attention_dq`, where ``covers`` says so) or this module's."""
     if sinks is not None or key_bounds is not None or not configs.hopper_backward_enabled(q.device):
         return "triton"
     from .hopper import attention_bwd as hopper  # Gluon: imported only where it can run
@@ -566,13 +567,13 @@ def flash_attn_backward(
     if path == "hopper":
         from .hopper import attention_dq
 
-        if attention_dq.covers(q, dq, softcap=softcap):
+        if attention_dq.covers(q, dq, softcap=softcap, varlen=varlen):
             attention_dq.hopper_attention_dq(
                 q, k, v, dout, lse, delta, dq, softmax_scale=softmax_scale, causal=causal,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, window=(window_left, window_right),
             )  # fmt: skip
             return
-    # the Triton kernels' arguments: dK/dV off Hopper, dQ wherever the Gluon kernel left it
+    # the Triton kernels' arguments: dK/dV off Hopper, dQ wherever neither Gluon kernel computed it
     dkdv_cfg, dq_cfg = configs.bwd_configs(head_dim, q.dtype, q.device)
     flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p, key_bounds)
     block_d = configs.head_dim_block(head_dim)

@@ -507,9 +507,8 @@ def test_packed_many_short_documents(causal, d):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_packed_repeats_bitwise(causal, d):
-    """The packed backward is bitwise repeatable on a grid of several waves of programs: its fused
-    form (d128 non-causal) adds into each query tile of dQ in a fixed order of the document's key
-    blocks, the others leave dQ to its own kernel."""
+    """The packed backward is bitwise repeatable on a grid of several waves of programs: its
+    dK/dV form leaves dQ to the dQ kernel, which sums each row in key order."""
     g = torch.Generator().manual_seed(6)
     cuts = sorted((torch.randperm(8191, generator=g)[:11] + 1).tolist())
     lens = [b - a for a, b in zip([0, *cuts], [*cuts, 8192])]
@@ -699,29 +698,30 @@ def test_windowed_public_function_takes_the_hopper_backward():
 # ---- the Gluon dQ kernel (attention_dq), beside the dK/dV-only backward variant ----
 
 
-def _dq_variants():
+def _dq_variants(packed=False):
     from hf_flash.kernels.hopper.attention_dq import VARIANTS
 
-    return [(name, d) for name, var in VARIANTS.items() for d in var.head_dims]
+    return [(name, d) for name, var in VARIANTS.items() for d in var.head_dims if var.packed or not packed]
 
 
 def _pin_dq(monkeypatch, head_dim, variant, causal, varlen):
-    """Pin the dK/dV-only backward (kv2x64-m64-s2) and the dQ ``variant`` for the call's key;
-    returns the list the spied dQ launcher appends each launch's variant to."""
+    """Pin the dK/dV-only backward (kv2x64-m64-s2; d256 the split-D form) and the dQ ``variant``
+    for the call's key; returns the list the spied dQ launcher appends each launch's variant to."""
     from hf_flash.kernels.hopper import attention_bwd as hb
     from hf_flash.kernels.hopper import attention_dq as hdq
 
     table = hb.VARLEN_DEFAULT if varlen else hb.DEFAULT
     for masked in (False, True):
-        monkeypatch.setitem(table, (head_dim, masked), "kv2x64-m64-s2")
+        monkeypatch.setitem(table, (head_dim, masked), "kv64-m64-s2-splitd" if head_dim == 256 else "kv2x64-m64-s2")
         if not varlen and (head_dim, masked) in hb.SEQLEN_VARIANTS:
             monkeypatch.delitem(hb.SEQLEN_VARIANTS, (head_dim, masked))
-    monkeypatch.setitem(hdq.DEFAULT, head_dim, variant)
+    monkeypatch.setitem(hdq.VARLEN_DEFAULT if varlen else hdq.DEFAULT, head_dim, variant)
     launches = []
     run = hdq.hopper_attention_dq
 
     def spy(*args, **kwargs):
-        launches.append(kwargs.get("variant") or hdq.variant_for(args[0].shape[-1]))
+        varlen = kwargs.get("cu_seqlens_q") is not None
+        launches.append(kwargs.get("variant") or hdq.variant_for(args[0].shape[-1], varlen=varlen))
         return run(*args, **kwargs)
 
     monkeypatch.setattr(hdq, "hopper_attention_dq", spy)
@@ -742,7 +742,7 @@ def test_dq_every_variant_matches_reference(variant, head_dim, causal, monkeypat
 
 
 @needs_hopper
-@pytest.mark.parametrize("variant,head_dim", _dq_variants())
+@pytest.mark.parametrize("variant,head_dim", _dq_variants(packed=True))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_dq_every_variant_packed(variant, head_dim, causal, monkeypatch):
     """Each dQ variant on packed calls: empty, one-token and odd documents, tiles that cross a
@@ -759,7 +759,9 @@ def test_dq_every_variant_packed(variant, head_dim, causal, monkeypatch):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_dq_repeats_bitwise(head_dim, monkeypatch):
     """The dQ kernel sums each row in key order: repeated calls give the same bits."""
-    launches = _pin_dq(monkeypatch, head_dim, "dq2x64-n64-s3", True, varlen=True)
+    from hf_flash.kernels.hopper import attention_dq as hdq
+
+    launches = _pin_dq(monkeypatch, head_dim, hdq.VARLEN_DEFAULT[head_dim], True, varlen=True)
     g = torch.Generator().manual_seed(37)
     cuts = sorted((torch.randperm(8191, generator=g)[:11] + 1).tolist())
     lens = [b - a for a, b in zip([0, *cuts], [*cuts, 8192])]

@@ -263,12 +263,15 @@ def test_backward_path_head_dim_256(on_hopper):
 def test_backward_head_dims_follow_default(on_hopper, monkeypatch):
     """A head dim is covered exactly when DEFAULT (packed: VARLEN_DEFAULT) names a variant for
     it: dense d64 runs the 128-row form with lse/delta in shared memory, packed d64 the 64-row
-    dK/dV form with the Triton dQ kernel (deterministic; dQ by atomics inside without the
-    guarantee); soft-capped d64 calls keep the Triton backward."""
+    dK/dV form with the Gluon dQ kernel beside it (deterministic, and the faster form without the
+    guarantee too); soft-capped d64 calls keep the Triton backward."""
+    from hf_flash.kernels.hopper import attention_dq as hdq
+
     assert hb.variant_for(64, False) == hb.variant_for(64, True) == "kv2x64-m128-s2-dqwlds"
     assert hb.variant_for(64, False, varlen=True) == hb.variant_for(64, True, varlen=True) == "kv2x64-m64-s2"
+    assert hdq.variant_for(64, varlen=True) == hdq.VARLEN_DEFAULT[64]
     with configs.use_deterministic(False):
-        assert hb.variant_for(64, True, varlen=True) == "kv2x64-m64-s2-dqa"
+        assert hb.variant_for(64, True, varlen=True) == "kv2x64-m64-s2"
     assert _path(_call(64)) == "hopper"
     assert _path(_call(64), causal=True, window_right=0) == "hopper"
     assert _path(_call(64), window_left=16, window_right=4) == "hopper"
@@ -345,7 +348,7 @@ def test_backward_path_packed_rejects_features(on_hopper, change):
 def test_packed_launch_args_and_counters():
     """The packed launch: one program per (schedule entry, K/V head), one dQ counter per (head,
     query-tile slot) with Tq // 64 + batch slots per head (no host sync reads cu_seqlens)."""
-    name = "kv2x64-m64-s2-dqwld"  # the ordered fused form (packed non-causal default)
+    name = "kv2x64-m64-s2-dqwld"  # the ordered fused form (its packed build)
     lens = [1, 0, 97, 1025, 300]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     tokens, h, hk = sum(lens), 8, 2

@@ -368,11 +368,11 @@ def test_backward_benchmark_runs_a_named_variant_at_every_length():
     from hf_flash.kernels.hopper import attention_dq
 
     dq_default = dict(attention_dq.DEFAULT)
-    fns = providers(q, k, v, q, False, ["kv2x64-m64-s2+triton", "kv2x64-m64-s2+dq2x64-n64-s2"], triton_backward=False)
+    fns = providers(q, k, v, q, False, ["kv2x64-m64-s2+triton", "kv2x64-m64-s2+dq2x64-n64-s3"], triton_backward=False)
     with fns["hopper:kv2x64-m64-s2+triton"][1]():
         assert hb.variant_for(128, False, False, 4096) == "kv2x64-m64-s2" and attention_dq.variant_for(128) is None
-    with fns["hopper:kv2x64-m64-s2+dq2x64-n64-s2"][1]():
-        assert attention_dq.variant_for(128) == "dq2x64-n64-s2"
+    with fns["hopper:kv2x64-m64-s2+dq2x64-n64-s3"][1]():
+        assert attention_dq.variant_for(128) == attention_dq.variant_for(128, varlen=True) == "dq2x64-n64-s3"
     assert attention_dq.DEFAULT == dq_default and hb.DEFAULT == default
 
 
@@ -468,23 +468,24 @@ def test_packed_forms_sets_the_dispatch_tables_and_restores_them():
 
     from hf_flash.kernels.hopper import attention_dq as hdq
 
-    before = (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT), dict(hdq.DEFAULT))
+    before = (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT), dict(hdq.VARLEN_DEFAULT))
     with packed_form(64, True, "ws2x4-overlap-fma", "kv2x64-m64-s2-dqa"):
         assert 64 in hf.VARLEN_DISPATCH_HEAD_DIMS
         assert hf.default_variant(64, True, varlen=True) == "ws2x4-overlap-fma"
         assert hb.VARLEN_DEFAULT[(64, True)] == "kv2x64-m64-s2-dqa"
         assert hb.VARLEN_DEFAULT[(64, False)] == before[2][(64, False)]  # the other causality untouched
-        assert hdq.DEFAULT == before[3]  # no +DQ: the library's dQ choice
+        assert hdq.VARLEN_DEFAULT == before[3]  # no +DQ: the library's dQ choice
     with packed_form(64, True, "triton", "kv2x64-m64-s2+triton"):
-        assert hb.VARLEN_DEFAULT[(64, True)] == "kv2x64-m64-s2" and hdq.variant_for(64) is None
-    with packed_form(128, True, "triton", "kv2x64-m64-s2+dq2x64-n64-s2"):
-        assert hdq.variant_for(128) == "dq2x64-n64-s2"
+        assert hb.VARLEN_DEFAULT[(64, True)] == "kv2x64-m64-s2" and hdq.variant_for(64, varlen=True) is None
+    with packed_form(64, True, "triton", "kv2x64-m64-s2+dq2x64-n64-s3"):
+        assert hdq.variant_for(64, varlen=True) == "dq2x64-n64-s3"
     with pytest.raises(RuntimeError):
         with packed_form(128, False, "triton", "triton"):
             assert 128 not in hf.VARLEN_DISPATCH_HEAD_DIMS and (128, False) not in hb.VARLEN_DEFAULT
             assert (128, True) in hb.VARLEN_DEFAULT
             raise RuntimeError("inside the block")
-    assert (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT), dict(hdq.DEFAULT)) == before
+    assert (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT),
+            dict(hdq.VARLEN_DEFAULT)) == before
     for fwd, bwd, what in (("ws9", "triton", "unknown variant"), ("triton", "kv9", "unknown variant"),
                            ("triton", "kv2x64-m64-s2+dq9", "unknown dQ variant"),
                            ("ws3x4-pp-s3", "triton", "no packed form"),
@@ -493,7 +494,7 @@ def test_packed_forms_sets_the_dispatch_tables_and_restores_them():
             with packed_form(64, False, fwd, bwd):
                 pass
         assert (hf.VARLEN_DISPATCH_HEAD_DIMS, dict(hf.VARLEN_DEFAULT), dict(hb.VARLEN_DEFAULT),
-                dict(hdq.DEFAULT)) == before
+                dict(hdq.VARLEN_DEFAULT)) == before
 
 
 def test_packed_inputs_and_flops_shared_by_the_packed_benchmarks(monkeypatch):

@@ -50,8 +50,9 @@ count (``SEQLEN_VARIANTS``, calls without a window), d128 from 512 queries: non-
 key block first with the last wave in pieces and queue each step's dQ product behind its dK
 product (``dq_early``); causal calls run key blocks first in chunks of two head groups. d64
 non-causal calls of 512-2K and from 24K run key block first. Without dQ in the kernel
-(``kv2x64-m64-s2``), :func:`hf_flash.kernels.flash_bwd.flash_attn_backward` runs its Triton dQ
-kernel beside this one (it recomputes S and dP: 7 products for the 5 counted).
+(``kv2x64-m64-s2``, the split-D forms), :func:`hf_flash.kernels.flash_bwd.flash_attn_backward`
+runs a dQ kernel beside this one: the Gluon one (:mod:`.attention_dq`) where it covers the call,
+else the Triton one (either recomputes S and dP: 7 products for the 5 counted).
 
 Split-D (``Variant.split_d``, :func:`_attn_bwd_split_d_kernel`; the d256 default, where dK and dV
 of 64 keys in the transposed frame would take 256 registers per thread): the program's BLOCK_N
@@ -75,9 +76,9 @@ the queries need no mask: TMA zero-fills Q and dO there and their lse is read as
 and dS = 0. Keys past the end of the sequence (zero-filled K/V rows, whose dK/dV rows the TMA
 store clips) are masked in the one key tile that has them, so they add nothing to dQ. Rows that saw no key in the forward (lse +inf) get P = 0.
 
-Packed (varlen) calls (``VARLEN``; cu_seqlens; ``VARLEN_DEFAULT``: d128, non-causal the ordered
-fused dqwld, causal kv2x64-m64-s2 with the Triton dQ kernel, which measured faster there; d64
-kv2x64-m64-s2 both ways; d256 split-D): q/dout
+Packed (varlen) calls (``VARLEN``; cu_seqlens; ``VARLEN_DEFAULT``: d64 and d128 kv2x64-m64-s2
+with the Gluon dQ kernel beside it (:mod:`.attention_dq`), which measured faster than the ordered
+fused forms there; d256 split-D with the Triton dQ kernel): q/dout
 (Tq, H, D), k/v (Tk, Hk, D) are one batch entry (1, H, T, D) of the descriptors, and
 a program takes one entry of :func:`attention_fwd.varlen_schedule` built over the key blocks
 (document, key block; document -1: an empty item, nothing written) for one K/V head; each
@@ -611,20 +612,24 @@ NONDETERMINISTIC: dict = {}
 # s2 (Gluon dK/dV, Triton dQ) 268-270 TFLOP/s causal against the Triton backward's 222 (1.217x),
 # non-causal 293 against 257 (1.137x); forward+backward 1.162x / 1.108x. (The 128-row dense d64
 # default reads lse/delta through a per-query-tile buffer that has no packed layout.)
+# Session 48 (H200, the same 12 documents, 5 rounds paired): with the Gluon dQ kernel beside it
+# (attention_dq, in place of the Triton one) s2 ran 1.054x the ordered fused dqwld backward at d128
+# non-causal (418.6 against 397.5 TFLOP/s; forward + backward 1.047x): s2 takes that key too.
 VARLEN_DEFAULT = {
     (64, False): "kv2x64-m64-s2", (64, True): "kv2x64-m64-s2",
-    (128, False): "kv2x64-m64-s2-dqwld", (128, True): "kv2x64-m64-s2",
+    (128, False): "kv2x64-m64-s2", (128, True): "kv2x64-m64-s2",
     (256, False): "kv64-m64-s2-splitd", (256, True): "kv64-m64-s2-splitd",
 }  # fmt: skip
 # The two parity writers (dq_parity) on the packed form of dqwld measured 380 against 375 TFLOP/s
 # non-causal and 218 against 213 causal (session 25 call 5, 3 rounds): under the 1.03x the rule
 # asked for, not kept (on short documents the turn waits bind, not the writer).
 # packed calls when deterministic gradients are not required: non-causal dqwl 406 TFLOP/s (1.09x
-# dqwld); causal keeps s2 (dqwl 287 < 307). d64 (session 47): s2 with dQ added by atomics inside
-# (dqa) 285-287 causal against s2's 268-270 (1.061-1.065x), non-causal 310 against 293 (1.058x)
-VARLEN_NONDETERMINISTIC = {
-    (128, False): "kv2x64-m64-s2-dqwl", (64, False): "kv2x64-m64-s2-dqa", (64, True): "kv2x64-m64-s2-dqa",
-}  # fmt: skip
+# dqwld); causal keeps s2 (dqwl 287 < 307). Session 48: dqwl 1.106x dqwld against s2 with the
+# Gluon dQ's 1.054x (backward; 439 against 419 TFLOP/s), so it stays. d64 had s2 with dQ added by
+# atomics inside (dqa, session 47: 1.06x s2 with the Triton dQ); with the Gluon dQ kernel s2 leads
+# it (dqa 0.981x causal, 0.995x non-causal, session 48): no entry, the deterministic form is
+# the faster one
+VARLEN_NONDETERMINISTIC = {(128, False): "kv2x64-m64-s2-dqwl"}
 
 
 def varlen_builds(variant: str) -> bool:

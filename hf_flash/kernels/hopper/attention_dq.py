@@ -24,8 +24,9 @@ stored element-wise (:func:`attention_fwd.store_rows`). Each row of dQ is summed
 warpgroup in key order: deterministic. Masking as the forward's (bottom-right causal, sliding
 windows; :func:`attention_fwd.mask_args`); rows that see no key (lse +inf) and rows outside the
 sequence (their lse read as +inf) get P = 0, so dQ = 0 there. No softcap (its tanh derivative
-is the Triton kernel's) and head dims 64 and 128 (``VARIANTS``); ``DEFAULT`` names the variant
-hf_flash runs per head dim, and calls of other head dims keep the Triton dQ kernel.
+is the Triton kernel's); head dims 64, 128 and 256 (``VARIANTS``). ``DEFAULT`` (packed calls:
+``VARLEN_DEFAULT``) names the variant hf_flash runs per head dim; calls of other head dims keep
+the Triton dQ kernel.
 
 With the dK/dV kernel beside it the backward computes 7 products for the 5 counted (S and dP
 twice); the fused variants that add dQ inside the dK/dV kernel compute 5 but wait on each other
@@ -57,7 +58,9 @@ LOG2E_C = gl.constexpr(LOG2E)
 class Variant:
     """One compiled form of the dQ kernel: ``consumers`` warpgroups of ``block_m`` query rows
     each, ``block_n`` keys per K/V tile, a ``stages``-deep K/V ring; ``consumer_regs`` registers
-    per consumer thread (the producer warp keeps ``PRODUCER_REGS``)."""
+    per consumer thread (the producer warp keeps ``PRODUCER_REGS``). ``packed``: whether it
+    builds for packed calls (their element-wise store of a tile that crosses a sequence's end
+    takes a layout conversion through shared memory, 32 KB at d256)."""
 
     name: str
     block_m: int
@@ -66,65 +69,79 @@ class Variant:
     consumers: int = 2
     consumer_regs: int = 240
     head_dims: tuple = (64, 128)
+    packed: bool = True
 
     @property
     def rows(self) -> int:
         return self.consumers * self.block_m
 
 
+# H200, session 48 (benchmarks/diagnostics/packed_forms.py: 12 documents in 16K tokens, Hq=32,
+# Hkv=8, bf16, 5 rounds paired; the dK/dV kernel kv2x64-m64-s2 beside each):
+# - d128 causal: the Triton dQ kernel 1052 us per call, dq2x64-n64-s3 737 (656 TFLOP/s by its 3
+#   products), -s2 949 (the K slot is held until the dQ product completes: two stages leave the
+#   next load exposed), -s4 level with s3 (0.993x backward); backward 338 -> 387 TFLOP/s (1.146x),
+#   forward + backward 1.115x.
+# - d64 causal: Triton 570 us, dq2x64-n64-s3 515, dq2x64-n128-s2 593, dq3x64-n64-s3 454 (532
+#   TFLOP/s; 160 registers per consumer, no spills), -s4 level (1.008x); backward 1.082x, forward
+#   + backward 1.062x. Non-causal: backward 1.057x, forward + backward 1.044x (s4 1.064 / 1.048).
+# - d256 (beside the split-D dK/dV form), hopper_attention_bwd.py, 3 rounds: dense dq2x64-n32-s3
+#   367 / 387 TFLOP/s backward causal at 4K / 16K and 362 / 382 non-causal against the Triton dQ's
+#   340 / 361 and 331 / 321 (1.07-1.19x); s2 326-345 (below Triton). Packed causal s2 1.018x (s3
+#   has no packed build at d256): not dispatched.
 VARIANTS = {
     v.name: v
     for v in (
         Variant("dq2x64-n64-s3", block_m=64, block_n=64, stages=3),
-        Variant("dq2x64-n64-s2", block_m=64, block_n=64, stages=2),
-        Variant("dq2x64-n128-s2", block_m=64, block_n=128, stages=2, head_dims=(64,)),
-        Variant("dq2x64-n64-s4", block_m=64, block_n=64, stages=4, head_dims=(128,)),
         Variant("dq3x64-n64-s3", block_m=64, block_n=64, stages=3, consumers=3, consumer_regs=160, head_dims=(64,)),
-        Variant("dq3x64-n64-s4", block_m=64, block_n=64, stages=4, consumers=3, consumer_regs=160, head_dims=(64,)),
         Variant("dq2x64-n32-s2", block_m=64, block_n=32, stages=2, head_dims=(256,)),
-        Variant("dq2x64-n32-s3", block_m=64, block_n=32, stages=3, head_dims=(256,)),
+        Variant("dq2x64-n32-s3", block_m=64, block_n=32, stages=3, head_dims=(256,), packed=False),
     )
 }  # fmt: skip
-# head dim -> the variant hf_flash runs where the backward variant leaves dQ to a separate kernel;
-# head dims without an entry keep the Triton dQ kernel
-DEFAULT = {64: "dq3x64-n64-s3", 128: "dq2x64-n64-s3"}
+# head dim -> the variant hf_flash runs where the backward variant leaves dQ to a kernel of its
+# own (dense calls; packed calls: VARLEN_DEFAULT); head dims without an entry keep the Triton dQ
+DEFAULT = {64: "dq3x64-n64-s3", 128: "dq2x64-n64-s3", 256: "dq2x64-n32-s3"}
+VARLEN_DEFAULT = {64: "dq3x64-n64-s3", 128: "dq2x64-n64-s3"}
 
 
-def variant_for(head_dim: int, softcap: float = 0.0) -> str | None:
+def variant_for(head_dim: int, softcap: float = 0.0, varlen: bool = False) -> str | None:
     """The dQ variant hf_flash runs for a call of ``head_dim`` whose backward variant leaves dQ to
-    a kernel of its own (None: the Triton dQ kernel: head dims without a ``DEFAULT`` entry, and
-    soft-capped calls)."""
-    return None if softcap > 0.0 else DEFAULT.get(head_dim)
+    a kernel of its own (None: the Triton dQ kernel: head dims without an entry in ``DEFAULT``,
+    packed calls ``VARLEN_DEFAULT``, and soft-capped calls)."""
+    return None if softcap > 0.0 else (VARLEN_DEFAULT if varlen else DEFAULT).get(head_dim)
 
 
 @contextlib.contextmanager
 def pinned(head_dim: int, dq: str):
-    """Within the block, calls of ``head_dim`` that leave dQ to a kernel of its own take ``dq``: a
-    name in ``VARIANTS``, or ``"triton"`` for the Triton dQ kernel; ``DEFAULT`` is restored on exit.
-    For benchmarks and diagnostics that time one dQ form through the public functions."""
+    """Within the block, calls of ``head_dim`` (dense and packed) that leave dQ to a kernel of its
+    own take ``dq``: a name in ``VARIANTS``, or ``"triton"`` for the Triton dQ kernel; the tables
+    are restored on exit. For benchmarks and diagnostics that time one dQ form through the public
+    functions."""
     if dq != "triton" and (dq not in VARIANTS or head_dim not in VARIANTS[dq].head_dims):
         known = ", ".join(n for n, v in VARIANTS.items() if head_dim in v.head_dims)
         raise ValueError(f"unknown dQ variant {dq!r} for head dim {head_dim}; known: triton, {known}")
-    saved = DEFAULT.get(head_dim)
-    if dq == "triton":
-        DEFAULT.pop(head_dim, None)
-    else:
-        DEFAULT[head_dim] = dq
+    saved = [table.get(head_dim) for table in (DEFAULT, VARLEN_DEFAULT)]
+    for table in (DEFAULT, VARLEN_DEFAULT):
+        if dq == "triton":
+            table.pop(head_dim, None)
+        else:
+            table[head_dim] = dq
     try:
         yield
     finally:
-        if saved is None:
-            DEFAULT.pop(head_dim, None)
-        else:
-            DEFAULT[head_dim] = saved
+        for table, name in zip((DEFAULT, VARLEN_DEFAULT), saved):
+            if name is None:
+                table.pop(head_dim, None)
+            else:
+                table[head_dim] = name
 
 
-def covers(q, dq, *, softcap: float = 0.0) -> bool:
+def covers(q, dq, *, softcap: float = 0.0, varlen: bool = False) -> bool:
     """True when :func:`hopper_attention_dq` takes the dQ of a backward call whose dK/dV the
     Gluon backward covers (``attention_bwd.supports``: fp16/bf16 on sm_90, no ALiBi or dropout,
     TMA-addressable q/k/v/dout): :func:`variant_for` names a variant, and ``dq`` is shaped like q
     and addressable by TMA."""
-    if variant_for(q.shape[-1], softcap) is None:
+    if variant_for(q.shape[-1], softcap, varlen) is None:
         return False
     return dq.shape == q.shape and dq.dtype == q.dtype and dq.device == q.device and tma_compatible(dq)
 
@@ -370,6 +387,8 @@ def launch_args(q, k, v, dout, lse, delta, dq, *, softmax_scale, causal, variant
         raise ValueError(f"delta must be laid out like lse (strides {lse.stride()}), got {delta.stride()}")
     masks = mask_args(causal, window, 0.0, softmax_scale)
     if varlen:
+        if not var.packed:
+            raise ValueError(f"dQ variant {variant} has no packed (varlen) build")
         if sched is None:
             raise ValueError("packed (varlen) launches need their work items (sched=varlen_schedule(...))")
         seqlen_q = seqlen_k = 0  # per sequence, from cu_seqlens
@@ -419,9 +438,10 @@ def hopper_attention_dq(q, k, v, dout, lse, delta, dq, *, softmax_scale, causal,
         dq.zero_()
         return
     head_dim = q.shape[-1]
-    variant = variant or variant_for(head_dim)
+    variant = variant or variant_for(head_dim, varlen=varlen)
     if variant is None:
-        raise ValueError(f"no Gluon dQ variant for head dim {head_dim} (DEFAULT covers {sorted(DEFAULT)})")
+        table = VARLEN_DEFAULT if varlen else DEFAULT
+        raise ValueError(f"no Gluon dQ variant for head dim {head_dim} (covered: {sorted(table)})")
     var = VARIANTS[variant]
     sched = None
     if varlen:
@@ -453,4 +473,6 @@ _DQ = CachedLauncher(_attn_dq_kernel)
 _LAUNCH_META: dict = {}
 _PLANS = PlanCache()
 
-__all__ = ["hopper_attention_dq", "covers", "variant_for", "pinned", "launch_args", "VARIANTS", "DEFAULT"]
+__all__ = [
+    "hopper_attention_dq", "covers", "variant_for", "pinned", "launch_args", "VARIANTS", "DEFAULT", "VARLEN_DEFAULT",
+]

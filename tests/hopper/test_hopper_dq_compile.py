@@ -1,0 +1,134 @@
+"""CPU checks of the Gluon dQ kernel (``hopper/attention_dq.py``): every variant builds for sm_90a
+with Triton's ptxas, without spills, with the products and stores the design says; and the
+dispatch rule (``attention_dq.variant_for`` / ``covers`` and ``flash_bwd.flash_attn_backward``'s
+choice beside a dK/dV-only backward variant) says exactly which calls it takes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_flash.kernels.hopper import attention_bwd as hb
+from hf_flash.kernels.hopper import attention_dq as hdq
+from hf_flash.kernels.hopper import compile_check
+
+SHARED_LIMIT = 227 * 1024
+
+# every variant dense causal in bfloat16 and packed non-causal in float16 (where it has a packed
+# build); the defaults with a window, dense and packed
+SPECS = [(compile_check.DQ_PREFIX + name, d, True, "bfloat16") for name, var in hdq.VARIANTS.items()
+         for d in var.head_dims]  # fmt: skip
+SPECS += [(compile_check.DQ_VARLEN_PREFIX + name, d, False, "float16") for name, var in hdq.VARIANTS.items()
+          if var.packed for d in var.head_dims]  # fmt: skip
+SPECS += [(prefix + name, d, causal, "bfloat16", "window")
+          for prefix, table in ((compile_check.DQ_PREFIX, hdq.DEFAULT), (compile_check.DQ_VARLEN_PREFIX, hdq.VARLEN_DEFAULT))
+          for d, name in table.items() for causal in (True, False)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return dict(zip(SPECS, compile_check.check_many(SPECS)))
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["-".join(map(str, s)) for s in SPECS])
+def test_dq_variant_builds_for_sm90a(reports, spec):
+    r = reports[spec]
+    var = hdq.VARIANTS[spec[0].split(":", 1)[1]]
+    head_dim = spec[1]
+    assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
+    assert r["shared_bytes"] <= SHARED_LIMIT, r
+    # per consumer: S = Q K^T and dP = dO V^T of D / 16 k-steps each and dQ += dS K of BLOCK_N / 16,
+    # each twice in the code (the first key tile's S and dP before the loop, the last tile's dQ
+    # product after it)
+    assert r["wgmma"] == 2 * (2 * head_dim // 16 + var.block_n // 16) * var.consumers, r
+    assert r["tma_stores"] == var.consumers, r  # each consumer's dQ tile, once
+    assert r["tma_reduces"] == 0, r
+    assert hdq.PRODUCER_REGS in r["setmaxnreg"] and var.consumer_regs in r["setmaxnreg"], r
+
+
+def test_defaults_name_variants_for_their_head_dim():
+    for table, packed in ((hdq.DEFAULT, False), (hdq.VARLEN_DEFAULT, True)):
+        for d, name in table.items():
+            var = hdq.VARIANTS[name]
+            assert d in var.head_dims and (var.packed or not packed), (d, name)
+    assert set(hdq.VARLEN_DEFAULT) <= set(hdq.DEFAULT)
+
+
+def test_variant_for_and_covers():
+    q = torch.empty(2, 64, 8, 128, dtype=torch.bfloat16)
+    dq = torch.empty_like(q)
+    assert hdq.variant_for(128) == hdq.DEFAULT[128] and hdq.covers(q, dq)
+    assert hdq.variant_for(128, softcap=30.0) is None and not hdq.covers(q, dq, softcap=30.0)
+    assert hdq.variant_for(96) is None and not hdq.covers(q[..., :96].contiguous(), dq[..., :96].contiguous())
+    assert hdq.variant_for(256) == hdq.DEFAULT[256] and hdq.variant_for(256, varlen=True) is None
+    packed = q.flatten(0, 1)
+    assert hdq.covers(packed, torch.empty_like(packed), varlen=True)
+    assert not hdq.covers(q, dq.half())  # another dtype
+    assert not hdq.covers(q, dq[:, :32])  # another shape
+    assert not hdq.covers(q, torch.empty(2, 64, 8, 129, dtype=torch.bfloat16)[..., :128])  # rows TMA cannot address
+
+
+def test_pinned_sets_both_tables_and_restores_them():
+    before = (dict(hdq.DEFAULT), dict(hdq.VARLEN_DEFAULT))
+    with hdq.pinned(128, "triton"):
+        assert hdq.variant_for(128) is None and hdq.variant_for(128, varlen=True) is None
+    with pytest.raises(RuntimeError):
+        with hdq.pinned(64, "dq2x64-n64-s3"):
+            assert hdq.variant_for(64) == hdq.variant_for(64, varlen=True) == "dq2x64-n64-s3"
+            raise RuntimeError("inside the block")
+    assert (dict(hdq.DEFAULT), dict(hdq.VARLEN_DEFAULT)) == before
+    for name, d in (("dq9", 128), ("dq3x64-n64-s3", 128)):  # unknown; built for another head dim
+        with pytest.raises(ValueError, match="unknown dQ variant"):
+            with hdq.pinned(d, name):
+                pass
+    assert (dict(hdq.DEFAULT), dict(hdq.VARLEN_DEFAULT)) == before
+
+
+def test_launch_args_refuse_what_a_variant_does_not_build():
+    q = torch.empty(256, 8, 256, dtype=torch.bfloat16)
+    k = torch.empty(256, 2, 256, dtype=torch.bfloat16)
+    lse = torch.empty(8, 256)
+    cu = torch.tensor([0, 100, 256], dtype=torch.int32)
+    sched = torch.empty(8, 2, dtype=torch.int32)
+    args = (q, k, k, q, lse, torch.empty_like(lse), torch.empty_like(q))
+    with pytest.raises(ValueError, match="no packed"):
+        hdq.launch_args(*args, softmax_scale=0.1, causal=True, variant="dq2x64-n32-s3", cu_seqlens_q=cu,
+                        cu_seqlens_k=cu, sched=sched)  # fmt: skip
+    with pytest.raises(ValueError, match="head dims"):
+        hdq.launch_args(*args, softmax_scale=0.1, causal=True, variant="dq2x64-n64-s3", cu_seqlens_q=cu,
+                        cu_seqlens_k=cu, sched=sched)  # fmt: skip
+    with pytest.raises(ValueError, match="laid out like lse"):
+        hdq.launch_args(q, k, k, q, lse, torch.empty(256, 8).t(), torch.empty_like(q), softmax_scale=0.1,
+                        causal=True, variant="dq2x64-n32-s2", cu_seqlens_q=cu, cu_seqlens_k=cu, sched=sched)  # fmt: skip
+
+
+def test_dq_kernel_takes_the_calls_a_dkdv_only_variant_leaves(monkeypatch):
+    """flash_attn_backward beside a dK/dV-only variant: the Gluon dQ kernel where ``covers`` says
+    so, the Triton dQ kernel otherwise (the launches stubbed: no GPU here)."""
+    from hf_flash.kernels import flash_bwd
+
+    calls = []
+    monkeypatch.setattr(flash_bwd, "backward_path", lambda *a, **kw: "hopper")
+    monkeypatch.setattr(flash_bwd, "backward_preprocess", lambda *a, **kw: (torch.empty(0), None))
+    monkeypatch.setattr(hb, "hopper_attention_backward", lambda *a, **kw: False)  # dQ left to a kernel
+    monkeypatch.setattr(hb, "sem_from_preprocess", lambda *a, **kw: None)
+    monkeypatch.setattr(hdq, "hopper_attention_dq", lambda *a, **kw: calls.append("gluon"))
+    monkeypatch.setattr(flash_bwd, "_DQ", lambda *a, **kw: calls.append("triton"))
+    monkeypatch.setattr(flash_bwd._DQ, "meta_for", lambda **kw: None, raising=False)
+
+    def backward(d, softcap=0.0):
+        q = torch.randn(1, 64, 4, d, dtype=torch.bfloat16)
+        k = torch.randn(1, 64, 2, d, dtype=torch.bfloat16)
+        lse = torch.empty(1, 4, 64)
+        flash_bwd.flash_attn_backward(
+            q, None, q, k, k, q, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(k),
+            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=64, max_seqlen_k=64, softmax_scale=0.1,
+            causal=True, window_left=-1, window_right=0, softcap=softcap, alibi_slopes=None, dropout_p=0.0,
+            rng_state=None,
+        )  # fmt: skip
+        return calls.pop()
+
+    assert backward(128) == "gluon" and backward(64) == "gluon" and backward(256) == "gluon"
+    assert backward(128, softcap=30.0) == "triton"
+    with hdq.pinned(128, "triton"):
+        assert backward(128) == "triton"
