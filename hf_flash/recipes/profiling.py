@@ -11,8 +11,11 @@ import re
 
 # first match wins; patterns are matched against the kernel's name, lower-cased
 KINDS = (
-    ("attention forward (hf_flash)", r"_flash_fwd_kernel|_attn_fwd_kernel"),
-    ("attention backward (hf_flash)", r"_bwd_(dkdv|dq)_kernel|_bwd_preprocess|_attn_bwd"),
+    ("attention forward (hf_flash)", r"_flash_fwd_kernel|_attn_fwd_kernel|_document_schedule_kernel"),
+    # the backward's launches: the preprocess, [the key-bounds pre-pass], dK/dV (Triton or Gluon,
+    # split-D too), dQ (Triton or Gluon), the fragment-order dQ's cast into dq, the tail pieces' sum
+    ("attention backward (hf_flash)",
+     r"_bwd_(dkdv|dq)_kernel|_bwd_preprocess|_bwd_bounds_pre_pass|_attn_bwd|_attn_dq_kernel|_dq_frag_to_bshd|_tail_sum"),
     ("attention (other)", r"flash|fmha|attention|sdpa|cudnn"),
     ("rotary (hf_flash)", r"_rotary_kernel"),
     ("cross-entropy (hf_flash)", r"_cross_entropy"),

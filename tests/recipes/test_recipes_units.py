@@ -392,6 +392,16 @@ def test_study_corpus_keeps_every_pass_key_prompt_whole():
     ("_flash_fwd_kernel", "attention forward (hf_flash)"),
     ("_bwd_dkdv_kernel", "attention backward (hf_flash)"),
     ("_attn_fwd_kernel", "attention forward (hf_flash)"),
+    ("_document_schedule_kernel", "attention forward (hf_flash)"),
+    # every launch of the backward, the Gluon dQ kernel and the small ones around the kernels too
+    ("_attn_bwd_dkdv_kernel", "attention backward (hf_flash)"),
+    ("_attn_bwd_split_d_kernel", "attention backward (hf_flash)"),
+    ("_attn_dq_kernel", "attention backward (hf_flash)"),
+    ("_bwd_dq_kernel", "attention backward (hf_flash)"),
+    ("_bwd_preprocess", "attention backward (hf_flash)"),
+    ("_bwd_bounds_pre_pass", "attention backward (hf_flash)"),
+    ("_dq_frag_to_bshd", "attention backward (hf_flash)"),
+    ("_tail_sum", "attention backward (hf_flash)"),
     ("triton_tem_fused_flex_attention_backward_zeros_1", "attention (other)"),
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", "attention (other)"),
     ("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", "GEMM"),
@@ -404,6 +414,26 @@ def test_profile_kinds(name, kind):
     from hf_flash.recipes.profiling import kind_of
 
     assert kind_of(name) == kind
+
+
+def test_every_attention_kernel_launch_is_classified_as_attention():
+    """Each kernel the attention modules launch (through a CachedLauncher or ``kernel[grid]``)
+    counts as attention in a step's profile (e2e_train's attention_share), so a new kernel cannot
+    drop out of it unnoticed."""
+    import re
+    from pathlib import Path
+
+    import hf_flash
+    from hf_flash.recipes.profiling import kind_of
+
+    root = Path(hf_flash.__file__).parent / "kernels"
+    names = set()
+    for f in (root / "flash_fwd.py", root / "flash_bwd.py", *sorted((root / "hopper").glob("attention_*.py"))):
+        text = f.read_text()
+        names |= set(re.findall(r"CachedLauncher\((\w+)\)", text)) | set(re.findall(r"\b(_[a-z]\w*)\[\(", text))
+    assert {"_attn_fwd_kernel", "_attn_dq_kernel", "_bwd_dq_kernel", "_dq_frag_to_bshd"} <= names
+    for name in names:
+        assert kind_of(name).startswith("attention"), name
 
 
 def test_attention_share_counts_every_attention_kind():
