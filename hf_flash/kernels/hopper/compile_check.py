@@ -264,10 +264,12 @@ def bwd_varlen_variants():
 def all_variants():
     """Every forward variant, its packed form as ``"varlen:<name>"``, then every backward (dK/dV)
     variant as ``"bwd:<name>"`` and the packed backward as ``"bwd-varlen:<name>"``, then every dQ
-    variant, dense (``"dq:<name>"``) and packed (``"dq-varlen:<name>"``)."""
+    variant, dense (``"dq:<name>"``) and, where it has a packed build, packed
+    (``"dq-varlen:<name>"``)."""
     return [
         *attention_fwd.VARIANTS, *varlen_variants(), *(BWD_PREFIX + name for name in attention_bwd.VARIANTS),
-        *bwd_varlen_variants(), *(prefix + name for prefix in (DQ_PREFIX, DQ_VARLEN_PREFIX) for name in attention_dq.VARIANTS),
+        *bwd_varlen_variants(), *(DQ_PREFIX + name for name in attention_dq.VARIANTS),
+        *(DQ_VARLEN_PREFIX + name for name, var in attention_dq.VARIANTS.items() if var.packed),
     ]  # fmt: skip
 
 
