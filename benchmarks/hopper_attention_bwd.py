@@ -50,7 +50,6 @@ def providers(q, k, v, dout, causal, variants, softcap=0.0, triton_backward=True
     from hf_flash import flash_attn_func
     from hf_flash.kernels import configs
     from hf_flash.kernels.hopper import attention_bwd as hb
-
     from hf_flash.kernels.hopper import attention_dq
 
     fns = {}

@@ -30,7 +30,8 @@ the Triton dQ kernel.
 
 With the dK/dV kernel beside it the backward computes 7 products for the 5 counted (S and dP
 twice); the fused variants that add dQ inside the dK/dV kernel compute 5 but wait on each other
-to add in a fixed order, which costs more than the 2 products on packed causal calls.
+to add in a fixed order, which costs more than the 2 products on packed calls (short documents:
+few key blocks per query tile, each waiting its turn).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
