@@ -285,6 +285,20 @@ def test_public_function_takes_the_hopper_backward(head_dim):
         assert_close_to_ref(name, a, r, lp, GRAD_FACTOR, torch.bfloat16)
 
 
+def _captured(step):
+    """``step()`` run once on a side stream (a warm-up outside capture), then captured in a CUDA
+    graph: (the graph, the outputs its replays write)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    return graph, captured
+
+
 @needs_hopper
 def test_cuda_graph_capture_forward_backward():
     from hf_flash import flash_attn_func
@@ -297,14 +311,7 @@ def test_cuda_graph_capture_forward_backward():
         return torch.autograd.grad(out, (q, k, v), dout)
 
     eager = step()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()  # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = _captured(step)
     with torch.no_grad():
         dout.copy_(torch.randn_like(dout))
     graph.replay()
@@ -793,14 +800,7 @@ def test_packed_cuda_graph_capture_forward_backward(d):
         return torch.autograd.grad(out, (q, k, v), dout)
 
     eager = step()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()  # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = _captured(step)
     for _ in range(2):
         with torch.no_grad():
             dout.copy_(torch.randn_like(dout))
