@@ -8,13 +8,14 @@ A form is ``FORWARD/BACKWARD``: ``triton`` for the Triton kernel of that pass, o
 name (``attention_fwd.VARIANTS`` / ``attention_bwd.VARIANTS``; it must have a packed build). A
 backward variant that leaves dQ to a kernel of its own takes ``+DQ``: ``+triton`` for the Triton
 dQ kernel or ``+<name>`` for a Gluon one (``attention_dq.VARIANTS``); without it, the library's
-choice (``attention_dq.DEFAULT``). The
-inputs are benchmarks/attention.py's packed rows (``packed_inputs``: 12 documents of random
-lengths, seed 0, in 16K tokens; Hq=32, Hkv=8, bf16; causal unless ``--non-causal``) and so is the
-timing (``time_passes``: forward without grad, backward on a kept graph, forward + backward;
-``--rounds`` rounds, the forms taking turns, the median round). While a form runs, the dispatch tables the public path reads are set for this head
+choice (``attention_dq.VARLEN_DEFAULT``). The inputs are benchmarks/attention.py's packed rows
+(``packed_inputs``: 12 documents of random lengths, seed 0, in 16K tokens; Hq=32, Hkv=8, bf16;
+causal unless ``--non-causal``) and so is the timing (``time_passes``: forward without grad,
+backward on a kept graph, forward + backward; ``--rounds`` rounds, the forms taking turns, the
+median round). While a form runs, the dispatch tables the public path reads are set for this head
 dim (``attention_fwd.VARLEN_DISPATCH_HEAD_DIMS`` and ``VARLEN_DEFAULT`` for the forward,
-``attention_bwd.VARLEN_DEFAULT`` for the backward) and restored after; the rows record the paths
+``attention_bwd.VARLEN_DEFAULT`` for the backward, ``attention_dq.pinned`` for a named dQ
+kernel) and restored after; the rows record the paths
 and variants the call reported (``interface.attention_paths`` / ``attention_variants``), so a form
 that did not take effect shows. Each form's output and gradients are compared with the first
 form's (max |difference|: a spot check that the timed call computes the same thing; the tests do

@@ -7,7 +7,7 @@ A program owns ``CONSUMERS * BLOCK_M`` query rows of one (batch, head): the forw
 packed through :func:`attention_fwd.varlen_schedule`), and walks the key tiles those rows see:
 
 * a producer partition (one warp) loads the program's Q and dO tiles once and streams the K and V
-  tiles through a ``STAGES``-deep shared-memory ring (:func:`attention_fwd.load_kv_tiles`);
+  tiles through a ``STAGES``-deep shared-memory ring (:func:`attention_fwd._load_kv_tiles`);
 * each consumer warpgroup owns ``BLOCK_M`` rows and, per key tile j, computes
 
       S  = Q K_j^T,  dP = dO V_j^T        (asynchronous wgmma, issued back to back)
@@ -20,7 +20,7 @@ packed through :func:`attention_fwd.varlen_schedule`), and walks the key tiles t
 
 dQ is scaled by the softmax scale once, at the end, and stored in q's dtype through the Q tile's
 shared memory (free by then) and a TMA store; a packed tile that crosses its sequence's end is
-stored element-wise (:func:`attention_fwd.store_rows`). Each row of dQ is summed by one
+stored element-wise (:func:`attention_fwd._store_rows`). Each row of dQ is summed by one
 warpgroup in key order: deterministic. Masking as the forward's (bottom-right causal, sliding
 windows; :func:`attention_fwd.mask_args`); rows that see no key (lse +inf) and rows outside the
 sequence (their lse read as +inf) get P = 0, so dQ = 0 there. No softcap (its tanh derivative
@@ -46,8 +46,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from .. import configs
 from ..launch import CachedLauncher, LaunchPlan, PlanCache
 from .attention_fwd import (
-    LOG2E, _consumer_rows, _descriptor, _mask_scores, _mma_layout, _pass_tiles, _work_item, load_kv_tiles,
-    mask_args, store_rows, tensors_key, tma_compatible, varlen_schedule,
+    LOG2E, _consumer_rows, _descriptor, _load_kv_tiles, _mask_scores, _mma_layout, _pass_tiles, _store_rows,
+    _work_item, mask_args, tensors_key, tma_compatible, varlen_schedule,
 )
 
 PRODUCER_REGS = 24
@@ -246,9 +246,10 @@ def _dq_consumer(
             HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, NUM_WARPS, dtype,
         )  # fmt: skip
     # every S = Q K^T has completed: the Q tile stages the output
-    store_rows((dq * softmax_scale).to(dtype), q_tile, dq_desc, DQ, stride_dqm, stride_dqh, b, h, row0, q_off,
+    _store_rows((dq * softmax_scale).to(dtype), q_tile, dq_desc, DQ, stride_dqm, stride_dqh, b, h, row0, q_off,
                q_len, BLOCK_M, HEAD_DIM, NUM_WARPS, VARLEN)  # fmt: skip
     # the item's key tiles past every key these rows see (causal): taken part in, not computed
+    # (no ping-pong turns here: the turn barrier argument is never read, q_bar stands in for it)
     _pass_tiles(own, n_tiles, it, 0, k_ready, v_ready, k_empty, v_empty, q_bar, INDEX, STAGES, CONSUMERS, False, 0)
     tma.store_wait(0)
 
@@ -275,7 +276,7 @@ def _dq_producer(
         tma.async_copy_global_to_shared(
             do_desc, [b, h, row, 0], q_bar.index(0), do_smem.index(c).reshape([1, 1, BLOCK_M, HEAD_DIM])
         )
-    load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, kv_h, k_off, lo, n_tiles,
+    _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, kv_h, k_off, lo, n_tiles,
                   gl.to_tensor(0), BLOCK_N, HEAD_DIM, STAGES)  # fmt: skip
 
 

@@ -418,12 +418,12 @@ def _producer_item(
             q_desc, [b, h, q_off + gl.maximum(m0 + c * BLOCK_M, 0), 0], q_bar.index(qs),
             q_smem.index(qs * CONSUMERS + c).reshape([1, 1, BLOCK_M, HEAD_DIM]),
         )
-    return load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, kv_h, k_off, lo,
+    return _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, kv_h, k_off, lo,
                          n_tiles, it, BLOCK_N, HEAD_DIM, STAGES)  # fmt: skip
 
 
 @gluon.jit
-def load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, kv_h, k_off, lo, n_tiles, it,
+def _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, kv_h, k_off, lo, n_tiles, it,
                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
     """Producer: K/V tiles [lo, n_tiles) of K/V head ``kv_h`` (keys from row ``k_off``) into the
     ``STAGES``-deep ring, each slot once the consumers have released it (``k_empty`` /
@@ -601,9 +601,8 @@ def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left,
     positive, so the max commutes with it); otherwise the scores are scaled first. SOFTCAP
     replaces the scale by ``softcap_out * tanh(s * softcap_in)`` (softcap_in = softmax_scale /
     cap, softcap_out = cap * log2(e)), FMA_SCALE or not. ``m`` is in the domain of the scores it
-    came from; the epilogue converts it. Tiles outside [full_lo, full_hi) are masked: row r
-    at key position ``rows[r]`` sees keys ``rows[r] - window_left <= j <= rows[r] +
-    window_right`` (each bound with its MASK_ switch)."""
+    came from; the epilogue converts it. Tiles outside [full_lo, full_hi) are masked as
+    :func:`_mask_scores` says."""
     if SOFTCAP:
         s = _tanh(s * softcap_in) * softcap_out
     elif not FMA_SCALE:
@@ -700,7 +699,7 @@ def _store_tile(out, o_tile, o_desc, b, h, row, BLOCK_M: gl.constexpr, HEAD_DIM:
 
 
 @gluon.jit
-def store_rows(out, o_tile, o_desc, Out, stride_om, stride_oh, b, h, row0, q_off, q_len, BLOCK_M: gl.constexpr,
+def _store_rows(out, o_tile, o_desc, Out, stride_om, stride_oh, b, h, row0, q_off, q_len, BLOCK_M: gl.constexpr,
                HEAD_DIM: gl.constexpr, NUM_WARPS: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
     """Store a consumer's ``BLOCK_M`` rows ``out`` (in ``o_desc``'s dtype) from its first row
     ``row0`` of the sequence at ``q_off``: through ``o_tile`` and a TMA store, except (VARLEN) a
@@ -829,7 +828,7 @@ def _epilogue(
         m_log2 = m_i
     lse = gl.where(empty, float("inf"), (m_log2 + gl.log2(l_safe)) * LN2)
 
-    store_rows(out.to(dtype), o_tile, o_desc, Out, stride_om, stride_oh, b, h, row0, q_off, q_len, BLOCK_M, HEAD_DIM,
+    _store_rows(out.to(dtype), o_tile, o_desc, Out, stride_om, stride_oh, b, h, row0, q_off, q_len, BLOCK_M, HEAD_DIM,
                NUM_WARPS, VARLEN)  # fmt: skip
     offs = row0 + gl.arange(0, BLOCK_M, layout=row_s)
     lse_ptrs = Lse + h.to(gl.int64) * stride_lh + (q_off + offs).to(gl.int64) * stride_lm
