@@ -14,6 +14,9 @@ preprocess, dK/dV and dQ) and forward + backward:
                     names that kernel: ``+triton`` or a Gluon one, ``attention_dq.VARIANTS``)
   hf_flash_tbwd     flash_attn_func, Gluon forward, Triton backward (use_hopper_backward(False));
                     left out with ``--no-triton-backward``
+  hf_flash          flash_attn_func as the library runs it by default, nothing pinned (with
+                    ``--library-default``; soft-capped d128 calls: the Triton dK/dV kernel and
+                    the Gluon dQ, which no ``hopper:`` row can pin)
   sdpa              F.scaled_dot_product_attention(..., enable_gqa=True), no backend forced
                     (cuDNN on an H100); not with ``--softcap`` or ``--window`` (SDPA has
                     neither; benchmarks/attention.py times the windowed peers)
@@ -44,7 +47,8 @@ if __package__ in (None, ""):
 from benchmarks.hopper_attention import NHEADS_KV, NHEADS_Q, TOKENS, bench, env_info, flops  # noqa: E402
 
 
-def providers(q, k, v, dout, causal, variants, softcap=0.0, triton_backward=True, window=(-1, -1)):
+def providers(q, k, v, dout, causal, variants, softcap=0.0, triton_backward=True, window=(-1, -1),
+              library_default=False):  # fmt: skip
     """name -> (forward, backward-context): forward() returns the output in (B, S, H, D) with a
     graph to (q, k, v); the backward runs inside backward-context()."""
     from hf_flash import flash_attn_func
@@ -67,6 +71,10 @@ def providers(q, k, v, dout, causal, variants, softcap=0.0, triton_backward=True
 
         fns[f"hopper:{name}"] = (
             lambda: flash_attn_func(q, k, v, causal=causal, softcap=softcap, window_size=window), pick
+        )
+    if library_default:
+        fns["hf_flash"] = (
+            lambda: flash_attn_func(q, k, v, causal=causal, softcap=softcap, window_size=window), contextlib.nullcontext
         )
     if triton_backward:
         fns["hf_flash_tbwd"] = (
@@ -114,7 +122,7 @@ def dkdv_only(q, k, v, dout, causal, variant, softcap=0.0, window=(-1, -1)):
 
 
 def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0, triton_backward=True,
-              window=0) -> list[dict]:  # fmt: skip
+              window=0, library_default=False) -> list[dict]:  # fmt: skip
     from benchmarks.attention import visible_pairs
     from hf_flash.kernels.hopper import attention_bwd as hb
 
@@ -128,7 +136,7 @@ def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0, triton_ba
 
     q, k, v = (mk(h).requires_grad_() for h in (NHEADS_Q, NHEADS_KV, NHEADS_KV))
     dout = mk(NHEADS_Q)
-    fns = providers(q, k, v, dout, causal, variants, softcap, triton_backward, window_size)
+    fns = providers(q, k, v, dout, causal, variants, softcap, triton_backward, window_size, library_default)
     f_fwd = flops(batch, seqlen, head_dim, causal)
     if window:
         f_fwd = 4.0 * batch * NHEADS_Q * head_dim * visible_pairs(seqlen, "window", window)
@@ -141,11 +149,12 @@ def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0, triton_ba
                "window": window or None, "round_ms": [], "round_fb_ms": []}  # fmt: skip
         try:
             if name != "sdpa":
-                from hf_flash.interface import attention_paths
+                from hf_flash.interface import attention_paths, attention_variants
 
                 with ctx():
-                    row["paths"] = attention_paths(q, k, v, causal=causal, softcap=softcap,
-                                                   window_size=window_size)  # fmt: skip
+                    call = dict(causal=causal, softcap=softcap, window_size=window_size)
+                    row["paths"] = attention_paths(q, k, v, **call)
+                    row["variants"] = attention_variants(q, k, v, **call)
             out = fwd()
 
             def bwd(out=out, ctx=ctx, leaves=leaves):
@@ -217,6 +226,7 @@ def main(argv=None) -> None:
     ap.add_argument("--softcap", type=float, default=0.0, help="soft-capped calls (no SDPA row)")
     ap.add_argument("--masks", nargs="+", choices=["causal", "full"], default=["causal", "full"])
     ap.add_argument("--no-triton-backward", action="store_true", help="leave out the hf_flash_tbwd row")
+    ap.add_argument("--library-default", action="store_true", help="add the hf_flash row (nothing pinned)")
     ap.add_argument("--window", type=int, default=0,
                     help="causal calls see their last W keys (window_size=(W - 1, 0); no SDPA row)")
     args = ap.parse_args(argv)
@@ -231,7 +241,7 @@ def main(argv=None) -> None:
         for causal in [m == "causal" for m in args.masks]:
             for s in args.seqlens:
                 point = run_point(d, causal, s, args.variants, args.rounds, args.softcap,
-                                  not args.no_triton_backward, args.window)  # fmt: skip
+                                  not args.no_triton_backward, args.window, args.library_default)  # fmt: skip
                 rows += point
                 cells = "  ".join(
                     f"{r['provider']}={r.get('bwd_tflops', r.get('dkdv_tflops', 0)):.0f}"

@@ -423,15 +423,16 @@ def _new_dense_plan(q, k, v, softmax_scale, causal, window_size, softcap, positi
 _BOTH_HOPPER = {"forward": "hopper", "backward": "hopper"}
 
 
-def _gluon_variants(paths: dict, q: Tensor, varlen: bool, options: dict) -> dict:
+def _gluon_variants(paths: dict, q: Tensor, varlen: bool, options: dict, k: Optional[Tensor] = None,
+                    v: Optional[Tensor] = None, **extras) -> dict:  # fmt: skip
     """The Gluon variants of a call whose passes take ``paths`` (:func:`attention_paths`), from
     its normalised ``options`` (:func:`_call_options`): ``{"forward": name or None, "backward":
     name or None, "dq": name or None}`` (None where a pass runs Triton; ``"dq"``: the dQ
-    kernel's variant where the backward variant leaves dQ to a kernel of its own, None where the
-    backward variant computes it or the Triton dQ kernel does). Dense calls pick by query
-    length."""
+    kernel's variant where the dK/dV kernel leaves dQ to a kernel of its own, None where the
+    backward variant computes it or the Triton dQ kernel does; with ``k``, ``v`` and the call's
+    ``alibi_slopes`` / ``sinks`` / ``key_bounds`` in ``extras``, also beside the Triton dK/dV
+    kernel: ``flash_bwd.gluon_dq_variant``). Dense calls pick by query length."""
     from .kernels.hopper import attention_bwd as hopper_bwd
-    from .kernels.hopper import attention_dq as hopper_dq
     from .kernels.hopper import attention_fwd as hopper_fwd
 
     head_dim, seqlen_q = q.shape[-1], 0 if varlen else q.shape[1]
@@ -440,8 +441,9 @@ def _gluon_variants(paths: dict, q: Tensor, varlen: bool, options: dict) -> dict
     backward = dq = None
     if paths["backward"] == "hopper":
         backward = hopper_bwd.variant_for(head_dim, causal, varlen, seqlen_q, window)
-        if not hopper_bwd.VARIANTS[backward].dq_atomic:
-            dq = hopper_dq.variant_for(head_dim, options["softcap"], varlen)
+    if backward is not None or k is not None:
+        dq = _bwd.gluon_dq_variant(q, k, v, None, None, backward_variant=backward, varlen=varlen, **extras,
+                                   **options)  # fmt: skip
     return {
         "forward": hopper_fwd.default_variant(head_dim, causal, varlen, window, seqlen_q, options["softcap"])
         if paths["forward"] == "hopper" else None,
@@ -498,9 +500,12 @@ def attention_variants(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> dict:
     Triton dQ kernel runs). Keyword arguments as :func:`attention_paths`'s. Dense calls without a
     window or softcap pick their forms by query length; nothing is launched."""
     paths = attention_paths(q, k, v, **kwargs)
-    causal = kwargs.get("causal", False)
-    options = _call_options(q, 0, 0, 0.0, None, causal, kwargs.get("window_size", (-1, -1)), kwargs.get("softcap", 0.0))
-    return _gluon_variants(paths, q, kwargs.get("varlen", False), options)
+    options = _call_options(q, 0, 0, kwargs.get("dropout_p", 0.0), kwargs.get("softmax_scale"),
+                            kwargs.get("causal", False), kwargs.get("window_size", (-1, -1)),
+                            kwargs.get("softcap", 0.0))  # fmt: skip
+    extras = dict(alibi_slopes=kwargs.get("alibi_slopes"), sinks=kwargs.get("learnable_sink"),
+                  key_bounds=kwargs.get("key_bounds"))  # fmt: skip
+    return _gluon_variants(paths, q, kwargs.get("varlen", False), options, k, v, **extras)
 
 
 def flash_attn_func(

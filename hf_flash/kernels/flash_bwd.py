@@ -508,6 +508,40 @@ def backward_path(q, k, v, out, dout, dk, dv, *, varlen, causal, window_left, wi
     return "hopper" if covered else "triton"
 
 
+def gluon_dq_variant(q, k, v, dout, dq, *, backward_variant, varlen, causal, window_left, window_right, softcap,
+                     dropout_p, softmax_scale, alibi_slopes=None, sinks=None, key_bounds=None, **_):  # fmt: skip
+    """The Gluon dQ kernel's variant (:mod:`hf_flash.kernels.hopper.attention_dq`) that computes dQ
+    for these arguments, or None where another kernel does: the Hopper backward variant itself
+    (its ``dq_atomic`` forms) or this module's dQ kernel. ``backward_variant``: the Hopper dK/dV
+    variant the call runs, None where this module's dK/dV kernel runs (:func:`backward_path`).
+    Beside a Hopper variant that leaves dQ out, the Gluon dQ runs wherever
+    ``attention_dq.covers`` says so; beside this module's dK/dV kernel (the soft-capped calls at
+    d128, whose Gluon dK/dV spills) only where, in addition, the call is one the Gluon forward
+    covers (fp16/bf16 on sm_90, no ALiBi, dropout, sinks or key bounds) and the Hopper backward is
+    switched on (k and v are read only there). ``dout`` / ``dq`` None: still to be allocated
+    like q."""
+    dout, dq = (q if t is None else t for t in (dout, dq))
+    if backward_variant is None:
+        if sinks is not None or key_bounds is not None or not configs.hopper_backward_enabled(q.device):
+            return None
+        from .hopper import attention_fwd
+
+        if not attention_fwd.supports(q, k, v, causal=causal, window=(window_left, window_right), softcap=softcap,
+                                      alibi=alibi_slopes, dropout=dropout_p, varlen=varlen,
+                                      softmax_scale=softmax_scale):  # fmt: skip
+            return None
+    else:
+        from .hopper import attention_bwd as hopper
+
+        if hopper.VARIANTS[backward_variant].dq_atomic:
+            return None
+    from .hopper import attention_dq
+
+    if not attention_dq.covers(q, dout, dq, softcap=softcap, varlen=varlen):
+        return None
+    return attention_dq.variant_for(q.shape[-1], softcap, varlen)
+
+
 @configs.on_input_device
 def flash_attn_backward(
     dout, dlse, q, k, v, out, lse, dq, dk, dv, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -564,15 +598,24 @@ def flash_attn_backward(
         softcap=softcap, stats=stats, dq_sem=dq_sem,
     ):
         return  # the variant computed dQ too
-    if path == "hopper":
+    dq_variant = gluon_dq_variant(
+        q, k, v, dout, dq, backward_variant=variant, varlen=varlen, causal=causal, window_left=window_left,
+        window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        softmax_scale=softmax_scale, sinks=sinks, key_bounds=key_bounds,
+    )  # fmt: skip
+
+    def gluon_dq():
         from .hopper import attention_dq
 
-        if attention_dq.covers(q, dq, softcap=softcap, varlen=varlen):
-            attention_dq.hopper_attention_dq(
-                q, k, v, dout, lse, delta, dq, softmax_scale=softmax_scale, causal=causal,
-                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, window=(window_left, window_right),
-            )  # fmt: skip
-            return
+        attention_dq.hopper_attention_dq(
+            q, k, v, dout, lse, delta, dq, softmax_scale=softmax_scale, causal=causal, variant=dq_variant,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, window=(window_left, window_right),
+            softcap=softcap,
+        )  # fmt: skip
+
+    if path == "hopper" and dq_variant is not None:
+        gluon_dq()
+        return
     # the Triton kernels' arguments: dK/dV off Hopper, dQ wherever neither Gluon kernel computed it
     dkdv_cfg, dq_cfg = configs.bwd_configs(head_dim, q.dtype, q.device)
     flags = kernel_flags(q, window_left, window_right, softcap, alibi_slopes, dropout_p, key_bounds)
@@ -610,6 +653,9 @@ def flash_attn_backward(
                 **flags, **configs.launch_options(dkdv_cfg, varlen),
             ),
         )  # fmt: skip
+    if dq_variant is not None:  # beside the Triton dK/dV kernel
+        gluon_dq()
+        return
     _DQ(
         (configs.cdiv(max_seqlen_q, dq_cfg["BLOCK_M"]), batch * nheads),
         (q, k, v, dout, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, key_bounds),

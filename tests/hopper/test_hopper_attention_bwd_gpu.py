@@ -41,10 +41,11 @@ def _window_opts(causal, window):
     return dict(causal=causal, window_left=left, window_right=right)
 
 
-def _backward(q, k, v, dout, causal, scale=None, variant=None, monkeypatch=None, window=(-1, -1), softcap=0.0):
+def _backward(q, k, v, dout, causal, scale=None, variant=None, monkeypatch=None, window=(-1, -1), softcap=0.0,
+              path="hopper"):  # fmt: skip
     """Forward (the Gluon forward) and the backward through flash_attn_backward with the Gluon
-    dK/dV kernel (``variant``: an entry of VARIANTS, else the default), into NaN-poisoned
-    buffers. Returns (dq, dk, dv)."""
+    dK/dV kernel (``variant``: an entry of VARIANTS, else the default; ``path`` "triton": a call
+    the Triton dK/dV kernel takes), into NaN-poisoned buffers. Returns (dq, dk, dv)."""
     from hf_flash.kernels import flash_bwd, flash_fwd
     from hf_flash.kernels.hopper import attention_bwd as hb
 
@@ -62,17 +63,18 @@ def _backward(q, k, v, dout, causal, scale=None, variant=None, monkeypatch=None,
             # the named variant at every length (no seqlen range takes the call elsewhere)
             if (q.shape[-1], masked) in hb.SEQLEN_VARIANTS:
                 monkeypatch.delitem(hb.SEQLEN_VARIANTS, (q.shape[-1], masked))
-    assert flash_bwd.backward_path(q, k, v, out, dout, dk, dv, varlen=False, **opts) == "hopper", (
-        "the case under test must be one the Gluon backward covers"
+    assert flash_bwd.backward_path(q, k, v, out, dout, dk, dv, varlen=False, **opts) == path, (
+        f"the case under test must be one the {path} dK/dV kernel takes"
     )
     flash_bwd.flash_attn_backward(dout, None, q, k, v, out, lse, dq, dk, dv, rng_state=None, **lens, **opts)
     return dq, dk, dv
 
 
-def _check(q, k, v, causal, scale=None, variant=None, monkeypatch=None, seed=0, window=(-1, -1), softcap=0.0):
+def _check(q, k, v, causal, scale=None, variant=None, monkeypatch=None, seed=0, window=(-1, -1), softcap=0.0,
+           path="hopper"):  # fmt: skip
     g = torch.Generator(device="cuda").manual_seed(seed + 100)
     dout = torch.randn(q.shape, device="cuda", dtype=q.dtype, generator=g)
-    grads = _backward(q, k, v, dout, causal, scale, variant, monkeypatch, window, softcap)
+    grads = _backward(q, k, v, dout, causal, scale, variant, monkeypatch, window, softcap, path)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     opts = dict(causal=causal, softmax_scale=scale, window_size=window, softcap=softcap)
     ref = attention_ref(*leaves, upcast=True, **opts)
@@ -388,9 +390,10 @@ def _packed_qkv(lens_q, lens_k, h, hk, d, dtype, seed=0):
     return mk(sum(lens_q), h, d), mk(sum(lens_k), hk, d), mk(sum(lens_k), hk, d), _cu(lens_q), _cu(lens_k)
 
 
-def _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale=None, window=(-1, -1), softcap=0.0):
+def _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale=None, window=(-1, -1), softcap=0.0, path="hopper"):
     """Packed forward (the library's choice) and flash_attn_backward on the Gluon backward (checked
-    through backward_path), into NaN-poisoned buffers. Returns (dq, dk, dv)."""
+    through backward_path; ``path`` "triton": a call the Triton dK/dV kernel takes), into
+    NaN-poisoned buffers. Returns (dq, dk, dv)."""
     from hf_flash.kernels import flash_bwd, flash_fwd
 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -402,20 +405,21 @@ def _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale=None, window=(-1, 
     lse = torch.empty(q.shape[1], q.shape[0], device=q.device, dtype=torch.float32)
     flash_fwd.flash_attn_forward(q, k, v, out, lse, rng_state=None, **lens, **opts)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    assert flash_bwd.backward_path(q, k, v, out, dout, dk, dv, varlen=True, **opts) == "hopper", (
-        "the packed case under test must be one the Gluon backward covers"
+    assert flash_bwd.backward_path(q, k, v, out, dout, dk, dv, varlen=True, **opts) == path, (
+        f"the packed case under test must be one the {path} dK/dV kernel takes"
     )
     flash_bwd.flash_attn_backward(dout, None, q, k, v, out, lse, dq, dk, dv, rng_state=None, **lens, **opts)
     return dq, dk, dv
 
 
-def _check_packed(lens_q, lens_k, h, hk, causal, dtype, d=128, seed=0, scale=None, window=(-1, -1), softcap=0.0):
+def _check_packed(lens_q, lens_k, h, hk, causal, dtype, d=128, seed=0, scale=None, window=(-1, -1), softcap=0.0,
+                  path="hopper"):  # fmt: skip
     from hf_flash.reference import attention_varlen_ref
 
     q, k, v, cu_q, cu_k = _packed_qkv(lens_q, lens_k, h, hk, d, dtype, seed)
     g = torch.Generator(device="cuda").manual_seed(seed + 100)
     dout = torch.randn(q.shape, device="cuda", dtype=dtype, generator=g)
-    grads = _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale, window, softcap)
+    grads = _packed_backward(q, k, v, dout, cu_q, cu_k, causal, scale, window, softcap, path)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     opts = dict(causal=causal, softmax_scale=scale, window_size=window, softcap=softcap)
     ref = attention_varlen_ref(*leaves, cu_q, cu_k, upcast=True, **opts)
@@ -686,9 +690,11 @@ def test_packed_softcap_at_head_dim_256(causal, window):
 @needs_hopper
 def test_windowed_public_function_takes_the_hopper_backward():
     """flash_attn_func with a sliding window runs the Gluon forward and backward (attention_paths
-    says so); softcap keeps the Triton backward behind the Gluon forward; gradients match."""
+    says so); softcap keeps the Triton dK/dV kernel behind the Gluon forward, with the Gluon dQ
+    beside it; gradients match."""
     from hf_flash import flash_attn_func
-    from hf_flash.interface import attention_paths
+    from hf_flash.interface import attention_paths, attention_variants
+    from hf_flash.kernels.hopper import attention_dq
     from hf_flash.reference import assert_grads_close_to_ref
 
     q, k, v = (t.requires_grad_() for t in _qkv(2, 1500, 1500, 8, 2, 128, torch.bfloat16, seed=28))
@@ -696,6 +702,8 @@ def test_windowed_public_function_takes_the_hopper_backward():
                            (dict(window_size=(100, 100)), "hopper"),
                            (dict(causal=True, window_size=(256, 0), softcap=30.0), "triton")):  # fmt: skip
         assert attention_paths(q, k, v, **opts) == {"forward": "hopper", "backward": backward}, opts
+        if backward == "triton":  # the Gluon dQ beside the Triton dK/dV kernel
+            assert attention_variants(q, k, v, **opts)["dq"] == attention_dq.DEFAULT[128], opts
         out = flash_attn_func(q, k, v, **opts)
         ref = attention_ref(q, k, v, upcast=True, **opts)
         ref_lp = attention_ref(q, k, v, upcast=False, **opts)
@@ -723,12 +731,19 @@ def _pin_dq(monkeypatch, head_dim, variant, causal, varlen):
         if not varlen and (head_dim, masked) in hb.SEQLEN_VARIANTS:
             monkeypatch.delitem(hb.SEQLEN_VARIANTS, (head_dim, masked))
     monkeypatch.setitem(hdq.VARLEN_DEFAULT if varlen else hdq.DEFAULT, head_dim, variant)
+    return _spy_dq(monkeypatch)
+
+
+def _spy_dq(monkeypatch):
+    """The list the spied Gluon dQ launcher appends each launch's variant to."""
+    from hf_flash.kernels.hopper import attention_dq as hdq
+
     launches = []
     run = hdq.hopper_attention_dq
 
     def spy(*args, **kwargs):
         varlen = kwargs.get("cu_seqlens_q") is not None
-        launches.append(kwargs.get("variant") or hdq.variant_for(args[0].shape[-1], varlen=varlen))
+        launches.append(kwargs.get("variant") or hdq.variant_for(args[0].shape[-1], kwargs.get("softcap", 0.0), varlen))
         return run(*args, **kwargs)
 
     monkeypatch.setattr(hdq, "hopper_attention_dq", spy)
@@ -778,6 +793,41 @@ def test_dq_repeats_bitwise(head_dim, monkeypatch):
     b = _packed_backward(q, k, v, dout, cu_q, cu_k, True)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert len(launches) == 2
+
+
+SOFTCAP_WINDOWS = [pytest.param(False, (-1, -1), id="full"), pytest.param(True, (-1, -1), id="causal"),
+                   pytest.param(True, (100, -1), id="causal-left100"), pytest.param(False, (37, 50), id="two-sided")]
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal,window", SOFTCAP_WINDOWS)
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_dq_softcap_matches_reference(head_dim, causal, window, monkeypatch):
+    """Soft-capped calls take the Gluon dQ: d128 beside the Triton dK/dV kernel (the Gluon one has
+    no softcap there), d256 beside the split-D form; scores scaled up so the cap bites. Rows that
+    see no key (sq > sk causal), GQA, MQA; NaN-poisoned dq."""
+    from hf_flash.kernels.hopper import attention_dq as hdq
+
+    launches = _spy_dq(monkeypatch)
+    path = "hopper" if head_dim == 256 else "triton"
+    q, k, v = _qkv(2, 1025, 1100, 8, 2, head_dim, torch.bfloat16, seed=40)
+    _check(q * 4, k, v, causal, seed=40, window=window, softcap=50.0, path=path)
+    q, k, v = _qkv(1, 777, 200, 4, 1, head_dim, torch.float16, seed=41)
+    _check(q * 4, k, v, causal, seed=41, window=window, softcap=30.0, path=path)
+    assert launches == [hdq.DEFAULT[head_dim]] * 2
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal,window", SOFTCAP_WINDOWS)
+def test_packed_dq_softcap_matches_reference(causal, window, monkeypatch):
+    """Packed soft-capped d128 calls: the Triton dK/dV kernel and the Gluon dQ beside it, on empty,
+    one-token and odd documents."""
+    from hf_flash.kernels.hopper import attention_dq as hdq
+
+    launches = _spy_dq(monkeypatch)
+    _check_packed(PACKED_LENS, PACKED_LENS, 8, 2, causal, torch.bfloat16, d=128, seed=42, window=window,
+                  softcap=30.0, path="triton")  # fmt: skip
+    assert launches == [hdq.VARLEN_DEFAULT[128]]
 
 
 @needs_hopper

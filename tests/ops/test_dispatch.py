@@ -174,6 +174,7 @@ def test_attention_variants_name_the_gluon_forms(monkeypatch):
     query length for dense calls, by head dim for packed ones, the windowed call's form with a
     window, none where a pass runs Triton. The paths are forced here (no Hopper GPU on the CPU)."""
     from hf_flash import interface
+    from hf_flash.kernels import configs
     from hf_flash.kernels.hopper import attention_bwd, attention_dq, attention_fwd
 
     forced = {"forward": "hopper", "backward": "hopper"}
@@ -189,15 +190,20 @@ def test_attention_variants_name_the_gluon_forms(monkeypatch):
     assert windowed["forward"] == attention_fwd.DEFAULT[(128, True)]
     packed = interface.attention_variants(torch.empty(16384, 32, 128), k[0], k[0], causal=True, varlen=True)
     assert packed["forward"] == attention_fwd.VARLEN_DEFAULT[(128, True)]
-    # the packed causal backward computes dK/dV only: the dQ kernel's variant is named beside it,
-    # and a soft-capped call's dQ stays on Triton
+    # the packed causal backward computes dK/dV only: the dQ kernel's variant is named beside it
     assert not attention_bwd.VARIANTS[packed["backward"]].dq_atomic
     assert packed["dq"] == attention_dq.DEFAULT[128]
-    capped = interface.attention_variants(torch.empty(16384, 32, 128), k[0], k[0], causal=True, varlen=True,
-                                          softcap=30.0)  # fmt: skip
-    assert capped["dq"] is None
     forced["forward"] = "triton"
     assert interface.attention_variants(q, k, k)["forward"] is None
     forced.update(forward="hopper", backward="triton")
     assert interface.attention_variants(q, k, k)["backward"] is None
     assert interface.attention_variants(torch.empty(16384, 32, 128), k[0], k[0], varlen=True)["dq"] is None
+    # soft-capped d128 calls run the Triton dK/dV kernel and, on a Hopper GPU, the Gluon dQ beside
+    # it (d64 ones the Triton dQ)
+    monkeypatch.setattr(configs, "hopper_enabled", lambda device: True)
+    monkeypatch.setattr(attention_fwd, "supports", lambda *a, alibi=None, **kw: alibi is None)
+    for d, dq in ((128, attention_dq.DEFAULT[128]), (64, None)):
+        qd, kd = torch.empty(4, 4096, 32, d), torch.empty(4, 4096, 8, d)
+        capped = interface.attention_variants(qd, kd, kd, causal=True, softcap=30.0)
+        assert capped["backward"] is None and capped["dq"] == dq, (d, capped)
+    assert interface.attention_variants(q, k, k, causal=True, softcap=30.0, alibi_slopes=torch.ones(32))["dq"] is None

@@ -64,14 +64,20 @@ def test_triton_forward_where_hopper_runs(dtype, d, seqlen, causal):
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90a")
 def test_forward_path_choice_on_hopper():
     """Which forward a call takes: the Gluon kernel for what it covers, Triton for the rest."""
+    from hf_flash.interface import attention_variants
+    from hf_flash.kernels.hopper import attention_dq
+
     q, k, v = (t.detach() for t in _qkv(1, 256, 256, 8, 2, 128, torch.bfloat16))
     assert attention_paths(q, k, v, causal=True) == {"forward": "hopper", "backward": "hopper"}
     with configs.use_hopper_backward(False):
         assert attention_paths(q, k, v, causal=True) == {"forward": "hopper", "backward": "triton"}
     assert attention_paths(q[..., :64], k[..., :64], v[..., :64])["forward"] == "hopper"
-    # sliding windows: Gluon both ways; softcap: the Gluon forward, the Triton backward
+    # sliding windows: Gluon both ways; softcap: the Gluon forward, the Triton dK/dV kernel with the
+    # Gluon dQ beside it (d128; d64 the Triton dQ)
     assert attention_paths(q, k, v, window_size=(63, 0), causal=True) == {"forward": "hopper", "backward": "hopper"}
     assert attention_paths(q, k, v, softcap=30.0) == {"forward": "hopper", "backward": "triton"}
+    assert attention_variants(q, k, v, softcap=30.0)["dq"] == attention_dq.DEFAULT[128]
+    assert attention_variants(q[..., :64], k[..., :64], v[..., :64], softcap=30.0)["dq"] is None
     others = [dict(dropout_p=0.1), dict(alibi_slopes=torch.rand(8, device=DEV)), dict(varlen=True)]
     for opts in others:
         assert attention_paths(q, k, v, **opts) == {"forward": "triton", "backward": "triton"}, opts

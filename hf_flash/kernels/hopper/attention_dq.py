@@ -1,6 +1,7 @@
 """dQ of the FlashAttention backward for Hopper (sm_90a) in Gluon: the query-tile kernel that runs
 beside the backward variants that compute dK/dV only (``attention_bwd``'s ``kv2x64-m64-s2`` and
-the split-D forms), in place of the Triton dQ kernel.
+the split-D forms) and, for soft-capped d128 calls, beside the Triton dK/dV kernel, in place of
+the Triton dQ kernel (``flash_bwd.gluon_dq_variant`` says where).
 
 A program owns ``CONSUMERS * BLOCK_M`` query rows of one (batch, head): the forward's work items
 (:func:`attention_fwd._work_item`: the same causal and window ranges of key tiles, dense or
@@ -23,10 +24,12 @@ shared memory (free by then) and a TMA store; a packed tile that crosses its seq
 stored element-wise (:func:`attention_fwd._store_rows`). Each row of dQ is summed by one
 warpgroup in key order: deterministic. Masking as the forward's (bottom-right causal, sliding
 windows; :func:`attention_fwd.mask_args`); rows that see no key (lse +inf) and rows outside the
-sequence (their lse read as +inf) get P = 0, so dQ = 0 there. No softcap (its tanh derivative
-is the Triton kernel's); head dims 64, 128 and 256 (``VARIANTS``). ``DEFAULT`` (packed calls:
-``VARLEN_DEFAULT``) names the variant hf_flash runs per head dim; calls of other head dims keep
-the Triton dQ kernel.
+sequence (their lse read as +inf) get P = 0, so dQ = 0 there. ``SOFTCAP``: the scores are the
+forward's ``cap * tanh(S * scale / cap)``, masked after the tanh, and dS takes the factor
+``1 - tanh^2`` (the tanh kept from S to dS: 16-32 more registers per thread). Head dims 64, 128
+and 256 (``VARIANTS``). ``DEFAULT`` (packed calls: ``VARLEN_DEFAULT``) names the variant hf_flash
+runs per head dim, soft-capped calls only at ``SOFTCAP_HEAD_DIMS``; the other calls keep the
+Triton dQ kernel.
 
 With the dK/dV kernel beside it the backward computes 7 products for the 5 counted (S and dP
 twice); the fused variants that add dQ inside the dK/dV kernel compute 5 but wait on each other
@@ -47,7 +50,7 @@ from .. import configs
 from ..launch import CachedLauncher, LaunchPlan, PlanCache
 from .attention_fwd import (
     LOG2E, _consumer_rows, _descriptor, _load_kv_tiles, _mask_scores, _mma_layout, _pass_tiles, _store_rows,
-    _work_item, mask_args, tensors_key, tma_compatible, varlen_schedule,
+    _tanh, _work_item, mask_args, tensors_key, tma_compatible, varlen_schedule,
 )
 
 PRODUCER_REGS = 24
@@ -102,13 +105,18 @@ VARIANTS = {
 # own (dense calls; packed calls: VARLEN_DEFAULT); head dims without an entry keep the Triton dQ
 DEFAULT = {64: "dq3x64-n64-s3", 128: "dq2x64-n64-s3", 256: "dq2x64-n32-s3"}
 VARLEN_DEFAULT = {64: "dq3x64-n64-s3", 128: "dq2x64-n64-s3"}
+# head dims whose soft-capped calls take the tables' variant (the tanh and its derivative on each
+# score; the others keep the Triton dQ)
+SOFTCAP_HEAD_DIMS = (128, 256)
 
 
 def variant_for(head_dim: int, softcap: float = 0.0, varlen: bool = False) -> str | None:
-    """The dQ variant hf_flash runs for a call of ``head_dim`` whose backward variant leaves dQ to
-    a kernel of its own (None: the Triton dQ kernel: head dims without an entry in ``DEFAULT``,
-    packed calls ``VARLEN_DEFAULT``, and soft-capped calls)."""
-    return None if softcap > 0.0 else (VARLEN_DEFAULT if varlen else DEFAULT).get(head_dim)
+    """The dQ variant hf_flash runs for a call of ``head_dim`` whose dK/dV kernel leaves dQ to a
+    kernel of its own (None: the Triton dQ kernel: head dims without an entry in ``DEFAULT``,
+    packed calls ``VARLEN_DEFAULT``, and soft-capped calls outside ``SOFTCAP_HEAD_DIMS``)."""
+    if softcap > 0.0 and head_dim not in SOFTCAP_HEAD_DIMS:
+        return None
+    return (VARLEN_DEFAULT if varlen else DEFAULT).get(head_dim)
 
 
 @contextlib.contextmanager
@@ -136,35 +144,46 @@ def pinned(head_dim: int, dq: str):
                 table[head_dim] = name
 
 
-def covers(q, dq, *, softcap: float = 0.0, varlen: bool = False) -> bool:
-    """True when :func:`hopper_attention_dq` takes the dQ of a backward call whose dK/dV the
-    Gluon backward covers (``attention_bwd.supports``: fp16/bf16 on sm_90, no ALiBi or dropout,
-    TMA-addressable q/k/v/dout): :func:`variant_for` names a variant, and ``dq`` is shaped like q
-    and addressable by TMA."""
+def covers(q, dout, dq, *, softcap: float = 0.0, varlen: bool = False) -> bool:
+    """True when :func:`hopper_attention_dq` takes the dQ of a backward call whose q/k/v the Gluon
+    kernels cover (``attention_fwd.supports``: fp16/bf16 on sm_90, no ALiBi or dropout, TMA-
+    addressable; checked by the caller, ``flash_bwd.gluon_dq_variant``): :func:`variant_for`
+    names a variant, and ``dout`` and ``dq`` are shaped like q and addressable by TMA."""
     if variant_for(q.shape[-1], softcap, varlen) is None:
         return False
-    return dq.shape == q.shape and dq.dtype == q.dtype and dq.device == q.device and tma_compatible(dq)
+    return all(t.shape == q.shape and t.dtype == q.dtype and t.device == q.device and tma_compatible(t)
+               for t in (dout, dq))  # fmt: skip
 
 
 @gluon.jit
-def _ds(s, dp, lse2, delta, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale,
-        s_layout: gl.constexpr, BLOCK_N: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr,
-        RIGHT_WINDOW: gl.constexpr):  # fmt: skip
+def _ds(s, dp, lse2, delta, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+        softcap_out, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, MASK_LEFT: gl.constexpr,
+        MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, SOFTCAP: gl.constexpr):  # fmt: skip
     """dS of key tile ``j`` from its scores and dP: P = exp2(S * qk_scale - lse2) with the keys a
-    row does not see masked, times dP - delta."""
-    s = _mask_scores(s, rows, j, full_lo, full_hi, k_len, window_left, window_right, s_layout, BLOCK_N,
-                     MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW)  # fmt: skip
-    p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-    return p * (dp - gl.expand_dims(delta, 1))
+    row does not see masked, times dP - delta. SOFTCAP: the scores are ``softcap_out * tanh(S *
+    softcap_in)`` (the forward's, :func:`attention_fwd._softmax_step`), masked after the tanh, and
+    dS takes the tanh's derivative ``1 - tanh^2`` (the softmax scale is dQ's, applied at the end)."""
+    if SOFTCAP:
+        t = _tanh(s * softcap_in)
+        s2 = _mask_scores(t * softcap_out, rows, j, full_lo, full_hi, k_len, window_left, window_right, s_layout,
+                          BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW)  # fmt: skip
+        p = gl.exp2(s2 - gl.expand_dims(lse2, 1))
+        ds = p * (dp - gl.expand_dims(delta, 1)) * (1.0 - t * t)
+    else:
+        s = _mask_scores(s, rows, j, full_lo, full_hi, k_len, window_left, window_right, s_layout, BLOCK_N,
+                         MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW)  # fmt: skip
+        p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+        ds = p * (dp - gl.expand_dims(delta, 1))
+    return ds
 
 
 @gluon.jit
 def _dq_tiles(
     q_tile, do_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, dq, it, lse2, delta, rows, lo, own,
-    full_lo, full_hi, k_len, window_left, window_right, qk_scale,
+    full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in, softcap_out,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-    MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, NUM_WARPS: gl.constexpr,
-    dtype: gl.constexpr,
+    MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+    NUM_WARPS: gl.constexpr, dtype: gl.constexpr,
 ):  # fmt: skip
     """dQ of one consumer's rows over key tiles [lo, own) (at least one), ring tile ``it`` first:
     each tile's S and dP issued, then the previous tile's dQ product, which runs while this tile's
@@ -181,8 +200,8 @@ def _dq_tiles(
     dp_tok = warpgroup_mma(do_tile, v_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
     mbarrier.arrive(v_empty.index(slot))
-    ds = _ds(s, dp, lse2, delta, rows, lo, full_lo, full_hi, k_len, window_left, window_right, qk_scale, s_layout,
-             BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW)  # fmt: skip
+    ds = _ds(s, dp, lse2, delta, rows, lo, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
+             softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP)  # fmt: skip
     ds_op = gl.convert_layout(ds.to(dtype), ds_layout)
     for j in range(lo + 1, own):
         prev = it % STAGES
@@ -198,7 +217,7 @@ def _dq_tiles(
         s, dp = warpgroup_mma_wait(1, deps=(s_tok, dp_tok))
         mbarrier.arrive(v_empty.index(slot))
         ds = _ds(s, dp, lse2, delta, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale,
-                 s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW)  # fmt: skip
+                 softcap_in, softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP)  # fmt: skip
         # ds_op is a register operand of the running wgmma: kept alive until the wait
         dq, ds_op = warpgroup_mma_wait(0, deps=(dq_tok, ds_op))
         mbarrier.arrive(k_empty.index(prev))
@@ -215,10 +234,10 @@ def _dq_consumer(
     q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
     dq_desc, DQ, stride_dqm, stride_dqh, Lse, Delta, stride_lb, stride_lh, stride_lm,
     nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-    qk_scale, softmax_scale,
+    qk_scale, softmax_scale, softcap_in, softcap_out,
     INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
-    NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr, VARLEN: gl.constexpr,
+    SOFTCAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = dq_desc.dtype
     row_s: gl.constexpr = gl.SliceLayout(1, _mma_layout(BLOCK_N, NUM_WARPS))
@@ -242,8 +261,8 @@ def _dq_consumer(
     if own > lo:
         dq, it = _dq_tiles(
             q_tile, do_smem.index(INDEX), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, dq, it, lse2, delta,
-            rows, lo, own, full_lo, full_hi, k_len, window_left, window_right, qk_scale, BLOCK_M, BLOCK_N,
-            HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, NUM_WARPS, dtype,
+            rows, lo, own, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in, softcap_out,
+            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, NUM_WARPS, dtype,
         )  # fmt: skip
     # every S = Q K^T has completed: the Q tile stages the output
     _store_rows((dq * softmax_scale).to(dtype), q_tile, dq_desc, DQ, stride_dqm, stride_dqh, b, h, row0, q_off,
@@ -285,10 +304,11 @@ def _attn_dq_kernel(
     q_desc, k_desc, v_desc, do_desc, dq_desc, DQ, Lse, Delta, Sched, CuSeqQ, CuSeqK,
     stride_dqm, stride_dqh, stride_lb, stride_lh, stride_lm,
     nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softmax_scale,
+    softcap_in, softcap_out,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
-    VARLEN: gl.constexpr,
+    SOFTCAP: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
     # one work item per program: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M
     # rows (packed: the schedule's entries x heads)
@@ -322,13 +342,15 @@ def _attn_dq_kernel(
                 (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, dq_desc, DQ,
                                 stride_dqm, stride_dqh, Lse, Delta, stride_lb, stride_lh, stride_lm, nheads, group,
                                 n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-                                qk_scale, softmax_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
-                                MASK_RIGHT, RIGHT_WINDOW, CONSUMER_WARPS, CONSUMERS, VARLEN)),
+                                qk_scale, softmax_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, CONSUMER_WARPS, CONSUMERS,
+                                VARLEN)),
                 (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, dq_desc, DQ,
                                 stride_dqm, stride_dqh, Lse, Delta, stride_lb, stride_lh, stride_lm, nheads, group,
                                 n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-                                qk_scale, softmax_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
-                                MASK_RIGHT, RIGHT_WINDOW, CONSUMER_WARPS, CONSUMERS, VARLEN)),
+                                qk_scale, softmax_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, CONSUMER_WARPS, CONSUMERS,
+                                VARLEN)),
                 (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready,
                                 v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched,
                                 CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
@@ -344,18 +366,21 @@ def _attn_dq_kernel(
                 (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, dq_desc, DQ,
                                 stride_dqm, stride_dqh, Lse, Delta, stride_lb, stride_lh, stride_lm, nheads, group,
                                 n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-                                qk_scale, softmax_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
-                                MASK_RIGHT, RIGHT_WINDOW, CONSUMER_WARPS, CONSUMERS, VARLEN)),
+                                qk_scale, softmax_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, CONSUMER_WARPS, CONSUMERS,
+                                VARLEN)),
                 (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, dq_desc, DQ,
                                 stride_dqm, stride_dqh, Lse, Delta, stride_lb, stride_lh, stride_lm, nheads, group,
                                 n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-                                qk_scale, softmax_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
-                                MASK_RIGHT, RIGHT_WINDOW, CONSUMER_WARPS, CONSUMERS, VARLEN)),
+                                qk_scale, softmax_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, CONSUMER_WARPS, CONSUMERS,
+                                VARLEN)),
                 (_dq_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, dq_desc, DQ,
                                 stride_dqm, stride_dqh, Lse, Delta, stride_lb, stride_lh, stride_lm, nheads, group,
                                 n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left, window_right,
-                                qk_scale, softmax_scale, 2, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, MASK_LEFT,
-                                MASK_RIGHT, RIGHT_WINDOW, CONSUMER_WARPS, CONSUMERS, VARLEN)),
+                                qk_scale, softmax_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, CONSUMER_WARPS, CONSUMERS,
+                                VARLEN)),
                 (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready,
                                 v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched,
                                 CuSeqQ, CuSeqK, window_left, window_right, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
@@ -372,7 +397,7 @@ def _attn_dq_kernel(
 
 
 def launch_args(q, k, v, dout, lse, delta, dq, *, softmax_scale, causal, variant, cu_seqlens_q=None,
-                cu_seqlens_k=None, sched=None, window=(-1, -1)):  # fmt: skip
+                cu_seqlens_k=None, sched=None, window=(-1, -1), softcap=0.0):  # fmt: skip
     """(grid, positional args, keyword args) of one launch; shared by the launcher and the CPU
     compile check, so both build the same kernel. Layouts as :func:`hopper_attention_dq`;
     packed calls pass their work items ``sched`` (:func:`attention_fwd.varlen_schedule` with the
@@ -386,7 +411,7 @@ def launch_args(q, k, v, dout, lse, delta, dq, *, softmax_scale, causal, variant
         raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
     if delta.stride() != lse.stride():
         raise ValueError(f"delta must be laid out like lse (strides {lse.stride()}), got {delta.stride()}")
-    masks = mask_args(causal, window, 0.0, softmax_scale)
+    masks = mask_args(causal, window, softcap, softmax_scale)
     if varlen:
         if not var.packed:
             raise ValueError(f"dQ variant {variant} has no packed (varlen) build")
@@ -410,26 +435,28 @@ def launch_args(q, k, v, dout, lse, delta, dq, *, softmax_scale, causal, variant
         _descriptor(dout, var.block_m), _descriptor(dq, var.block_m), dq, lse, delta, sched, cu_seqlens_q,
         cu_seqlens_k, stride_dqm, stride_dqh, stride_lb, stride_lh, stride_lm,
         nheads, nheads // k.shape[-2], n_bh, n_m, seqlen_q, seqlen_k, masks["window_left"], masks["window_right"],
-        float(softmax_scale) * LOG2E, float(softmax_scale),
+        float(softmax_scale) * LOG2E, float(softmax_scale), masks["softcap_in"], masks["softcap_out"],
     )  # fmt: skip
     kwargs = dict(
         BLOCK_M=var.block_m, BLOCK_N=var.block_n, HEAD_DIM=head_dim, STAGES=var.stages, CONSUMERS=var.consumers,
         CONSUMER_WARPS=4, CONSUMER_REGS=var.consumer_regs, PRODUCER_REGS=PRODUCER_REGS,
         MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"], RIGHT_WINDOW=masks["RIGHT_WINDOW"],
-        VARLEN=varlen, num_warps=4,
+        SOFTCAP=masks["SOFTCAP"], VARLEN=varlen, num_warps=4,
     )  # fmt: skip
     return grid, args, kwargs
 
 
 def hopper_attention_dq(q, k, v, dout, lse, delta, dq, *, softmax_scale, causal, variant=None, cu_seqlens_q=None,
-                        cu_seqlens_k=None, window=(-1, -1)) -> None:  # fmt: skip
-    """dQ on Hopper, beside a dK/dV-only Gluon backward. Layouts as
+                        cu_seqlens_k=None, window=(-1, -1), softcap=0.0) -> None:  # fmt: skip
+    """dQ on Hopper, beside a dK/dV kernel that leaves it out (the Gluon ``kv2x64-m64-s2`` and
+    split-D forms; soft-capped calls at d128, the Triton one). Layouts as
     ``hf_flash.kernels.flash_bwd.flash_attn_backward``: dense q/dout/dq (B, Sq, H, D), k/v (B, Sk,
     Hk, D), lse (the forward's natural-log log-sum-exp) and delta float32 (B, H, Sq) with the same
     strides; packed (cu_seqlens int32 (batch + 1,) given) q/dout/dq (Tq, H, D), k/v (Tk, Hk, D),
-    lse/delta (H, Tq). For calls :func:`covers` (and ``attention_bwd.supports``) accepts, checked
-    by the caller. ``variant`` names an entry of ``VARIANTS`` (default: :func:`variant_for`).
-    Packed rows outside every sequence are not written; no host sync reads cu_seqlens."""
+    lse/delta (H, Tq). For calls :func:`covers` accepts, checked by the caller. ``variant`` names
+    an entry of ``VARIANTS`` (default: :func:`variant_for`). ``softcap`` as the forward's
+    (:func:`attention_fwd.mask_args`). Packed rows outside every sequence are not written; no host
+    sync reads cu_seqlens."""
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k go together")
@@ -439,34 +466,37 @@ def hopper_attention_dq(q, k, v, dout, lse, delta, dq, *, softmax_scale, causal,
         dq.zero_()
         return
     head_dim = q.shape[-1]
-    variant = variant or variant_for(head_dim, varlen=varlen)
+    variant = variant or variant_for(head_dim, softcap, varlen)
     if variant is None:
         table = VARLEN_DEFAULT if varlen else DEFAULT
-        raise ValueError(f"no Gluon dQ variant for head dim {head_dim} (covered: {sorted(table)})")
+        heads = sorted(d for d in table if softcap <= 0.0 or d in SOFTCAP_HEAD_DIMS)
+        raise ValueError(f"no Gluon dQ variant for head dim {head_dim}{' with a softcap' if softcap > 0.0 else ''} "
+                         f"(covered: {heads})")  # fmt: skip
     var = VARIANTS[variant]
     sched = None
     if varlen:
         sched = varlen_schedule(cu_seqlens_q, cu_seqlens_k, q.shape[0], rows=var.rows, block_n=var.block_n,
                                 causal=causal)  # fmt: skip
     key = (variant, tensors_key(q, k, v, dout, dq), lse.shape, lse.stride(), delta.stride(), bool(causal),
-           tuple(window), float(softmax_scale), None if sched is None else sched.shape[0])  # fmt: skip
+           tuple(window), float(softcap), float(softmax_scale), None if sched is None else sched.shape[0])  # fmt: skip
     tensors = (q, k, v, dout, lse, delta, dq, sched, cu_seqlens_q, cu_seqlens_k)
     with configs.device_guard(q.device):
-        plan = _PLANS.get(key, lambda: _plan(tensors, variant, causal, window, softmax_scale))
+        plan = _PLANS.get(key, lambda: _plan(tensors, variant, causal, window, softcap, softmax_scale))
         _DQ(plan.grid, plan.pointers(tensors), plan.ints, plan.floats, plan.meta)
 
 
-def _plan(tensors, variant, causal, window, softmax_scale) -> LaunchPlan:
+def _plan(tensors, variant, causal, window, softcap, softmax_scale) -> LaunchPlan:
     q, k, v, dout, lse, delta, dq, sched, cu_seqlens_q, cu_seqlens_k = tensors
     grid, args, kwargs = launch_args(
         q, k, v, dout, lse, delta, dq, softmax_scale=softmax_scale, causal=causal, variant=variant,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sched=sched, window=window, softcap=softcap,
     )  # fmt: skip
-    key = (variant, q.shape[-1], sched is not None, *(kwargs[f] for f in ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW")))
+    switches = ("MASK_LEFT", "MASK_RIGHT", "RIGHT_WINDOW", "SOFTCAP")
+    key = (variant, q.shape[-1], sched is not None, *(kwargs[f] for f in switches))
     meta = _LAUNCH_META.get(key)
     if meta is None:
         meta = _LAUNCH_META[key] = _DQ.meta(**kwargs)
-    # launch_args' order: 5 descriptors and 6 pointers, 13 integers, 2 floats
+    # launch_args' order: 5 descriptors and 6 pointers, 13 integers, 4 floats
     return LaunchPlan.capture(grid, args[:11], args[11:24], args[24:], meta, tensors)
 
 
@@ -476,4 +506,5 @@ _PLANS = PlanCache()
 
 __all__ = [
     "hopper_attention_dq", "covers", "variant_for", "pinned", "launch_args", "VARIANTS", "DEFAULT", "VARLEN_DEFAULT",
+    "SOFTCAP_HEAD_DIMS",
 ]
