@@ -1,9 +1,10 @@
 """Where a LoRA training step spends its time: hf_flash beside sdpa (diagnostic).
 
-    PYTHONPATH=. python benchmarks/diagnostics/profile_train_step.py [--length 4096] [--steps 6]
+    PYTHONPATH=. python benchmarks/diagnostics/profile_train_step.py [--length 4096] [--steps 6] [--family llama]
 
-The model, LoRA and gradient checkpointing of benchmarks/e2e_train.py (1.2B Llama shape), one
-unpadded sequence of ``--length`` tokens. For each attention implementation it prints:
+The model, LoRA and gradient checkpointing of benchmarks/e2e_train.py (``--family``: its 1.2B
+Llama shape by default, or any family it builds, e.g. gemma2), one unpadded sequence of
+``--length`` tokens. For each attention implementation it prints:
 
 * wall ms per step (median of ``--steps``) and host ms per step (time until the step's work is
   queued, i.e. the loop without the final synchronize); host ~ wall means host-bound;
@@ -33,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.e2e_train import build, make_batch, set_checkpointing, SHAPE  # noqa: E402
+from benchmarks.e2e_train import build, make_batch, set_checkpointing  # noqa: E402
 
 SYNC_OPS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaMemcpy")
 
@@ -89,15 +90,16 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--providers", nargs="+", default=["sdpa", "hf_flash"])
+    parser.add_argument("--family", default="llama", help="a family benchmarks/e2e_train.py builds")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     import hf_flash
 
     hf_flash.register()
-    model = build("llama", smoke=False)
+    model = build(args.family, smoke=False)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    batch, _ = make_batch("single", args.length, SHAPE["vocab_size"])
+    batch, _ = make_batch("single", args.length, model.config.vocab_size)
     set_checkpointing(model, False)
     results = {}
     for provider in args.providers:
