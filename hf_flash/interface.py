@@ -301,15 +301,17 @@ def _call_options(q, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causa
 
 class _DensePlan:
     """What one signature of :func:`dense_attention` runs: the ops' ``options``, the kernels'
-    ``window``, the Hopper forward and backward variants and the statistics rows the backward's
-    preprocess writes; ``backward`` None where the Hopper backward leaves dQ to the Triton kernel
-    (d256): the general backward runs those."""
+    ``window``, the Hopper forward and backward variants, the Gluon dQ kernel's variant beside a
+    dK/dV-only backward variant (``dq``; None where the backward variant computes dQ itself) and
+    the statistics rows the backward's preprocess writes; ``backward`` None where the Hopper
+    backward leaves dQ to the Triton kernel: the general backward runs those."""
 
-    __slots__ = ("options", "window", "forward", "backward", "stats_m")
+    __slots__ = ("options", "window", "forward", "backward", "dq", "stats_m")
 
-    def __init__(self, options: dict, window: tuple, forward: str, backward: Optional[str], stats_m: int):
+    def __init__(self, options: dict, window: tuple, forward: str, backward: Optional[str], dq: Optional[str],
+                 stats_m: int):  # fmt: skip
         self.options, self.window, self.stats_m = options, window, stats_m
-        self.forward, self.backward = forward, backward
+        self.forward, self.backward, self.dq = forward, backward, dq
 
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
@@ -344,6 +346,11 @@ class _DensePlan:
         hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=o["softmax_scale"],
                                   causal=o["causal"], variant=self.backward, window=self.window, softcap=o["softcap"],
                                   stats=stats, dq_sem=dq_sem)  # fmt: skip
+        if self.dq is not None:  # dout is laid out like out, so like q: the dQ kernel covers it
+            from .kernels.hopper.attention_dq import hopper_attention_dq
+
+            hopper_attention_dq(q, k, v, dout, lse, delta, dq, softmax_scale=o["softmax_scale"], causal=o["causal"],
+                                variant=self.dq, window=self.window, softcap=o["softcap"])  # fmt: skip
         return dq, dk, dv
 
 
@@ -416,8 +423,8 @@ def _new_dense_plan(q, k, v, softmax_scale, causal, window_size, softcap, positi
     window = (options["window_left"], options["window_right"])
     variants = _gluon_variants(_BOTH_HOPPER, q, False, options)
     var = hopper_bwd.VARIANTS[variants["backward"]]
-    return _DensePlan(options, window, variants["forward"], variants["backward"] if var.dq_atomic else None,
-                      var.stats_rows)  # fmt: skip
+    backward = variants["backward"] if var.dq_atomic or variants["dq"] is not None else None
+    return _DensePlan(options, window, variants["forward"], backward, variants["dq"], var.stats_rows)
 
 
 _BOTH_HOPPER = {"forward": "hopper", "backward": "hopper"}

@@ -61,8 +61,9 @@ CALLS = [
     (2, 200, 200, 8, 4, 64, FP16, dict(causal=True), None),
     (2, 200, 200, 8, 4, 64, FP16, dict(causal=False), 16),  # q a view with other strides
     (2, 100, 200, 8, 4, 128, BF16, dict(causal=True), None),  # seqlen_q != seqlen_k
-    (1, 256, 256, 4, 4, 256, BF16, dict(causal=True), None),  # the split-D backward, the Triton dQ
-    (1, 256, 256, 4, 2, 128, BF16, dict(causal=True, softcap=30.0), None),  # the Triton backward: no plan
+    (1, 256, 256, 4, 4, 256, BF16, dict(causal=True), None),  # the split-D backward, the Gluon dQ
+    (1, 256, 256, 4, 4, 256, BF16, dict(causal=False, softcap=30.0), None),  # the same, soft-capped
+    (1, 256, 256, 4, 2, 128, BF16, dict(causal=True, softcap=30.0), None),  # the Triton dK/dV: no plan
 ]
 
 
@@ -92,7 +93,7 @@ def test_planned_calls_launch_what_the_general_path_launches(launches):
         taken.append(_fwd_bwd(q, k, v, dout, **kwargs))
         assert launches[start:] == general, (b, sq, sk, h, hk, d, dtype, kwargs)
         assert general, "nothing was launched"
-    assert taken == ["_HopperDenseBackward"] * 11 + ["_AttnEagerBackward"]
+    assert taken == ["_HopperDenseBackward"] * 12 + ["_AttnEagerBackward"]
 
 
 def test_a_repeated_signature_builds_no_plan(launches):
@@ -106,20 +107,29 @@ def test_a_repeated_signature_builds_no_plan(launches):
     assert interface._DENSE_PLANS.built == built + 1
 
 
-def test_repeats_skip_the_checks_and_the_dispatch(launches, monkeypatch):
+@pytest.mark.parametrize("d,kwargs", [(128, dict(causal=True)), (256, dict(causal=True, softcap=30.0))],
+                         ids=["d128-fused-dq", "d256-dq-kernel"])  # fmt: skip
+def test_repeats_skip_the_checks_and_the_dispatch(launches, monkeypatch, d, kwargs):
     """What a plan keeps is not worked out again: on a repeat, neither the argument checks nor
-    the path and variant decisions of either direction run."""
-    q, k, v, dout = _inputs(2, 200, 200, 8, 2, 128, BF16, None)
-    _fwd_bwd(q, k, v, dout, causal=True)
+    the path and variant decisions of either direction run (d256: the dK/dV-only split-D form
+    and the Gluon dQ kernel beside it, soft-capped too)."""
+    q, k, v, dout = _inputs(2, 200, 200, 8, 2, d, BF16, None)
+    _fwd_bwd(q, k, v, dout, **kwargs)
     from hf_flash.kernels import flash_bwd, flash_fwd
+    from hf_flash.kernels.hopper import attention_dq
 
     def refuse(*args, **kwargs):
         raise AssertionError("a planned repeat worked out its call again")
 
     for module, name in ((interface, "_check_dense"), (flash_fwd, "forward_path"), (flash_bwd, "backward_path"),
-                         (hf, "default_variant"), (hb, "variant_for"), (hf, "supports"), (hb, "supports")):
+                         (hf, "default_variant"), (hb, "variant_for"), (hf, "supports"), (hb, "supports"),
+                         (flash_bwd, "flash_attn_backward"), (flash_bwd, "gluon_dq_variant"),
+                         (attention_dq, "variant_for"), (attention_dq, "covers")):  # fmt: skip
         monkeypatch.setattr(module, name, refuse)
-    assert _fwd_bwd(q, k, v, dout, causal=True) == "_HopperDenseBackward"
+    start = len(launches)
+    assert _fwd_bwd(q, k, v, dout, **kwargs) == "_HopperDenseBackward"
+    kernels = [call[0] for call in launches[start:]]
+    assert ("_attn_dq_kernel" in kernels) == (d == 256), kernels
 
 
 def test_forward_without_grad_and_with_other_dout_layouts(launches):

@@ -307,7 +307,7 @@ def test_gluon_launch_plans_give_the_bits_of_a_fresh_build(monkeypatch, packed, 
 
 PLANNED = [
     # (batch, seqlen_q, seqlen_k, heads, kv heads, head dim, flash_attn_func kwargs, planned: the
-    # Hopper forward and backward run the call; d256's plan hands its backward to the general one)
+    # Hopper forward and backward run the call; d256's plan runs the split-D form and the Gluon dQ)
     pytest.param(2, 500, 500, 8, 2, 128, dict(causal=True), True, id="d128-causal"),
     pytest.param(2, 500, 500, 8, 2, 128, dict(causal=False), True, id="d128-full"),
     pytest.param(1, 300, 700, 8, 8, 128, dict(causal=True), True, id="d128-bottom-right"),
@@ -315,6 +315,7 @@ PLANNED = [
     pytest.param(2, 500, 500, 8, 2, 128, dict(causal=True, softcap=30.0), False, id="d128-softcap"),
     pytest.param(2, 500, 500, 8, 1, 64, dict(causal=True), True, id="d64-mqa"),
     pytest.param(1, 500, 500, 4, 2, 256, dict(causal=False), True, id="d256"),
+    pytest.param(1, 500, 500, 4, 2, 256, dict(causal=True, softcap=30.0), True, id="d256-softcap"),
 ]
 
 
@@ -323,9 +324,8 @@ PLANNED = [
 def test_call_plans_give_the_bits_of_the_general_path(monkeypatch, b, sq, sk, h, hk, d, kwargs, planned, dout_layout):
     """Repeated plain dense calls run their kept plan (hf_flash.interface._dense_plan: checks and
     dispatch skipped, launchers called directly) and give the bits of the general path (plans
-    switched off), forward and backward; a dout laid out unlike the output, and the plans whose
-    backward keeps the Triton dQ kernel (d256) or the Triton backward (softcap at d128), take
-    the general backward."""
+    switched off), forward and backward; a dout laid out unlike the output takes the general
+    backward, and soft-capped d128 calls (the Triton dK/dV kernel) take no plan."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels are built for sm_90a")
     from hf_flash import interface
