@@ -478,12 +478,13 @@ def attention_paths(
     fp16/bf16 calls, causal or not, with or without a sliding window, without ALiBi, dropout,
     sinks or ``key_bounds``: the forward (softcap too) of dense calls at head dim 64 or 128, and
     of packed calls (``varlen=True``; q/k/v then (total, nheads, headdim)) at head dim 64 or 128
-    (``HF_FLASH_HOPPER_VARLEN=0`` keeps those on Triton); the backward (dK, dV and dQ in one
-    kernel; for causal packed calls at d128 and every packed call at d64, dQ in Triton; the delta
-    preprocess stays Triton) at head dims 64 and 128 for dense and packed calls alike (whichever
-    forward ran), without softcap; at head dim 256 a split-D dK/dV kernel (dQ in Triton), dense and
-    packed, softcap too. Everything
-    else runs the portable Triton kernels.
+    (``HF_FLASH_HOPPER_VARLEN=0`` keeps those on Triton); the backward (dense: dK, dV and dQ in one
+    kernel; packed: dK/dV, with the Gluon dQ kernel beside it; the delta preprocess stays Triton)
+    at head dims 64 and 128 for dense and packed calls alike (whichever forward ran), without
+    softcap; at head dim 256 a split-D dK/dV kernel (dQ from the Gluon dQ kernel for dense calls,
+    from Triton for packed ones), dense and packed, softcap too. Soft-capped d128 calls run the
+    Triton dK/dV kernel beside the Gluon dQ kernel (``attention_variants`` names the dQ kernel's
+    form). Everything else runs the portable Triton kernels.
     ``HF_FLASH_HOPPER=0`` keeps every call on Triton. The backward's answer assumes the incoming
     gradient is laid out like q (as autograd usually hands it); one TMA cannot address sends
     that call's backward to Triton. Arguments as :func:`flash_attn_func`; nothing is launched."""

@@ -484,16 +484,14 @@ def backward_path(q, k, v, out, dout, dk, dv, *, varlen, causal, window_left, wi
     call and the device allows it (:func:`configs.hopper_enabled`), else ``"triton"`` (this
     module's kernels). The Hopper kernel covers what the Hopper forward covers (fp16/bf16,
     causal or not, sliding windows; no ALiBi, dropout, sinks or key bounds), dense and packed
-    (``varlen``: cu_seqlens, each sequence bottom-right aligned on its own), at head dims 128 and
-    256, and at head dim 64 (dense: the 128-row kernel; packed: dK/dV only, dQ in Triton; the
-    softcap at 256 only) with
-    out, dout, dk and dv
-    addressable by TMA too (``None``: still to be
-    allocated like q / k, which then are). Packed calls take it whatever
+    (``varlen``: cu_seqlens, each sequence bottom-right aligned on its own), at head dims 64, 128
+    and 256 (the softcap at 256 only), with out, dout, dk and dv addressable by TMA too
+    (``None``: still to be allocated like q / k, which then are). Packed calls take it whatever
     :func:`configs.hopper_varlen_enabled` says (that switch is the packed forward's). The
     preprocess is this module's on both paths; dQ comes from the Hopper variant itself where it
     computes it (in a fixed order: deterministic), else from the Gluon dQ kernel
-    (:mod:`hf_flash.kernels.hopper.attention_dq`, where ``covers`` says so) or this module's."""
+    (:mod:`hf_flash.kernels.hopper.attention_dq`, where :func:`gluon_dq_variant` says so) or this
+    module's."""
     if sinks is not None or key_bounds is not None or not configs.hopper_backward_enabled(q.device):
         return "triton"
     from .hopper import attention_bwd as hopper  # Gluon: imported only where it can run
