@@ -88,6 +88,21 @@ def test_variant_for_and_covers():
     assert not hdq.covers(q, q, unaligned) and not hdq.covers(q, unaligned, dq)  # as dq or as dout
 
 
+def test_uncovered_calls_are_refused_before_any_launch():
+    """hopper_attention_dq names what it has no variant for (head dim, softcap) and what it
+    covers, before anything is launched."""
+    q = torch.empty(1, 64, 4, 64, dtype=torch.bfloat16)
+    k = torch.empty(1, 64, 2, 64, dtype=torch.bfloat16)
+    lse = torch.empty(1, 4, 64)
+    args = (q, k, k, q, lse, torch.empty_like(lse), torch.empty_like(q))
+    with pytest.raises(ValueError, match=r"head dim 64 with a softcap \(covered: \[128, 256\]\)"):
+        hdq.hopper_attention_dq(*args, softmax_scale=0.1, causal=True, softcap=30.0)
+    q96, k96 = q.new_empty(1, 64, 4, 96), k.new_empty(1, 64, 2, 96)
+    with pytest.raises(ValueError, match=r"head dim 96 \(covered: \[64, 128, 256\]\)"):
+        hdq.hopper_attention_dq(q96, k96, k96, q96, lse, torch.empty_like(lse), torch.empty_like(q96),
+                                softmax_scale=0.1, causal=True)  # fmt: skip
+
+
 def test_pinned_sets_both_tables_and_restores_them():
     before = (dict(hdq.DEFAULT), dict(hdq.VARLEN_DEFAULT))
     with hdq.pinned(128, "triton"):
