@@ -504,7 +504,8 @@ def attention_variants(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> dict:
     """The Gluon kernel forms (``hf_flash.kernels.hopper``'s ``VARIANTS`` names) a call runs by
     default: ``{"forward": name or None, "backward": name or None, "dq": name or None}``, None
     where that pass runs the Triton kernels (``"dq"``: the Gluon dQ kernel beside a backward
-    variant that computes dK/dV only; None where the backward variant computes dQ itself or the
+    variant that computes dK/dV only, or beside the Triton dK/dV kernel (soft-capped d128 calls,
+    where ``"backward"`` is None); None where the backward variant computes dQ itself or the
     Triton dQ kernel runs). Keyword arguments as :func:`attention_paths`'s. Dense calls without a
     window or softcap pick their forms by query length; nothing is launched."""
     paths = attention_paths(q, k, v, **kwargs)

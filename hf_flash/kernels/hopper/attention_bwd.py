@@ -2045,9 +2045,10 @@ def supports(q, k, v, out, dout, dk, dv, *, causal=False, window=(-1, -1), softc
     D), k/v (Tk, Hk, D)) fp16/bf16, causal or not, any sliding window, no ALiBi or dropout, on
     sm_90) for which ``DEFAULT`` (packed: ``VARLEN_DEFAULT``) names a variant (d64 dense, d128,
     d256), with out, dout, dk and dv shaped like q / k and addressable by TMA too. Soft-capped
-    calls only where that variant is the split-D one (d256): at d128 the tanh derivative, kept
+    calls only where that variant is a split-D one (d256): at d128 the tanh derivative, kept
     over the dP product or recovered from P, spills 230-830 bytes per thread (causal), so the
-    Triton backward runs them (and the d64 ones)."""
+    Triton dK/dV kernel runs them, beside the Gluon dQ kernel (``flash_bwd.gluon_dq_variant``;
+    the d64 ones beside the Triton dQ)."""
     from .attention_fwd import supports as fwd_supports
 
     if not fwd_supports(q, k, v, causal=causal, window=window, softcap=softcap, alibi=alibi,
