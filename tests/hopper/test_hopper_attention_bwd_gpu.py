@@ -819,16 +819,6 @@ def test_dq_softcap_matches_reference(head_dim, causal, window, monkeypatch):
 
 @needs_hopper
 @pytest.mark.parametrize("causal,window", SOFTCAP_WINDOWS)
-def test_softcap_split_d_candidate_at_head_dim_128(causal, window, monkeypatch):
-    """The split-D form built at d128 (the candidate for soft-capped d128 calls, not dispatched)
-    pinned, with the Gluon dQ beside it: soft-capped gradients match the reference."""
-    q, k, v = _qkv(2, 1025, 1100, 8, 2, 128, torch.bfloat16, seed=43)
-    _check(q * 4, k, v, causal, variant="kv64-m64-s2-splitd", monkeypatch=monkeypatch, seed=43, window=window,
-           softcap=50.0)  # fmt: skip
-
-
-@needs_hopper
-@pytest.mark.parametrize("causal,window", SOFTCAP_WINDOWS)
 def test_packed_dq_softcap_matches_reference(causal, window, monkeypatch):
     """Packed soft-capped d128 calls: the Triton dK/dV kernel and the Gluon dQ beside it, on empty,
     one-token and odd documents."""

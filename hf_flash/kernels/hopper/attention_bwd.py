@@ -473,12 +473,11 @@ VARIANTS = {
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True,
                 tiles_down=True, poll_ahead=True, head_dims=(128,)),
         # head dim 256: 64 keys per program split between the consumers (DEFAULT, VARLEN_DEFAULT).
-        # Also built at d128, not dispatched there: the candidate for soft-capped d128 calls, whose
-        # transposed-frame forms spill 300-640 bytes with the tanh (session 49, CPU compile); this
-        # one builds with none, softcap and windows included (168 registers, 131 KB shared), and
-        # is still to be timed against the Triton dK/dV kernel beside the Gluon dQ
+        # Not built at d128: there it compiles with the softcap and no spills, but soft-capped d128
+        # backward ran at 0.87-0.91x the Triton dK/dV kernel + Gluon dQ (271-297 against 297-333
+        # TFLOP/s, H200, cap 50, 4K / 16K; session 50 call 1): both consumers redo S, P and dS
         Variant("kv64-m64-s2-splitd", block_m=64, block_n=64, stages=2, consumers=2, consumer_regs=240,
-                split_d=True, head_dims=(128, 256)),
+                split_d=True, head_dims=(256,)),
         # d128 with 128 keys (S/dP at N=64; spills 72 bytes causal, 444 soft-capped causal): its
         # dK/dV alone 473-543 TFLOP/s on 4 products (H100, session 23 call 10), above dqwldf's
         # kernel, but with the Triton dQ beside it 347-390 against dqwldf's 375-487: not
