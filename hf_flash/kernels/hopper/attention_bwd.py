@@ -463,6 +463,21 @@ VARIANTS = {
         Variant("kv2x64-m128-s2-dqwlds-kf", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
                 key_fastest=1, head_dims=(64,)),
+        # candidates for the d64 causal backward: dqwlds with the query tiles walked from the last
+        # down (tiles_down, as the causal d128 default), and that in chunks of two / four head
+        # groups, key block fastest inside a chunk. The turn model (dq_turns_model.py at 128
+        # query rows per step) keeps 0.909 / 0.886 / 0.942 of dqwlds's work busy at causal 4K /
+        # 16K / 32K, 0.987 / 0.993 / 0.997 walked down; in chunks 0.869-0.990 (two), 0.943-0.996
+        # (four)
+        Variant("kv2x64-m128-s2-dqwlds-dn", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
+                tiles_down=True, head_dims=(64,)),
+        Variant("kv2x64-m128-s2-dqwlds-dn-kf2", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
+                tiles_down=True, key_fastest=2, head_dims=(64,)),
+        Variant("kv2x64-m128-s2-dqwlds-dn-kf4", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
+                dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
+                tiles_down=True, key_fastest=4, head_dims=(64,)),
         # the same with unordered dQ additions: 1.036x dqwlds in geometric mean but 0.95x at
         # non-causal 32K (session 27), under the rule NONDETERMINISTIC entries meet; not dispatched
         Variant("kv2x64-m128-s2-dqwls", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
