@@ -401,7 +401,7 @@ def _dense_plan(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
         return None
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            k.device, v.device, (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, softmax_scale, causal,
-           window_size, softcap, position_ids is None, configs.deterministic())  # fmt: skip
+           window_size, softcap, position_ids is None, configs.deterministic(), configs.dispatch_epoch())  # fmt: skip
     args = (q, k, v, softmax_scale, causal, window_size, softcap, position_ids)
     return _DENSE_PLANS.get(key, lambda: _new_dense_plan(*args)) or None
 

@@ -283,6 +283,25 @@ def deterministic() -> bool:
     return _DETERMINISTIC
 
 
+# Bumped by every switch that changes which Gluon variant a call runs without changing the call
+# (the kernels' ``pinned`` context managers, on entry and on exit): the public path's call plans
+# (``hf_flash.interface._dense_plan``) hold it in their key, so none outlives the tables it was
+# built from. Changing a variant table by hand (tests' monkeypatches) does not bump it: such code
+# runs the general path or switches plans off (``launch.launch_plans(False)``).
+_DISPATCH_EPOCH = 0
+
+
+def dispatch_changed() -> None:
+    """Say that the variant tables changed: call plans built before are not used again."""
+    global _DISPATCH_EPOCH
+    _DISPATCH_EPOCH += 1
+
+
+def dispatch_epoch() -> int:
+    """How many times :func:`dispatch_changed` has run (a call plan's key holds it)."""
+    return _DISPATCH_EPOCH
+
+
 def hopper_backward_enabled(device: torch.device) -> bool:
     """The Gluon Hopper backward may run on ``device``: :func:`hopper_enabled` and not switched
     off on its own (``HF_FLASH_HOPPER_BWD``, :func:`use_hopper_backward`)."""

@@ -132,6 +132,42 @@ def test_repeats_skip_the_checks_and_the_dispatch(launches, monkeypatch, d, kwar
     assert ("_attn_dq_kernel" in kernels) == (d == 256), kernels
 
 
+@pytest.mark.parametrize("d,kwargs,pin", [
+    (128, dict(causal=True), lambda: hb.pinned("kv2x64-m64-s2-dqwld", (128,))),
+    (256, dict(causal=True), lambda: attention_dq_pinned(256, "triton")),
+], ids=["backward-variant", "dq-kernel"])  # fmt: skip
+def test_a_pinned_variant_is_not_served_a_plan_built_before_it(launches, d, kwargs, pin):
+    """A signature planned under the default tables, then called inside ``pinned`` (the way
+    benchmarks time one variant through the public functions): the pinned call launches what the
+    general path launches under the pin, not the kept plan's kernels; after the block the
+    default's launches again."""
+    q, k, v, dout = _inputs(2, 200, 200, 8, 2, d, BF16, None)
+
+    def run(general):
+        start = len(launches)
+        if general:
+            with launch.launch_plans(False):
+                _fwd_bwd(q, k, v, dout, **kwargs)
+        else:
+            assert _fwd_bwd(q, k, v, dout, **kwargs) == "_HopperDenseBackward"
+        return launches[start:]
+
+    default = run(general=True)
+    assert run(general=False) == default  # planned
+    with pin():
+        pinned = run(general=True)
+        assert pinned != default, "the pin changed nothing: the test cannot tell the plans apart"
+        assert run(general=False) == pinned
+        assert run(general=False) == pinned
+    assert run(general=False) == default
+
+
+def attention_dq_pinned(head_dim, dq):
+    from hf_flash.kernels.hopper import attention_dq
+
+    return attention_dq.pinned(head_dim, dq)
+
+
 def test_forward_without_grad_and_with_other_dout_layouts(launches):
     q, k, v, dout = _inputs(2, 200, 200, 8, 2, 128, BF16, None)
     for grad in (False, True):

@@ -670,6 +670,7 @@ def pinned(variant: str, head_dims=None):
     saved = {k: DEFAULT.get(k) for k in keys}
     ranges = {k: SEQLEN_VARIANTS.pop(k) for k in keys if k in SEQLEN_VARIANTS}
     DEFAULT.update(dict.fromkeys(keys, variant))
+    configs.dispatch_changed()
     try:
         yield
     finally:
@@ -679,6 +680,7 @@ def pinned(variant: str, head_dims=None):
             else:
                 DEFAULT[k] = name
         SEQLEN_VARIANTS.update(ranges)
+        configs.dispatch_changed()
 
 
 def covered_head_dims(varlen: bool = False) -> set:

@@ -134,6 +134,7 @@ def pinned(head_dim: int, dq: str):
             table.pop(head_dim, None)
         else:
             table[head_dim] = dq
+    configs.dispatch_changed()
     try:
         yield
     finally:
@@ -142,6 +143,7 @@ def pinned(head_dim: int, dq: str):
                 table.pop(head_dim, None)
             else:
                 table[head_dim] = name
+        configs.dispatch_changed()
 
 
 def covers(q, dout, dq, *, softcap: float = 0.0, varlen: bool = False) -> bool:
