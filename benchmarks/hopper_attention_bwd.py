@@ -49,8 +49,8 @@ from benchmarks.hopper_attention import NHEADS_KV, NHEADS_Q, TOKENS, bench, env_
 
 def providers(q, k, v, dout, causal, variants, softcap=0.0, triton_backward=True, window=(-1, -1),
               library_default=False):  # fmt: skip
-    """name -> (forward, backward-context): forward() returns the output in (B, S, H, D) with a
-    graph to (q, k, v); the backward runs inside backward-context()."""
+    """name -> (forward, context): forward() returns the output in (B, S, H, D) with a graph to
+    (q, k, v); both passes run inside context() (the provider's variant pins and switches)."""
     from hf_flash import flash_attn_func
     from hf_flash.kernels import configs
     from hf_flash.kernels.hopper import attention_bwd as hb
@@ -121,6 +121,25 @@ def dkdv_only(q, k, v, dout, causal, variant, softcap=0.0, window=(-1, -1)):
     return run
 
 
+def timed_passes(fwd, ctx, leaves, dout):
+    """(backward on a kept graph, forward + backward): the two timed closures of one provider,
+    each pass inside the provider's ``ctx()``. The forward runs inside it too: a call plan
+    (``interface._dense_plan``) fixes both passes' kernels when the forward runs, so a variant
+    pinned around the backward alone would time the plan's."""
+    with ctx():
+        out = fwd()
+
+    def bwd():
+        with ctx():
+            return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+    def fb():
+        with ctx():
+            return torch.autograd.grad(fwd(), leaves, dout)
+
+    return bwd, fb
+
+
 def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0, triton_backward=True,
               window=0, library_default=False) -> list[dict]:  # fmt: skip
     from benchmarks.attention import visible_pairs
@@ -155,17 +174,7 @@ def run_point(head_dim, causal, seqlen, variants, rounds, softcap=0.0, triton_ba
                     call = dict(causal=causal, softcap=softcap, window_size=window_size)
                     row["paths"] = attention_paths(q, k, v, **call)
                     row["variants"] = attention_variants(q, k, v, **call)
-            out = fwd()
-
-            def bwd(out=out, ctx=ctx, leaves=leaves):
-                with ctx():
-                    return torch.autograd.grad(out, leaves, dout, retain_graph=True)
-
-            def fb(fwd=fwd, ctx=ctx, leaves=leaves):
-                o = fwd()
-                with ctx():
-                    return torch.autograd.grad(o, leaves, dout)
-
+            bwd, fb = timed_passes(fwd, ctx, leaves, dout)
             grads = bwd()
             torch.cuda.synchronize()
             if name == "hf_flash_tbwd":

@@ -376,6 +376,53 @@ def test_backward_benchmark_runs_a_named_variant_at_every_length():
     assert attention_dq.DEFAULT == dq_default and hb.DEFAULT == default
 
 
+def test_backward_benchmark_times_each_pinned_variant_through_the_call_plans(monkeypatch):
+    """benchmarks/hopper_attention_bwd.py's rows call flash_attn_func, whose call plans fix both
+    passes' kernels at the forward: each hopper:<variant> row (and hf_flash_tbwd) must launch its
+    own backward kernel although every row has the same signature. The CPU is made to look like
+    an sm_90 device and every compiled launch is recorded (none runs); the Gluon backward
+    kernels tell the variants apart by their constexprs."""
+    import torch
+
+    from benchmarks.hopper_attention_bwd import providers, timed_passes
+    from hf_flash import interface
+    from hf_flash.kernels import configs, launch
+    from hf_flash.kernels.hopper import attention_bwd as hb
+    from hf_flash.kernels.hopper import attention_fwd as hf
+    from hf_flash.kernels.launch import CachedLauncher
+
+    seen = []
+    monkeypatch.setattr(CachedLauncher, "__call__",
+                        lambda self, grid, tensors, ints, floats, meta: seen.append((self.kernel.fn.__name__,
+                                                                                      meta.kwargs)))  # fmt: skip
+    monkeypatch.setattr(configs, "hopper_enabled", lambda device: True)
+    monkeypatch.setattr(hf, "_on_hopper", lambda t: True)
+    monkeypatch.setattr(interface, "_DENSE_PLANS", launch.PlanCache())
+    monkeypatch.setattr(configs, "_HOPPER_BWD", True)
+    q, k, v, dout = (torch.randn(1, 512, h, 64, dtype=torch.bfloat16) for h in (8, 2, 2, 8))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    names = ["kv2x64-m128-s2-dqwlds", "kv2x64-m128-s2-dqwlds-dn", "kv2x64-m128-s2-dqwlds-kf"]
+    fns = providers(q, k, v, dout, True, names)
+    del fns["sdpa"]
+
+    def backward_kernels(passes):
+        taken = {}
+        for name, (fwd, ctx) in fns.items():
+            bwd, fb = timed_passes(fwd, ctx, (q, k, v), dout)
+            del seen[:]
+            (bwd if passes == "bwd" else fb)()
+            taken[name] = [(n, m.get("TILES_DOWN"), m.get("KEY_FASTEST")) for n, m in seen
+                           if n.startswith("_attn_bwd")] or [n for n, _ in seen]  # fmt: skip
+        return taken
+
+    for passes in ("bwd", "fwd+bwd"):
+        taken = backward_kernels(passes)
+        gluon = [taken["hopper:" + n] for n in names]
+        assert len({str(t) for t in gluon}) == 3, (passes, gluon)  # three variants, three kernels
+        assert gluon[1][0][1] and not gluon[0][0][1] and gluon[2][0][2] == 1, (passes, gluon)
+        assert not any(n.startswith("_attn_bwd") for n in taken["hf_flash_tbwd"]), taken["hf_flash_tbwd"]
+
+
 def test_bench_ms_min_calls_grows_the_repetition_window(monkeypatch):
     """benchmarks.harness.bench_ms(min_calls=n): one call is timed first and the timing loop's
     window (rep_ms) grows to hold n calls of that length; calls shorter than rep_ms / n keep
