@@ -262,12 +262,14 @@ def test_backward_path_head_dim_256(on_hopper):
 
 def test_backward_head_dims_follow_default(on_hopper, monkeypatch):
     """A head dim is covered exactly when DEFAULT (packed: VARLEN_DEFAULT) names a variant for
-    it: dense d64 runs the 128-row form with lse/delta in shared memory, packed d64 the 64-row
-    dK/dV form with the Gluon dQ kernel beside it (deterministic, and the faster form without the
-    guarantee too); soft-capped d64 calls keep the Triton backward."""
+    it: dense d64 runs the 128-row form with lse/delta in shared memory (causal: its tiles walked
+    down), packed d64 the 64-row dK/dV form with the Gluon dQ kernel beside it (deterministic,
+    and the faster form without the guarantee too); soft-capped d64 calls keep the Triton
+    backward."""
     from hf_flash.kernels.hopper import attention_dq as hdq
 
-    assert hb.variant_for(64, False) == hb.variant_for(64, True) == "kv2x64-m128-s2-dqwlds"
+    assert hb.variant_for(64, False) == "kv2x64-m128-s2-dqwlds"
+    assert hb.variant_for(64, True) == "kv2x64-m128-s2-dqwlds-dn"  # the same, tiles walked down
     assert hb.variant_for(64, False, varlen=True) == hb.variant_for(64, True, varlen=True) == "kv2x64-m64-s2"
     assert hdq.variant_for(64, varlen=True) == hdq.VARLEN_DEFAULT[64]
     with configs.use_deterministic(False):
