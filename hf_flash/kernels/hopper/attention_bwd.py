@@ -48,8 +48,9 @@ hand-on deferred (``defer_ds``, ``defer_dq``) and each program's query tiles wal
 down, the group's heads inside each tile (``tiles_down``) causal (``-dqwldfpsxa-dn``). By query
 count (``SEQLEN_VARIANTS``, calls without a window), d128 from 512 queries: non-causal calls run
 key block first with the last wave in pieces and queue each step's dQ product behind its dK
-product (``dq_early``); causal calls run key blocks first in chunks of two head groups. d64
-non-causal calls of 512-2K and from 24K run key block first. Without dQ in the kernel
+product (``dq_early``); causal calls run key blocks first in chunks of two head groups. The d64
+default (``kv2x64-m128-s2-dqwlds``, 128 query rows per step) walks its tiles down causal too
+(``-dqwlds-dn``); d64 non-causal calls of 512-2K and from 24K run key block first. Without dQ in the kernel
 (``kv2x64-m64-s2``, the split-D forms), :func:`hf_flash.kernels.flash_bwd.flash_attn_backward`
 runs a dQ kernel beside this one: the Gluon one (:mod:`.attention_dq`) where it covers the call,
 else the Triton one (either recomputes S and dP: 7 products for the 5 counted).
@@ -94,8 +95,8 @@ causal masking the key tiles that see the most queries start first (packed: the 
 the documents' key blocks in order). Addressing goes through TMA
 descriptors with the tensors' own strides (int64); lse/delta are read at an int64 (batch, head)
 offset plus int32 row offsets (their rows are unit-stride). The ``stats_smem`` variants (dense
-only; the d64 default ``kv2x64-m128-s2-dqwlds``, 128 query rows per step) read them from shared
-memory instead: the backward preprocess (``flash_bwd.backward_preprocess``) lays out each
+only; the d64 defaults ``kv2x64-m128-s2-dqwlds`` / ``-dn``, 128 query rows per step) read them
+from shared memory instead: the backward preprocess (``flash_bwd.backward_preprocess``) lays out each
 (batch, head, query tile) as a [lse * log2 e | delta] row pair (+inf / 0 past the end), the
 producer loads the step's pair with its Q tile, and the consumers read it where they use it.
 """
@@ -463,7 +464,7 @@ VARIANTS = {
         Variant("kv2x64-m128-s2-dqwlds-kf", block_m=128, block_n=64, stages=2, consumers=2, consumer_regs=240,
                 dq_atomic=True, dq_shared=True, dq_lag=True, dq_writer=True, dq_ordered=True, stats_smem=True,
                 key_fastest=1, head_dims=(64,)),
-        # the same with the query tiles walked from the last down, heads inside (tiles_down): the
+        # dqwlds with the query tiles walked from the last down, heads inside (tiles_down): the
         # causal d64 DEFAULT. The turn model (dq_turns_model.py at 128 query rows per step) keeps
         # 0.909 / 0.886 / 0.942 of dqwlds's causal work busy at 4K / 16K / 32K, 0.987 / 0.993 /
         # 0.997 walked down. H200, session 51 call 3 (5 rounds): backward 240 / 341 / 385 / 418 /
