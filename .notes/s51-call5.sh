@@ -1,5 +1,5 @@
 set -x
 L=$OUT
 bash benchmarks/hopper_env.sh > $L/env.txt 2>&1; cat $L/env.txt
-PYTHONPATH=. timeout 570 python benchmarks/e2e_finetune.py --out $L --points llama-8b:32768:hf_flash llama-8b:32768:sdpa --steps 4 --no-loss --keep-attention on --timeout 275 > $L/e2e8b.log 2>&1; echo "e2e rc $?"
-tail -25 $L/e2e8b.log
+PYTHONPATH=. timeout 400 python benchmarks/hopper_attention_bwd.py $L/kf4.json --head-dims 128 --masks causal --seqlens 512 1024 2048 4096 8192 16384 32768 --variants kv2x64-m64-s2-dqwldfpsxa-dn-kf2 kv2x64-m64-s2-dqwldfpsxa-dn-kf4 kv2x64-m64-s2-dqwldfpsxa-dn --library-default --no-triton-backward --rounds 5 > $L/kf4.log 2>&1; echo "bench rc $?"
+tail -25 $L/kf4.log
