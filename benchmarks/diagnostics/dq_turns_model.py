@@ -1,7 +1,7 @@
 """A step-count model of the Gluon backward's ordered dQ additions, causal or unmasked (no GPU).
 
     python benchmarks/diagnostics/dq_turns_model.py [--sms 132] [--group 4] [--kv-heads 8]
-        [--masks causal full]
+        [--masks causal full] [--key-fastest G] [--block-m 64|128]
 
 The deterministic backward adds each (batch, head, 64-row query tile) of dQ in a fixed order of
 the key blocks (128 keys per program): a program's writer waits until every block before it in
@@ -23,7 +23,11 @@ alone leave idle, for the walks and turn orders below:
 
 ``--key-fastest G`` launches the programs in chunks of G (batch, K/V head) pairs, key block
 slower than the pair inside a chunk (``Variant.key_fastest``): causal ``tiles_down`` keeps
-0.971-0.997 of the work busy with G = 4 and 0.884-0.995 with G = 2 at 4K-32K.
+0.971-0.997 of the work busy with G = 4 and 0.884-0.995 with G = 2 at 4K-32K (measured, chunks
+of four ran 0.97-1.02x chunks of two at 512-32K: the chunks' tail the model counts at 4K does not
+show in the kernel). ``--block-m 128``: the d64 forms' steps of 128 query rows; there the upward
+walk keeps 0.89-0.94 of the causal work busy at 4K-32K and ``tiles_down`` 0.987-0.997 (the d64
+causal default walks down since; measured 1.00-1.07x the upward walk).
 
 Found with it (bar shapes, Hq=32, Hkv=8, 132 SMs): ``ascending`` keeps 0.89-0.94 of the work
 busy at 4K-32K, ``none`` 0.99+; ``tiles_down`` 0.99 (on the global-statistics form, session 20,
@@ -82,10 +86,11 @@ def _rounds_desc_ranks(progs, sms, n_bhk, keys_per_tile=2):
     return rank
 
 
-def simulate(seqlen, batch, order, sms=132, kv_heads=8, group=4, causal=True, key_fastest=0):
-    """(makespan in steps, the work divided by the SMs)."""
+def simulate(seqlen, batch, order, sms=132, kv_heads=8, group=4, causal=True, key_fastest=0, block_m=64):
+    """(makespan in steps, the work divided by the SMs); ``block_m`` query rows per step (64: the
+    d128 forms, 128: the d64 ones)."""
     progs = programs(seqlen, batch, kv_heads, group, tiles_down=order == "tiles_down", causal=causal,
-                     key_fastest=key_fastest)  # fmt: skip
+                     key_fastest=key_fastest, block_m=block_m)  # fmt: skip
     work = sum(len(w) for _, _, w in progs)
     if order == "none":
         free = [0] * sms
@@ -98,7 +103,7 @@ def simulate(seqlen, batch, order, sms=132, kv_heads=8, group=4, causal=True, ke
     if order == "rounds_desc":
         if not causal:
             raise ValueError("rounds_desc models causal programs only (its ranks assume causal tiles)")
-        rank = _rounds_desc_ranks(progs, sms, batch * kv_heads)
+        rank = _rounds_desc_ranks(progs, sms, batch * kv_heads, keys_per_tile=128 // block_m)
         queues = [list(range(c, len(progs), sms)) for c in range(sms)]
     else:
         rank = lambda i, tile: progs[i][1]  # noqa: E731  (ascending key blocks, no left window)
@@ -145,6 +150,8 @@ def main(argv=None) -> None:
     ap.add_argument("--orders", nargs="+", choices=ORDERS, default=None,
                     help="default: all for causal, ascending and none for full")  # fmt: skip
     ap.add_argument("--masks", nargs="+", choices=("causal", "full"), default=["causal"])
+    ap.add_argument("--block-m", type=int, default=64, choices=(64, 128),
+                    help="query rows per step: 64 (the d128 forms) or 128 (the d64 ones)")
     ap.add_argument("--key-fastest", type=int, default=0,
                     help="launch order in chunks of this many (batch, K/V head) pairs, key block fastest")  # fmt: skip
     args = ap.parse_args(argv)
@@ -155,7 +162,7 @@ def main(argv=None) -> None:
             cells = []
             for order in orders:
                 span, ideal = simulate(seqlen, batch, order, args.sms, args.kv_heads, args.group, causal,
-                                       args.key_fastest)  # fmt: skip
+                                       args.key_fastest, args.block_m)  # fmt: skip
                 cells.append(f"{order} {ideal / span:.3f}")
             print(f"{mask} S={seqlen:5d} B={batch}: busy share " + ", ".join(cells), flush=True)
 

@@ -210,6 +210,21 @@ def test_dq_turns_model_counts_the_waits_of_the_ordered_additions():
     assert ideal == 20.0 and span > simulate(512, 1, "none", sms=2, kv_heads=1, group=2)[0]
 
 
+def test_dq_turns_model_at_128_rows_per_step():
+    """The d64 forms' steps (128 query rows): 512 causal queries, 4 key blocks of 128 (4, 3, 2 and
+    1 query tiles per head, 2 heads: 20 steps), 4 SMs. Ascending turns, tiles upwards head by
+    head: block k waits for block k - 1 at each tile and again at the head boundary, and block 3
+    ends at step 11; tiles downwards, block k trails block k - 1 by one step and block 0 (8
+    steps) ends last, as without turns."""
+    from benchmarks.diagnostics.dq_turns_model import simulate
+
+    shape = dict(sms=4, kv_heads=1, group=2, block_m=128)
+    assert simulate(512, 1, "ascending", **shape) == (11, 5.0)
+    assert simulate(512, 1, "tiles_down", **shape) == (8, 5.0)
+    assert simulate(512, 1, "none", **shape) == (8, 5.0)
+    assert simulate(512, 1, "rounds_desc", **shape) == (8, 5.0)
+
+
 def test_dq_turns_model_without_masking():
     """The same case without masking: each of the 4 blocks walks all 8 tiles of both heads (16
     steps). Block k waits k steps for its first turn and then trails block k - 1 by one step,
