@@ -17,6 +17,7 @@ import torch
 from hf_flash import flash_attn_func, interface
 from hf_flash.kernels import configs, launch
 from hf_flash.kernels.hopper import attention_bwd as hb
+from hf_flash.kernels.hopper import attention_dq
 from hf_flash.kernels.hopper import attention_fwd as hf
 from hf_flash.kernels.launch import CachedLauncher
 
@@ -116,7 +117,6 @@ def test_repeats_skip_the_checks_and_the_dispatch(launches, monkeypatch, d, kwar
     q, k, v, dout = _inputs(2, 200, 200, 8, 2, d, BF16, None)
     _fwd_bwd(q, k, v, dout, **kwargs)
     from hf_flash.kernels import flash_bwd, flash_fwd
-    from hf_flash.kernels.hopper import attention_dq
 
     def refuse(*args, **kwargs):
         raise AssertionError("a planned repeat worked out its call again")
@@ -134,7 +134,7 @@ def test_repeats_skip_the_checks_and_the_dispatch(launches, monkeypatch, d, kwar
 
 @pytest.mark.parametrize("d,kwargs,pin", [
     (128, dict(causal=True), lambda: hb.pinned("kv2x64-m64-s2-dqwld", (128,))),
-    (256, dict(causal=True), lambda: attention_dq_pinned(256, "triton")),
+    (256, dict(causal=True), lambda: attention_dq.pinned(256, "triton")),
 ], ids=["backward-variant", "dq-kernel"])  # fmt: skip
 def test_a_pinned_variant_is_not_served_a_plan_built_before_it(launches, d, kwargs, pin):
     """A signature planned under the default tables, then called inside ``pinned`` (the way
@@ -160,12 +160,6 @@ def test_a_pinned_variant_is_not_served_a_plan_built_before_it(launches, d, kwar
         assert run(general=False) == pinned
         assert run(general=False) == pinned
     assert run(general=False) == default
-
-
-def attention_dq_pinned(head_dim, dq):
-    from hf_flash.kernels.hopper import attention_dq
-
-    return attention_dq.pinned(head_dim, dq)
 
 
 def test_forward_without_grad_and_with_other_dout_layouts(launches):

@@ -50,8 +50,8 @@ count (``SEQLEN_VARIANTS``, calls without a window), d128 from 512 queries: non-
 key block first with the last wave in pieces and queue each step's dQ product behind its dK
 product (``dq_early``); causal calls run key blocks first in chunks of two head groups. The d64
 default (``kv2x64-m128-s2-dqwlds``, 128 query rows per step) walks its tiles down causal too
-(``-dqwlds-dn``); d64 non-causal calls of 512-2K and from 24K run key block first. Without dQ in the kernel
-(``kv2x64-m64-s2``, the split-D forms), :func:`hf_flash.kernels.flash_bwd.flash_attn_backward`
+(``-dqwlds-dn``); d64 non-causal calls of 512-2K and from 24K run key block first. Without dQ in
+the kernel (``kv2x64-m64-s2``, the split-D forms), :func:`hf_flash.kernels.flash_bwd.flash_attn_backward`
 runs a dQ kernel beside this one: the Gluon one (:mod:`.attention_dq`) where it covers the call,
 else the Triton one (either recomputes S and dP: 7 products for the 5 counted).
 
@@ -96,8 +96,8 @@ the documents' key blocks in order). Addressing goes through TMA
 descriptors with the tensors' own strides (int64); lse/delta are read at an int64 (batch, head)
 offset plus int32 row offsets (their rows are unit-stride). The ``stats_smem`` variants (dense
 only; the d64 defaults ``kv2x64-m128-s2-dqwlds`` / ``-dn``, 128 query rows per step) read them
-from shared memory instead: the backward preprocess (``flash_bwd.backward_preprocess``) lays out each
-(batch, head, query tile) as a [lse * log2 e | delta] row pair (+inf / 0 past the end), the
+from shared memory instead: the backward preprocess (``flash_bwd.backward_preprocess``) lays out
+each (batch, head, query tile) as a [lse * log2 e | delta] row pair (+inf / 0 past the end), the
 producer loads the step's pair with its Q tile, and the consumers read it where they use it.
 """
 
