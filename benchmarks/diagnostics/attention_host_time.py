@@ -463,12 +463,67 @@ def _primitives(q, k, v, dout, out, lse, scale):
 
             prims.append(("make_tensordesc_arg (encode one descriptor)",
                           lambda: make_tensordesc_arg(desc, metas[0])))  # fmt: skip
+    prims += _launch_layers(q, k, v, out, lse, scale)
     prims += [
         ("autograd.Function apply, no-op (3 inputs)", lambda: _Noop.apply(q_g, k_g, v_g)),
         ("autograd.grad of that no-op", lambda: torch.autograd.grad(_Noop.apply(q_g, k_g, v_g), (q_g, k_g, v_g),
                                                                     dout)),
     ]
     return prims
+
+
+def _launch_layers(q, k, v, out, lse, scale):
+    """(label, call) for the layers of one Gluon forward launch from its kept plan down to the
+    driver: the plan's pointer arguments rebuilt (descriptors), the cached launcher
+    (:class:`~hf_flash.kernels.launch.CachedLauncher`: keys, then the compiled kernel's
+    launcher), Triton's ``CompiledKernel.run`` (``CudaLauncher``: scratch, then its descriptor
+    wrapper) with ready arguments, and the generated C launcher alone with every descriptor
+    already encoded (argument parsing, pointer checks, ``cuLaunchKernelEx``)."""
+    from triton.backends.nvidia.driver import _BASE_ARGS_FORMAT_LEN, make_tensordesc_arg
+
+    from hf_flash.kernels import launch
+    from hf_flash.kernels.hopper import attention_fwd as hk
+
+    variant = hk.default_variant(q.shape[-1], True, seqlen_q=q.shape[1])
+    hk.hopper_attention_forward(q, k, v, out, lse, softmax_scale=scale, causal=True, variant=variant)
+    counter = hk.item_counter(q.device) if hk.VARIANTS[variant].dynamic else None
+    tensors = (q, k, v, out, lse, None, None, None, counter)
+    plan = hk._plan(tensors, variant, True, (-1, 0), 0.0, scale)
+    ptrs = plan.pointers(tensors)
+    launcher = hk._FORWARD
+    launcher(plan.grid, ptrs, plan.ints, plan.floats, plan.meta)  # (an exact entry for these arguments)
+    spec, tkey = launch.tensor_spec(ptrs)
+    entry = next((e for key, e in launcher._exact.items() if key[1] == plan.ints), None)
+    layers = [
+        ("launch: plan.pointers (4 descriptors built)", lambda: plan.pointers(tensors)),
+        ("launch: CachedLauncher, ready pointers", lambda: launcher(plan.grid, ptrs, plan.ints, plan.floats,
+                                                                    plan.meta)),
+    ]
+    if entry is None:
+        return layers
+    run, function, packed = entry
+    grid = tuple(plan.grid) + (1,) * (3 - len(plan.grid))
+    stream = torch.cuda.current_stream().cuda_stream
+    tail = (*spec, *plan.ints, *plan.floats, *plan.meta.tail)
+    layers.append(("launch: CompiledKernel.run, ready arguments",
+                   lambda: run(*grid, stream, function, packed, None, None, None, *tail)))  # fmt: skip
+    inner = run.launch
+    cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__ or ())))
+    raw, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
+    if raw is None or indices is None or run.global_scratch_size or run.profile_scratch_size:
+        return layers
+    expanded, d = [], 0
+    for i, arg in enumerate(tail):
+        if i in indices:
+            expanded.extend(make_tensordesc_arg(arg, metas[d] if metas else None))
+            d += 1
+        else:
+            expanded.append(arg)
+    base = (*grid, stream, function, run.launch_cooperative_grid, run.launch_pdl, None, None, packed, None, None,
+            None)  # fmt: skip
+    assert len(base) == _BASE_ARGS_FORMAT_LEN
+    layers.append(("launch: C launcher, descriptors encoded", lambda: raw(*base, *expanded)))
+    return layers
 
 
 class _Noop(torch.autograd.Function):
@@ -512,7 +567,20 @@ def _stages(q, k, v, qg, kg, vg, dout, out, lse, scale):
         hb.launch_args(q, k, v, dout, lse, delta, dk, dv, dq_accum, dq_sem, stats, softmax_scale=scale, causal=True,
                        variant=variant, window=(-1, 0))  # fmt: skip
 
+    from hf_flash import interface
+
+    plan_args = (0.0, None, True, (-1, -1), 0.0, None, False, None, None, None)
+    plan = interface._dense_plan(qg, kg, vg, *plan_args)
+    planned = []
+    if plan is not None:
+        saved = (q, k, v, *plan.attend(q, k, v))
+        planned = [
+            ("interface._dense_plan (kept plan)", lambda: interface._dense_plan(qg, kg, vg, *plan_args)),
+            ("_DensePlan.attend (forward, allocations)", lambda: plan.attend(q, k, v)),
+            ("_DensePlan.grads (backward, allocations)", lambda: plan.grads(dout, *saved)),
+        ]
     return [
+        *planned,
         ("forward_path", lambda: flash_fwd.forward_path(q, k, v, out, **path)),
         ("attention_fwd.supports", lambda: hk.supports(q, k, v, causal=True, window=(-1, 0), softmax_scale=scale)),
         ("flash_fwd.flash_attn_forward", lambda: flash_fwd.flash_attn_forward(q, k, v, out, lse, **opts)),
