@@ -240,6 +240,189 @@ def test_doubtful_calls_take_triton_path(fake, monkeypatch, case):
     assert launcher.fast == 0 and launcher.normal == 3
 
 
+# ---- the generated C launcher called directly: Triton 3.6's CudaLauncher around a recording
+# stand-in for the C function, with Triton's own descriptor wrapper, and descriptors "encoded" by
+# a stand-in for make_tensordesc_arg (the real one asks the CUDA driver)
+
+
+class _RawLaunch:
+    """Stands in for the generated C launcher: records every call's arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+def _cuda_launcher(raw, signature: dict):
+    """A Triton CudaLauncher whose C launcher is ``raw`` (Triton's own wrapper for descriptor
+    parameters in ``signature``; each descriptor's metadata names its position)."""
+    from triton.backends.nvidia import driver
+
+    run = object.__new__(driver.CudaLauncher)
+    metas = [{"at": i} for i, sig in signature.items() if sig.startswith("tensordesc")]
+    run.launch = driver.wrap_handle_tensordesc(raw, signature, metas or None)
+    run.num_ctas = 1
+    run.global_scratch_size = run.profile_scratch_size = 0
+    run.global_scratch_align = run.profile_scratch_align = 1
+    run.launch_cooperative_grid, run.launch_pdl = False, True
+    return run
+
+
+class _TritonLaunchedKernel(_Kernel):
+    """``kernel[grid](...)`` logs the call and returns a compiled kernel whose ``run`` is a real
+    CudaLauncher around one shared :class:`_RawLaunch`."""
+
+    def __init__(self, names, signature):
+        super().__init__(names)
+        self.raw = _RawLaunch()
+        self.signature = signature
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.compiled += 1
+            self.log.append(("normal", self.compiled, grid, args))
+            compiled = _Compiled(self.log, self.compiled)
+            compiled.run = _cuda_launcher(self.raw, self.signature)
+            return compiled
+
+        return run
+
+
+@pytest.fixture
+def encodings(monkeypatch):
+    """Descriptors encoded by a stand-in for Triton's make_tensordesc_arg; the list of encodings."""
+    from triton.backends.nvidia import driver
+
+    made = []
+
+    def encode(desc, metadata):
+        made.append(desc.base.data_ptr())
+        return [("map", desc.base.data_ptr(), tuple(desc.block_shape), metadata["at"]), *desc.shape, *desc.strides]
+
+    monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
+    return made
+
+
+def _launcher_for(kernel, monkeypatch):
+    launcher = launch.CachedLauncher(kernel)
+    launcher._jit = kernel
+    launcher._params = [p.name for p in kernel.params]
+    launcher._driver = (lambda: 0, lambda device: 1234)
+    monkeypatch.setattr(launch, "_ENABLED", True)
+    return launcher
+
+
+def test_plain_kernels_launch_through_the_c_launcher_as_triton_would(monkeypatch):
+    """Without descriptor parameters the fast path calls the C launcher itself, with exactly what
+    Triton's CudaLauncher would hand it."""
+    signature = {0: "*fp16", 1: "*fp32", 2: "i32", 3: "i32", 4: "fp32", 5: "constexpr", 6: "constexpr"}
+    kernel = _TritonLaunchedKernel(["X", "Y", "n", "m", "scale", "BLOCK", "FLAG"], signature)
+    launcher = _launcher_for(kernel, monkeypatch)
+    meta = launcher.meta(BLOCK=64, FLAG=True, num_warps=4)
+    x, y = _OnGpu(torch.zeros(32, dtype=torch.float16)), _OnGpu(torch.zeros(32, dtype=torch.float32))
+    launcher((4, 2), (x, y), (7, 32), (0.5,), meta)  # Triton's own path: compiles
+    launcher((4, 2), (x, y), (7, 32), (0.5,), meta)
+    assert (launcher.normal, launcher.fast, len(kernel.raw.calls)) == (1, 1, 1)
+    # what Triton's CudaLauncher passes its C launcher for the same call
+    compiled = next(iter(launcher._spec.values()))
+    compiled[0](4, 2, 1, 1234, compiled[1], compiled[2], None, None, None, x.data_ptr(), y.data_ptr(), 7, 32, 0.5,
+                64, True)  # fmt: skip
+    assert kernel.raw.calls[0] == kernel.raw.calls[1]
+    assert kernel.raw.calls[0][:13] == (4, 2, 1, 1234, "function-1", False, True, None, None, ("packed", 1), None,
+                                        None, None)  # fmt: skip
+
+
+def _desc_plan(launcher, tensors, block=(16, 8)):
+    a, x, b = tensors
+    pointers = [launch.tma_descriptor(a, [64, 8], [8, 1], list(block), "layout-a"), x,
+                launch.tma_descriptor(b, [32, 8], [8, 1], [16, 8], "layout-b")]  # fmt: skip
+    meta = launcher.meta(BLOCK=64, FLAG=True, num_warps=4)
+    return launch.LaunchPlan.capture((3, 2), pointers, (7, 32), (0.5,), meta, tensors)
+
+
+DESC_SIGNATURE = {0: "tensordesc<bf16[16, 8]>", 1: "*fp32", 2: "tensordesc<bf16[16, 8]>", 3: "i32", 4: "i32",
+                  5: "fp32", 6: "constexpr", 7: "constexpr"}  # fmt: skip
+DESC_NAMES = ["A", "X", "B", "n", "m", "scale", "BLOCK", "FLAG"]
+
+
+def _gpu_tensors(offset=0):
+    buf = torch.zeros(1024, dtype=torch.bfloat16)
+    x = torch.zeros(64 + 8, dtype=torch.float32)
+    return _OnGpu(buf[:512]), _OnGpu(x[offset:]), _OnGpu(buf[512:])
+
+
+def test_bound_plans_launch_what_triton_launches(monkeypatch, encodings):
+    """A launch plan's first fast launch binds it; later launches go straight to the C launcher
+    with the arguments Triton's descriptor wrapper would build, follow new pointers, encode each
+    descriptor base once, and leave the bound path when a plain pointer's alignment changes."""
+    kernel = _TritonLaunchedKernel(DESC_NAMES, DESC_SIGNATURE)
+    launcher = _launcher_for(kernel, monkeypatch)
+    tensors = _gpu_tensors()
+    plan = _desc_plan(launcher, tensors)
+    launcher.run_plan(plan, tensors)  # Triton's own path (compiles)
+    assert plan.bound is None and launcher.normal == 1
+    launcher.run_plan(plan, tensors)  # fast, through Triton's CudaLauncher; binds
+    assert plan.bound and len(kernel.raw.calls) == 1
+    launcher.run_plan(plan, tensors)  # bound: the C launcher directly
+    assert (launcher.normal, launcher.fast, len(kernel.raw.calls)) == (1, 2, 2)
+    assert kernel.raw.calls[1] == kernel.raw.calls[0]
+    a, x, b = tensors
+    assert kernel.raw.calls[0][13:] == (("map", a.data_ptr(), (16, 8), 0), 64, 8, 8, 1, x.data_ptr(),
+                                        ("map", b.data_ptr(), (16, 8), 2), 32, 8, 8, 1, 7, 32, 0.5, 64, True)
+    assert encodings.count(a.data_ptr()) == 2  # Triton's wrapper once, the bound plan once
+    # other buffers, same alignment: the bound path, with their pointers
+    others = _gpu_tensors()
+    launcher.run_plan(plan, others)
+    launcher(plan.grid, plan.pointers(others), plan.ints, plan.floats, plan.meta)  # through Triton's wrapper
+    assert kernel.raw.calls[-1] == kernel.raw.calls[-2] and kernel.raw.calls[-1] != kernel.raw.calls[0]
+    launcher.run_plan(plan, tensors)
+    assert kernel.raw.calls[-1] == kernel.raw.calls[0]
+    assert encodings.count(a.data_ptr()) == 2  # kept
+    # the plain pointer off its 16-byte alignment: a new specialisation, Triton's own path
+    calls = len(kernel.raw.calls)
+    unaligned = _gpu_tensors(offset=1)
+    launcher.run_plan(plan, unaligned)
+    assert launcher.normal == 2 and len(kernel.raw.calls) == calls
+
+
+@pytest.mark.parametrize("case", ["device", "debug", "disabled", "hooks"])
+def test_bound_plans_step_aside(monkeypatch, encodings, case):
+    """A bound plan launches only under what it was bound under."""
+    kernel = _TritonLaunchedKernel(DESC_NAMES, DESC_SIGNATURE)
+    launcher = _launcher_for(kernel, monkeypatch)
+    tensors = _gpu_tensors()
+    plan = _desc_plan(launcher, tensors)
+    for _ in range(3):
+        launcher.run_plan(plan, tensors)
+    raw_calls = len(kernel.raw.calls)
+    if case == "device":
+        launcher._driver = (lambda: 1, launcher._driver[1])
+    elif case == "debug":
+        monkeypatch.setattr(triton.knobs.runtime, "debug", not triton.knobs.runtime.debug)
+    elif case == "disabled":
+        monkeypatch.setattr(launch, "_ENABLED", False)
+    else:
+        monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    normal = launcher.normal
+    launcher.run_plan(plan, tensors)
+    assert launcher.normal == normal + 1 and len(kernel.raw.calls) == raw_calls
+
+
+def test_plans_of_stand_in_launchers_stay_unbound(fake):
+    """A compiled kernel whose launcher is not Triton's CudaLauncher (here the stand-in) is
+    called as before and its plans never bind."""
+    kernel, launcher = fake
+    x = _OnGpu(torch.zeros(32, dtype=torch.float16))
+    meta = launcher.meta(BLOCK=64, FLAG=True, num_warps=4)
+    plan = launch.LaunchPlan.capture((1,), [x, x], (7, 33), (0.5,), meta, (x,))
+    for _ in range(3):
+        launcher.run_plan(plan, (x,))
+    assert plan.bound is False and (launcher.normal, launcher.fast) == (1, 2)
+    assert [entry[0] for entry in kernel.log] == ["normal", "fast", "fast"]
+
+
 def test_fast_launch_switch_is_off_under_the_interpreter():
     # CI runs the interpreter: the kernels are not JITFunctions and the switch stays off
     if launch._supported():

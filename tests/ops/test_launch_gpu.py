@@ -49,6 +49,7 @@ class _Audit:
         self.meta = launcher.meta
         self.meta_for = launcher.meta_for
         self.checked = 0
+        self.bound = 0  # fast launches of bound plans (CachedLauncher.run_plan)
         used = self.used = []
 
         class Recording(dict):
@@ -68,6 +69,24 @@ class _Audit:
             entry = next(e for e in reversed(self.used) if e is not None)
             compiled = _triton_choice(self.launcher.kernel, tensors, ints, floats, meta)
             assert compiled is not None and entry[1] == compiled.function
+            self.checked += 1
+
+    def run_plan(self, plan, tensors):
+        """As the launcher's run_plan; a fast launch (bound to its kernel, or through the keys)
+        audited like a call."""
+        fast = self.launcher.fast
+        bound = plan.bound
+        self.used.clear()
+        self.launcher.run_plan(plan, tensors)
+        if self.launcher.fast > fast:
+            if self.used:  # through the keys
+                function = next(e for e in reversed(self.used) if e is not None)[1]
+            else:  # the bound path
+                assert bound, "a fast launch without a key lookup must be a bound plan's"
+                function = bound.function
+                self.bound += 1
+            compiled = _triton_choice(self.launcher.kernel, plan.pointers(tensors), plan.ints, plan.floats, plan.meta)
+            assert compiled is not None and function == compiled.function
             self.checked += 1
 
 
@@ -274,6 +293,8 @@ def test_gluon_kernels_repeat_through_the_fast_path(monkeypatch, packed):
     for _ in range(3):
         assert _equal(call(), want)
     assert audits["_FORWARD"].checked >= 2 and audits["_BACKWARD"].checked >= 2
+    # the Gluon forward and backward launch from plans, bound after their first fast launch
+    assert audits["_FORWARD"].bound >= 1 and audits["_BACKWARD"].bound >= 1
     if packed:
         assert audits["_SCHEDULE"].checked >= 2
     else:  # the dense default's fragment-order dQ

@@ -36,6 +36,10 @@ class _Recorder:
     def __call__(self, grid, pointers, ints, floats, meta):
         self.calls.append((tuple(grid), list(pointers), tuple(ints), tuple(floats), meta))
 
+    def run_plan(self, plan, tensors):
+        """As CachedLauncher.run_plan: the launch of the plan's arguments for these tensors."""
+        self(plan.grid, plan.pointers(tensors), plan.ints, plan.floats, plan.meta)
+
 
 def _same_pointer(a, b) -> bool:
     if a is None or b is None:

@@ -2514,7 +2514,7 @@ def hopper_attention_backward(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     plan = _PLANS.get(key, lambda: _plan(tensors, variant, causal, window, softcap, softmax_scale, tail))
     launcher = _BACKWARD_SPLIT_D if var.split_d else _BACKWARD
     with configs.device_guard(q.device):
-        launcher(plan.grid, plan.pointers(tensors), plan.ints, plan.floats, plan.meta)
+        launcher.run_plan(plan, tensors)
         if tail is not None:
             tail_sum(tail, dk, dv, softmax_scale, var.keys)
         if var.dq_frag:

@@ -484,7 +484,7 @@ def hopper_attention_dq(q, k, v, dout, lse, delta, dq, *, softmax_scale, causal,
     tensors = (q, k, v, dout, lse, delta, dq, sched, cu_seqlens_q, cu_seqlens_k)
     with configs.device_guard(q.device):
         plan = _PLANS.get(key, lambda: _plan(tensors, variant, causal, window, softcap, softmax_scale))
-        _DQ(plan.grid, plan.pointers(tensors), plan.ints, plan.floats, plan.meta)
+        _DQ.run_plan(plan, tensors)
 
 
 def _plan(tensors, variant, causal, window, softcap, softmax_scale) -> LaunchPlan:

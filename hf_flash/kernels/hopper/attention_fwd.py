@@ -1582,7 +1582,7 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
         counter = item_counter(q.device) if var.dynamic else None
         tensors = (q, k, v, out, lse, sched, cu_seqlens_q, cu_seqlens_k, counter)
         plan = _PLANS.get(key, lambda: _plan(tensors, variant, causal, window, softcap, softmax_scale))
-        _FORWARD(plan.grid, plan.pointers(tensors), plan.ints, plan.floats, plan.meta)
+        _FORWARD.run_plan(plan, tensors)
 
 
 def item_counter(device) -> torch.Tensor:
