@@ -423,8 +423,10 @@ class _BoundLaunch:
     """A :class:`LaunchPlan` tied to the compiled kernel its first fast launch found: the C
     launcher, function, packed metadata and flags, the device and Triton settings it was found
     under, the plan's grid and non-pointer arguments in one tuple, and a recipe per pointer
-    parameter: None, a plain tensor slot (with the 16-byte alignment it was specialised on) or a
-    descriptor slot with its geometry, its encoding metadata and the encodings made so far."""
+    parameter: None, a plain tensor's (slot, dtype) (with the 16-byte alignment it was
+    specialised on, in ``aligned``) or a descriptor's (slot, its base's dtype, geometry, encoding
+    metadata, the encodings made so far). What Triton specialises on is checked on every launch
+    (dtypes, alignment, device), as the keys would."""
 
     __slots__ = ("owner", "raw", "function", "packed", "cooperative", "pdl", "device", "debug", "instrumentation",
                  "grid", "tail", "parts", "aligned")  # fmt: skip
@@ -447,12 +449,14 @@ class _BoundLaunch:
         self.tail = (*plan.ints, *plan.floats, *plan.meta.tail)
         parts, aligned = [], []
         for i, part in enumerate(plan.parts):
-            if part is None or part.__class__ is int:
-                parts.append(part)
-                if part is not None:
-                    aligned.append(not tensors[part].data_ptr() & 15)
+            if part is None:
+                parts.append(None)
+            elif part.__class__ is int:
+                t = tensors[part]
+                parts.append((part, t.dtype))
+                aligned.append(not t.data_ptr() & 15)
             else:
-                parts.append((part[0], part[1:], direct.descriptors[i], {}))
+                parts.append((part[0], tensors[part[0]].dtype, part[1:], direct.descriptors[i], {}))
         self.parts = tuple(parts)
         self.aligned = tuple(aligned)
         return self
@@ -460,7 +464,7 @@ class _BoundLaunch:
     def launch(self, tensors) -> bool:
         """Launch with ``tensors`` in the plan's slots; False (nothing launched) where the call
         differs from what the kernel was found for (device, Triton's debug or instrumentation
-        setting, a plain pointer's alignment, a tensor off the GPU)."""
+        setting, a tensor's dtype, a plain pointer's alignment, a tensor off the GPU)."""
         device = self.owner._driver[0]()
         if (device != self.device or triton.knobs.runtime.debug != self.debug
                 or triton.knobs.compilation.instrumentation_mode != self.instrumentation):  # fmt: skip
@@ -470,16 +474,18 @@ class _BoundLaunch:
         for part in self.parts:
             if part is None:
                 add(None)
-            elif part.__class__ is int:
-                t = tensors[part]
-                if not t.is_cuda:
+            elif len(part) == 2:
+                t = tensors[part[0]]
+                if t.dtype is not part[1] or not t.is_cuda:
                     return False
                 p = t.data_ptr()
                 add(p)
                 check(not p & 15)
             else:
-                slot, geometry, metadata, encoded = part
+                slot, dtype, geometry, metadata, encoded = part
                 base = tensors[slot]
+                if base.dtype is not dtype:
+                    return False
                 p = base.data_ptr()
                 enc = encoded.get(p)
                 if enc is None:

@@ -387,9 +387,10 @@ def test_bound_plans_launch_what_triton_launches(monkeypatch, encodings):
     assert launcher.normal == 2 and len(kernel.raw.calls) == calls
 
 
-@pytest.mark.parametrize("case", ["device", "debug", "disabled", "hooks"])
+@pytest.mark.parametrize("case", ["device", "debug", "disabled", "hooks", "plain dtype", "descriptor dtype"])
 def test_bound_plans_step_aside(monkeypatch, encodings, case):
-    """A bound plan launches only under what it was bound under."""
+    """A bound plan launches only under what it was bound under, for tensors of the dtypes it
+    was bound for."""
     kernel = _TritonLaunchedKernel(DESC_NAMES, DESC_SIGNATURE)
     launcher = _launcher_for(kernel, monkeypatch)
     tensors = _gpu_tensors()
@@ -403,8 +404,12 @@ def test_bound_plans_step_aside(monkeypatch, encodings, case):
         monkeypatch.setattr(triton.knobs.runtime, "debug", not triton.knobs.runtime.debug)
     elif case == "disabled":
         monkeypatch.setattr(launch, "_ENABLED", False)
-    else:
+    elif case == "hooks":
         monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    elif case == "plain dtype":
+        tensors = (tensors[0], _OnGpu(torch.zeros(64, dtype=torch.float16)), tensors[2])
+    else:
+        tensors = (_OnGpu(torch.zeros(512, dtype=torch.float16)), *tensors[1:])
     normal = launcher.normal
     launcher.run_plan(plan, tensors)
     assert launcher.normal == normal + 1 and len(kernel.raw.calls) == raw_calls
