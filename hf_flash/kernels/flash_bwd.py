@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from . import configs
-from .launch import CachedLauncher
+from .launch import CachedLauncher, LaunchPlan, PlanCache
 from .flash_common import (
     LOG2E, dropout_keep, load_row_bounds, query_tile_key_runs, query_tile_runs, scores_log2, seq_bounds,
     visible,
@@ -712,22 +712,32 @@ def backward_preprocess(out, dout, dlse, lse, *, cu_seqlens_q, max_seqlen_q, sta
     if dlse is not None:
         dlse = dlse.contiguous()
     delta = torch.empty_like(lse)
+    tensors = (out, dout, dlse, lse, delta, stats, dq_sem, cu_seqlens_q)
+    # everything the launch's grid, integers and constexprs follow from (the launch checks dtypes)
+    key = (out.shape, out.stride(), dout.stride(), lse.stride(), None if dlse is None else dlse.stride(), varlen,
+           batch, rows, stats_m, dq_sem is not None)  # fmt: skip
+    plan = _PREPROCESS_PLANS.get(key, lambda: _preprocess_plan(tensors, varlen, batch, seqlen_q, nheads, head_dim,
+                                                               rows, stride_lb, stride_lh, stats_m))  # fmt: skip
+    _PREPROCESS.run_plan(plan, tensors)
+    return delta, stats
+
+
+def _preprocess_plan(tensors, varlen, batch, seqlen_q, nheads, head_dim, rows, stride_lb, stride_lh,
+                     stats_m) -> LaunchPlan:  # fmt: skip
+    """:func:`backward_preprocess`'s launch for its ``tensors`` (the launch's pointer arguments)."""
+    out, dout, dlse, _lse, _delta, _stats, dq_sem, _cu = tensors
     block_d = configs.head_dim_block(head_dim)
     pre_m = 64 if block_d <= 256 else 32  # out and dO tiles of pre_m x block_d in registers
-    _PREPROCESS(
-        (configs.cdiv(rows, pre_m), batch * nheads),
-        (out, dout, dlse, lse, delta, stats, dq_sem, cu_seqlens_q),
-        (*_dense_or_varlen_strides(out, varlen), *_dense_or_varlen_strides(dout, varlen),
-         stride_lb, stride_lh, seqlen_q, nheads),
-        (),
-        _PREPROCESS.meta_for(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m, IS_VARLEN=varlen,
-                             HAS_DLSE=dlse is not None, STATS_M=stats_m, ZERO_SEM=dq_sem is not None),
-    )  # fmt: skip
-    return delta, stats
+    meta = _PREPROCESS.meta_for(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m, IS_VARLEN=varlen,
+                                HAS_DLSE=dlse is not None, STATS_M=stats_m, ZERO_SEM=dq_sem is not None)  # fmt: skip
+    ints = (*_dense_or_varlen_strides(out, varlen), *_dense_or_varlen_strides(dout, varlen), stride_lb, stride_lh,
+            seqlen_q, nheads)  # fmt: skip
+    return LaunchPlan.capture((configs.cdiv(rows, pre_m), batch * nheads), tensors, ints, (), meta, tensors)
 
 
 # cached launches (kernels/launch.py): ~100 us less host time per call than kernel[grid](...)
 _PREPROCESS = CachedLauncher(_bwd_preprocess)
+_PREPROCESS_PLANS = PlanCache()
 _DKDV = CachedLauncher(_bwd_dkdv_kernel)
 _DQ = CachedLauncher(_bwd_dq_kernel)
 
