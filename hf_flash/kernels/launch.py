@@ -49,9 +49,9 @@ scratch: for kernels without TMA descriptor parameters on every fast launch, and
 plan once its first fast launch has found its compiled kernel (:meth:`CachedLauncher.run_plan`
 binds the two, :class:`_BoundLaunch`): a bound plan encodes its descriptors with Triton's own
 encoder and keeps each encoding per base pointer, and launches without building keys or
-descriptor objects, while the device, Triton's debug and instrumentation settings and its plain
-pointers' 16-byte alignment stay what they were when it was bound (else it goes through the
-keys). On an H200 host a Gluon forward launch from its plan took 22 us of host time through the
+descriptor objects, while the device, Triton's debug and instrumentation settings, its tensors'
+dtypes and its plain pointers' 16-byte alignment stay what they were when it was bound (else it
+goes through the keys). On an H200 host a Gluon forward launch from its plan took 22 us of host time through the
 keys and Triton's wrapper against 5 us for the C launcher alone.
 """
 
