@@ -1,7 +1,7 @@
 """A step-count model of the Gluon backward's ordered dQ additions, causal or unmasked (no GPU).
 
     python benchmarks/diagnostics/dq_turns_model.py [--sms 132] [--group 4] [--kv-heads 8]
-        [--masks causal full] [--key-fastest G] [--block-m 64|128]
+        [--masks causal full] [--key-fastest G] [--block-m 64|128] [--window W]
 
 The deterministic backward adds each (batch, head, 64-row query tile) of dQ in a fixed order of
 the key blocks (128 keys per program): a program's writer waits until every block before it in
@@ -35,6 +35,12 @@ that walk lost L2 reuse instead; on the stats form, session 31, it gained 1-5% a
 default); ``rounds_desc`` does not help (0.89-0.94: its rounds wait on the previous round's
 longest blocks).
 
+``--window W`` (causal, a left window of W keys, the ascending turns starting at the lowest
+key block that sees a tile, as the kernel's ``_first_key_block``): at Hq=32, Hkv=8 the
+tiles-down walk every windowed dense call takes keeps 0.986-0.998 of the work busy with W = 4096
+and 0.939-0.981 with W = 1024 (4K-32K, 64 or 128 rows per step), within 0.7% of no turns at
+all; what idles at W = 1024 is the launch's last wave (equal programs, 4-6% at 8K-32K).
+
 Without masking (``--masks full``) every block walks every tile: the turns cost ~0.1%
 (0.968-0.969 against 0.970 without turns at 4K-32K); what idles is the last wave (1,024 or 2,048
 equal programs on 132 SMs: 7.8 or 15.5 waves).
@@ -50,20 +56,29 @@ ORDERS = ("ascending", "tiles_down", "rounds_desc", "none")
 SHAPES = ((4096, 4), (8192, 2), (16384, 1), (32768, 1))  # (S, B): 16K tokens per batch below 32K
 
 
+def tile_range(kb, seqlen, block_m=64, keys=128, causal=True, window=-1):
+    """(first, last) query tile that sees key block ``kb``: causal from the tile holding the
+    block's first key; with a left window of ``window`` keys (causal only) up to the tile
+    holding row (last key + window); otherwise every tile."""
+    n_tiles = seqlen // block_m
+    if not causal:
+        return 0, n_tiles - 1
+    last = n_tiles - 1 if window < 0 else min(n_tiles - 1, (kb * keys + keys - 1 + window) // block_m)
+    return kb * keys // block_m, last
+
+
 def programs(seqlen, batch, kv_heads, group, tiles_down=False, block_m=64, keys=128, causal=True,
-             key_fastest=0):  # fmt: skip
+             key_fastest=0, window=-1):  # fmt: skip
     """(bhk, key block, walk) in launch order; walk = [(head, tile), ...]. Launch order: key
     block slowest, or (``key_fastest`` = g > 0, ``Variant.key_fastest``) chunks of g (batch, K/V
     head) pairs, the key block slower than the pair inside a chunk."""
-    n_tiles = seqlen // block_m
     n_bhk = batch * kv_heads
 
     def walk(kb):
-        # causal: the first query tile that sees the block's keys; otherwise every tile
-        first = kb * keys // block_m if causal else 0
+        first, last = tile_range(kb, seqlen, block_m, keys, causal, window)
         if tiles_down:
-            return [(h, t) for t in range(n_tiles - 1, first - 1, -1) for h in range(group)]
-        return [(h, t) for h in range(group) for t in range(first, n_tiles)]
+            return [(h, t) for t in range(last, first - 1, -1) for h in range(group)]
+        return [(h, t) for h in range(group) for t in range(first, last + 1)]
 
     blocks = range(seqlen // keys)
     if key_fastest:
@@ -86,11 +101,15 @@ def _rounds_desc_ranks(progs, sms, n_bhk, keys_per_tile=2):
     return rank
 
 
-def simulate(seqlen, batch, order, sms=132, kv_heads=8, group=4, causal=True, key_fastest=0, block_m=64):
+def simulate(seqlen, batch, order, sms=132, kv_heads=8, group=4, causal=True, key_fastest=0, block_m=64,
+             window=-1):  # fmt: skip
     """(makespan in steps, the work divided by the SMs); ``block_m`` query rows per step (64: the
-    d128 forms, 128: the d64 ones)."""
+    d128 forms, 128: the d64 ones); ``window``: a left window in keys (causal only), where a
+    tile's turns start at the lowest key block that sees it."""
+    if window >= 0 and (not causal or order == "rounds_desc"):
+        raise ValueError("a window is modelled with causal masking and the ascending turns only")
     progs = programs(seqlen, batch, kv_heads, group, tiles_down=order == "tiles_down", causal=causal,
-                     key_fastest=key_fastest, block_m=block_m)  # fmt: skip
+                     key_fastest=key_fastest, block_m=block_m, window=window)  # fmt: skip
     work = sum(len(w) for _, _, w in progs)
     if order == "none":
         free = [0] * sms
@@ -106,7 +125,13 @@ def simulate(seqlen, batch, order, sms=132, kv_heads=8, group=4, causal=True, ke
         rank = _rounds_desc_ranks(progs, sms, batch * kv_heads, keys_per_tile=128 // block_m)
         queues = [list(range(c, len(progs), sms)) for c in range(sms)]
     else:
-        rank = lambda i, tile: progs[i][1]  # noqa: E731  (ascending key blocks, no left window)
+        # ascending key blocks: the blocks below this one that see the tile add first
+        lowest = {}
+        for kb in range(seqlen // 128):
+            first, last = tile_range(kb, seqlen, block_m, 128, causal, window)
+            for t in range(first, last + 1):
+                lowest.setdefault(t, kb)
+        rank = lambda i, tile: progs[i][1] - lowest[tile]  # noqa: E731
         queues = None
     counter = defaultdict(int)
     pos = [0] * len(progs)
@@ -154,15 +179,18 @@ def main(argv=None) -> None:
                     help="query rows per step: 64 (the d128 forms) or 128 (the d64 ones)")
     ap.add_argument("--key-fastest", type=int, default=0,
                     help="launch order in chunks of this many (batch, K/V head) pairs, key block fastest")  # fmt: skip
+    ap.add_argument("--window", type=int, default=-1, help="a left window in keys (causal; ascending turns)")
     args = ap.parse_args(argv)
     for mask in args.masks:
         causal = mask == "causal"
         orders = args.orders or (list(ORDERS) if causal else ["ascending", "none"])
+        if args.window >= 0:
+            orders = [o for o in orders if o != "rounds_desc"]
         for seqlen, batch in SHAPES:
             cells = []
             for order in orders:
                 span, ideal = simulate(seqlen, batch, order, args.sms, args.kv_heads, args.group, causal,
-                                       args.key_fastest, args.block_m)  # fmt: skip
+                                       args.key_fastest, args.block_m, args.window)  # fmt: skip
                 cells.append(f"{order} {ideal / span:.3f}")
             print(f"{mask} S={seqlen:5d} B={batch}: busy share " + ", ".join(cells), flush=True)
 

@@ -225,6 +225,23 @@ def test_dq_turns_model_at_128_rows_per_step():
     assert simulate(512, 1, "rounds_desc", **shape) == (8, 5.0)
 
 
+def test_dq_turns_model_with_a_left_window():
+    """A 128-key left window at 128 rows per step: 512 causal queries, block k sees tiles k and
+    k + 1 (block 3 only tile 3), 2 heads, 132 SMs (14 steps of work). A tile's turns start at the
+    lowest block that sees it: block 1 waits for block 0 on tile 1, block 2 for block 1 on tile
+    2, block 3 for block 2 on tile 3; counted by hand, ascending turns head by head end at step
+    9. A window as long as the sequence is no window."""
+    from benchmarks.diagnostics.dq_turns_model import simulate
+
+    assert simulate(512, 1, "ascending", sms=132, kv_heads=1, group=2, block_m=128, window=128) == (9, 14 / 132)
+    assert simulate(512, 1, "ascending", sms=132, kv_heads=1, group=2, block_m=128, window=0) == (2, 8 / 132)
+    for order in ("ascending", "tiles_down", "none"):
+        shape = dict(kv_heads=2, group=2, sms=16)
+        assert simulate(2048, 2, order, window=2048, **shape) == simulate(2048, 2, order, **shape)
+    with pytest.raises(ValueError, match="causal"):
+        simulate(512, 1, "ascending", causal=False, window=128)
+
+
 def test_dq_turns_model_without_masking():
     """The same case without masking: each of the 4 blocks walks all 8 tiles of both heads (16
     steps). Block k waits k steps for its first turn and then trails block k - 1 by one step,
