@@ -218,7 +218,6 @@ class CachedLauncher:
         self._spec: dict = {}
         self._metas: dict = {}
         self._driver = None
-        self._found = None  # (entry, device) of the last fast launch: run_plan binds plans to it
         self.fast = 0
         self.normal = 0
 
@@ -259,7 +258,6 @@ class CachedLauncher:
         if found is None:  # launched through Triton's own path
             return
         entry, ptrs, device = found
-        self._found = (entry, device)
         direct = entry[3]
         if direct is None or direct.descriptors:  # (a descriptor must be encoded: Triton's wrapper does it)
             self._launch_entry(grid, entry, ptrs, ints, floats, meta, device)
@@ -298,14 +296,7 @@ class CachedLauncher:
             self._normal(grid, tensors, ints, floats, meta)
             return None
         ptrs, tkey = spec
-        driver = self._driver
-        if driver is None:
-            active = triton.runtime.driver.active
-            driver = self._driver = (active.get_current_device, active.get_current_stream)
-        device = driver[0]()
-        runtime = triton.knobs.runtime
-        head = (device, meta.key, runtime.debug, triton.knobs.compilation.instrumentation_mode,
-                tuple(tkey))  # fmt: skip
+        device, head = self._head(tkey, meta)
         exact = (head, ints)
         entry = self._exact.get(exact)
         if entry is None:
@@ -333,11 +324,38 @@ class CachedLauncher:
             self._exact[exact] = entry
         return entry, ptrs, device
 
+    def _head(self, tkey, meta) -> tuple:
+        """(current device, the keys' common part: device, launch kind, Triton's debug and
+        instrumentation settings, the pointers' key)."""
+        driver = self._driver
+        if driver is None:
+            active = triton.runtime.driver.active
+            driver = self._driver = (active.get_current_device, active.get_current_stream)
+        device = driver[0]()
+        runtime = triton.knobs.runtime
+        return device, (device, meta.key, runtime.debug, triton.knobs.compilation.instrumentation_mode, tuple(tkey))
+
+    def _kept(self, ptrs, ints, meta):
+        """(entry, device) of the compiled kernel kept for these arguments, or None (a lookup:
+        nothing launched or kept)."""
+        spec = tensor_spec(ptrs)
+        if spec is None:
+            return None
+        device, head = self._head(spec[1], meta)
+        entry = self._exact.get((head, ints))
+        if entry is None:
+            spec_ints = tuple(map(int_spec, ints))
+            if None in spec_ints:
+                return None
+            entry = self._spec.get((head, spec_ints))
+        return None if entry is None else (entry, device)
+
     def run_plan(self, plan: "LaunchPlan", tensors) -> None:
         """Launch ``plan`` with a call's ``tensors`` in its slots (:meth:`LaunchPlan.pointers`).
 
         The plan's first fast launch (through :meth:`__call__`) binds it to the compiled kernel
-        found for it (:class:`_BoundLaunch`); later calls on the same device whose plain tensor
+        found for it (:class:`_BoundLaunch`; not with plans switched off, where every call builds
+        a new plan); later calls on the same device whose plain tensor
         pointers keep their 16-byte alignment go straight to the generated C launcher with the
         data pointers and the TMA descriptors encoded (kept per base pointer: a training loop's
         buffers come back at the same addresses), skipping the keys, the descriptor objects and
@@ -346,11 +364,16 @@ class CachedLauncher:
         if bound and bound.owner is self and self._served(plan.meta) and bound.launch(tensors):
             self.fast += 1
             return
+        ptrs = plan.pointers(tensors)
         fast = self.fast
-        self(plan.grid, plan.pointers(tensors), plan.ints, plan.floats, plan.meta)
-        if bound is None and self.fast > fast and self._found is not None:
-            # (False: a launcher this does not follow; the plan keeps going through the keys)
-            plan.bound = _BoundLaunch.bind(self, plan, *self._found, tensors) or False
+        self(plan.grid, ptrs, plan.ints, plan.floats, plan.meta)
+        if bound is None and self.fast > fast and _PLANS:
+            # the kernel kept for this call's arguments (looked up again rather than handed over
+            # by the launch: another thread may launch on this launcher in between)
+            found = self._kept(ptrs, plan.ints, plan.meta)
+            if found is not None:
+                # (False: a launcher this does not follow; the plan keeps going through the keys)
+                plan.bound = _BoundLaunch.bind(self, plan, *found, tensors) or False
 
     def _launch_entry(self, grid, entry, ptrs, ints, floats, meta, device) -> None:
         # CompiledKernel.run: grid, stream, function, packed metadata, launch metadata, enter and

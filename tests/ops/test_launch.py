@@ -415,6 +415,21 @@ def test_bound_plans_step_aside(monkeypatch, encodings, case):
     assert launcher.normal == normal + 1 and len(kernel.raw.calls) == raw_calls
 
 
+def test_plans_stay_unbound_with_plans_switched_off(monkeypatch, encodings):
+    """With launch plans off every call builds a new plan: none is bound (the binding would be
+    thrown away with it)."""
+    kernel = _TritonLaunchedKernel(DESC_NAMES, DESC_SIGNATURE)
+    launcher = _launcher_for(kernel, monkeypatch)
+    tensors = _gpu_tensors()
+    plan = _desc_plan(launcher, tensors)
+    with launch.launch_plans(False):
+        for _ in range(3):
+            launcher.run_plan(plan, tensors)
+    assert plan.bound is None and (launcher.normal, launcher.fast) == (1, 2)
+    launcher.run_plan(plan, tensors)
+    assert plan.bound
+
+
 def test_plans_of_stand_in_launchers_stay_unbound(fake):
     """A compiled kernel whose launcher is not Triton's CudaLauncher (here the stand-in) is
     called as before and its plans never bind."""
