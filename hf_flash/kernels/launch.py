@@ -354,12 +354,13 @@ class CachedLauncher:
         """Launch ``plan`` with a call's ``tensors`` in its slots (:meth:`LaunchPlan.pointers`).
 
         The plan's first fast launch (through :meth:`__call__`) binds it to the compiled kernel
-        found for it (:class:`_BoundLaunch`; not with plans switched off, where every call builds
-        a new plan); later calls on the same device whose plain tensor
-        pointers keep their 16-byte alignment go straight to the generated C launcher with the
-        data pointers and the TMA descriptors encoded (kept per base pointer: a training loop's
-        buffers come back at the same addresses), skipping the keys, the descriptor objects and
-        Triton's Python launch wrapper. Anything else goes through :meth:`__call__`."""
+        kept for its arguments (:class:`_BoundLaunch`; not with plans switched off, where every
+        call builds a new plan); later calls on the same device with tensors of the same dtypes
+        whose plain pointers keep their 16-byte alignment go straight to the generated C
+        launcher with the data pointers and the TMA descriptors encoded (kept per base pointer:
+        a training loop's buffers come back at the same addresses), skipping the keys, the
+        descriptor objects and Triton's Python launch wrapper. Anything else goes through
+        :meth:`__call__`."""
         bound = plan.bound
         if bound and bound.owner is self and self._served(plan.meta) and bound.launch(tensors):
             self.fast += 1
