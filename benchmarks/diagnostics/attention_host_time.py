@@ -452,17 +452,10 @@ def _primitives(q, k, v, dout, out, lse, scale):
 
     with torch.no_grad():
         public(q, k, v, causal=True)
-    entries = list(hk._FORWARD._spec.values())
-    if entries:
-        run, function, packed = entries[0][:3]
-        inner = run.launch
-        cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__ or ())))
-        metas = cells.get("tensordesc_meta")
-        if metas:
-            from triton.backends.nvidia.driver import make_tensordesc_arg
-
-            prims.append(("make_tensordesc_arg (encode one descriptor)",
-                          lambda: make_tensordesc_arg(desc, metas[0])))  # fmt: skip
+    directs = [entry[3] for entry in hk._FORWARD._spec.values() if entry[3] is not None and entry[3].descriptors]
+    if directs:
+        metadata = next(iter(directs[0].descriptors.values()))
+        prims.append(("make_tensordesc_arg (encode one descriptor)", lambda: launch._encode(desc, metadata)))
     prims += _launch_layers(q, k, v, out, lse, scale)
     prims += [
         ("autograd.Function apply, no-op (3 inputs)", lambda: _Noop.apply(q_g, k_g, v_g)),
@@ -476,11 +469,10 @@ def _launch_layers(q, k, v, out, lse, scale):
     """(label, call) for the layers of one Gluon forward launch from its kept plan down to the
     driver: the plan's pointer arguments rebuilt (descriptors), the cached launcher
     (:class:`~hf_flash.kernels.launch.CachedLauncher`: keys, then the compiled kernel's
-    launcher), the launch of a plan bound to its kernel (``run_plan``), Triton's ``CompiledKernel.run`` (``CudaLauncher``: scratch, then its descriptor
-    wrapper) with ready arguments, and the generated C launcher alone with every descriptor
-    already encoded (argument parsing, pointer checks, ``cuLaunchKernelEx``)."""
-    from triton.backends.nvidia.driver import _BASE_ARGS_FORMAT_LEN, make_tensordesc_arg
-
+    launcher), the launch of a plan bound to its kernel (``run_plan``), Triton's
+    ``CompiledKernel.run`` (``CudaLauncher``: scratch, then its descriptor wrapper) with ready
+    arguments, and the generated C launcher alone with every descriptor already encoded
+    (argument parsing, pointer checks, ``cuLaunchKernelEx``)."""
     from hf_flash.kernels import launch
     from hf_flash.kernels.hopper import attention_fwd as hk
 
@@ -492,8 +484,6 @@ def _launch_layers(q, k, v, out, lse, scale):
     ptrs = plan.pointers(tensors)
     launcher = hk._FORWARD
     launcher(plan.grid, ptrs, plan.ints, plan.floats, plan.meta)  # (an exact entry for these arguments)
-    spec, tkey = launch.tensor_spec(ptrs)
-    entry = next((e for key, e in launcher._exact.items() if key[1] == plan.ints), None)
     bound = hk._plan(tensors, variant, True, (-1, 0), 0.0, scale)
     for _ in range(2):  # the second fast launch goes through the bound plan
         launcher.run_plan(bound, tensors)
@@ -504,30 +494,25 @@ def _launch_layers(q, k, v, out, lse, scale):
         ("launch: run_plan, the plan bound" + ("" if bound.bound else " (not bound)"),
          lambda: launcher.run_plan(bound, tensors)),
     ]
-    if entry is None:
+    found = launcher._kept(ptrs, plan.ints, plan.meta)
+    if found is None:
         return layers
-    run, function, packed = entry[:3]
+    (run, function, packed, direct), _device = found
     grid = tuple(plan.grid) + (1,) * (3 - len(plan.grid))
     stream = torch.cuda.current_stream().cuda_stream
-    tail = (*spec, *plan.ints, *plan.floats, *plan.meta.tail)
+    tail = (*launch.tensor_spec(ptrs)[0], *plan.ints, *plan.floats, *plan.meta.tail)
     layers.append(("launch: CompiledKernel.run, ready arguments",
                    lambda: run(*grid, stream, function, packed, None, None, None, *tail)))  # fmt: skip
-    inner = run.launch
-    cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__ or ())))
-    raw, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
-    if raw is None or indices is None or run.global_scratch_size or run.profile_scratch_size:
+    if direct is None:
         return layers
-    expanded, d = [], 0
+    expanded = []
     for i, arg in enumerate(tail):
-        if i in indices:
-            expanded.extend(make_tensordesc_arg(arg, metas[d] if metas else None))
-            d += 1
+        if i in direct.descriptors:
+            expanded.extend(launch._encode(arg, direct.descriptors[i]))
         else:
             expanded.append(arg)
-    base = (*grid, stream, function, run.launch_cooperative_grid, run.launch_pdl, None, None, packed, None, None,
-            None)  # fmt: skip
-    assert len(base) == _BASE_ARGS_FORMAT_LEN
-    layers.append(("launch: C launcher, descriptors encoded", lambda: raw(*base, *expanded)))
+    base = (*grid, stream, function, direct.cooperative, direct.pdl, None, None, packed, None, None, None)
+    layers.append(("launch: C launcher, descriptors encoded", lambda: direct.raw(*base, *expanded)))
     return layers
 
 

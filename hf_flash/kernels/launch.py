@@ -255,20 +255,8 @@ class CachedLauncher:
 
     def __call__(self, grid, tensors, ints, floats, meta: LaunchMeta) -> None:
         found = self._find(grid, tensors, ints, floats, meta)
-        if found is None:  # launched through Triton's own path
-            return
-        entry, ptrs, device = found
-        direct = entry[3]
-        if direct is None or direct.descriptors:  # (a descriptor must be encoded: Triton's wrapper does it)
-            self._launch_entry(grid, entry, ptrs, ints, floats, meta, device)
-            return
-        # the generated C launcher itself, with what CompiledKernel.run would pass it (no
-        # scratch buffers, no launch metadata or hooks)
-        n = len(grid)
-        self.fast += 1
-        direct.raw(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, self._driver[1](device), entry[1],
-                   direct.cooperative, direct.pdl, None, None, entry[2], None, None, None, *ptrs, *ints, *floats,
-                   *meta.tail)  # fmt: skip
+        if found is not None:  # (None: launched through Triton's own path)
+            self._launch_entry(grid, *found, ints, floats, meta)
 
     def _served(self, meta) -> bool:
         """Whether the fast path may serve a launch of this kind now (else Triton's own path)."""
@@ -297,32 +285,42 @@ class CachedLauncher:
             return None
         ptrs, tkey = spec
         device, head = self._head(tkey, meta)
-        exact = (head, ints)
-        entry = self._exact.get(exact)
+        entry, skey = self._lookup(head, ints)
+        if skey is None:  # an exact hit
+            return entry, ptrs, device
+        if skey is False:  # an int the keys cannot vouch for
+            self._normal(grid, tensors, ints, floats, meta)
+            return None
         if entry is None:
-            spec_ints = tuple(map(int_spec, ints))
-            if None in spec_ints:
+            if any(f.__class__ is not float for f in floats):
                 self._normal(grid, tensors, ints, floats, meta)
                 return None
-            skey = (head, spec_ints)
-            entry = self._spec.get(skey)
-            if entry is None:
-                if any(f.__class__ is not float for f in floats):
-                    self._normal(grid, tensors, ints, floats, meta)
-                    return None
-                # Triton's own path picks (compiling if needed) and launches the kernel for
-                # these arguments; keep it for the key they share
-                compiled = self._normal(grid, tensors, ints, floats, meta)
-                if compiled is not None and hasattr(compiled, "packed_metadata"):
-                    if len(self._spec) >= _EXACT_MAX:
-                        self._spec.clear()
-                    self._spec[skey] = (compiled.run, compiled.function, compiled.packed_metadata,
-                                        _Direct.of(compiled.run))  # fmt: skip
-                return None
-            if len(self._exact) >= _EXACT_MAX:
-                self._exact.clear()
-            self._exact[exact] = entry
+            # Triton's own path picks (compiling if needed) and launches the kernel for these
+            # arguments; keep it for the key they share
+            compiled = self._normal(grid, tensors, ints, floats, meta)
+            if compiled is not None and hasattr(compiled, "packed_metadata"):
+                if len(self._spec) >= _EXACT_MAX:
+                    self._spec.clear()
+                self._spec[skey] = (compiled.run, compiled.function, compiled.packed_metadata,
+                                    _Direct.of(compiled.run))  # fmt: skip
+            return None
+        if len(self._exact) >= _EXACT_MAX:
+            self._exact.clear()
+        self._exact[(head, ints)] = entry
         return entry, ptrs, device
+
+    def _lookup(self, head, ints) -> tuple:
+        """(entry or None, how it was looked up): None for an exact hit; the specialisation key
+        where the exact key missed (the entry, if any, found under it); False where an int is
+        one the keys cannot vouch for."""
+        entry = self._exact.get((head, ints))
+        if entry is not None:
+            return entry, None
+        spec_ints = tuple(map(int_spec, ints))
+        if None in spec_ints:
+            return None, False
+        skey = (head, spec_ints)
+        return self._spec.get(skey), skey
 
     def _head(self, tkey, meta) -> tuple:
         """(current device, the keys' common part: device, launch kind, Triton's debug and
@@ -342,12 +340,7 @@ class CachedLauncher:
         if spec is None:
             return None
         device, head = self._head(spec[1], meta)
-        entry = self._exact.get((head, ints))
-        if entry is None:
-            spec_ints = tuple(map(int_spec, ints))
-            if None in spec_ints:
-                return None
-            entry = self._spec.get((head, spec_ints))
+        entry = self._lookup(head, ints)[0]
         return None if entry is None else (entry, device)
 
     def run_plan(self, plan: "LaunchPlan", tensors) -> None:
@@ -376,14 +369,22 @@ class CachedLauncher:
                 # (False: a launcher this does not follow; the plan keeps going through the keys)
                 plan.bound = _BoundLaunch.bind(self, plan, *found, tensors) or False
 
-    def _launch_entry(self, grid, entry, ptrs, ints, floats, meta, device) -> None:
-        # CompiledKernel.run: grid, stream, function, packed metadata, launch metadata, enter and
-        # exit hooks (none installed: checked in _served), then every parameter in order,
-        # constexprs included (the launcher skips them)
+    def _launch_entry(self, grid, entry, ptrs, device, ints, floats, meta) -> None:
         n = len(grid)
         self.fast += 1
-        entry[0](grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, self._driver[1](device),
-                 entry[1], entry[2], None, None, None, *ptrs, *ints, *floats, *meta.tail)  # fmt: skip
+        direct = entry[3]
+        if direct is None or direct.descriptors:  # (descriptors to encode: Triton's wrapper does it)
+            # CompiledKernel.run: grid, stream, function, packed metadata, launch metadata, enter
+            # and exit hooks (none installed: checked in _served), then every parameter in order,
+            # constexprs included (the launcher skips them)
+            entry[0](grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, self._driver[1](device),
+                     entry[1], entry[2], None, None, None, *ptrs, *ints, *floats, *meta.tail)  # fmt: skip
+            return
+        # the generated C launcher itself, with what CompiledKernel.run would pass it (no scratch
+        # buffers, no launch metadata or hooks)
+        direct.raw(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, self._driver[1](device), entry[1],
+                   direct.cooperative, direct.pdl, None, None, entry[2], None, None, None, *ptrs, *ints, *floats,
+                   *meta.tail)  # fmt: skip
 
 
 class _Direct:

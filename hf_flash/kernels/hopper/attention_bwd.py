@@ -2444,9 +2444,9 @@ def _tail_for(q, k, variant: str, causal: bool, window):
     """The ``tail`` of a dense launch (:func:`launch_args`): a ``tail_split`` variant on a call
     without a mask gets its pieces (:func:`tail_plan` on q's GPU) and their buffers; None when
     the variant has none, the call is masked or no split shortens the launch."""
-    if not VARIANTS[variant].tail_split:
-        return None
     var = VARIANTS[variant]
+    if not var.tail_split:
+        return None
     masks = mask_args(causal, window)
     if masks["MASK_LEFT"] or masks["MASK_RIGHT"]:
         return None
