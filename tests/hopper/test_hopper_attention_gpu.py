@@ -128,13 +128,12 @@ def test_results_repeat_bitwise():
 
 
 @needs_hopper
-@pytest.mark.parametrize("variant", ["ws2x4-overlap-fma-dyn", "ws2x4-overlap-fma-dyn-carry", "ws2x4-overlap-fma-dyn-pf",
-                                     "ws2x4-overlap-fma-dyn-carry-pf"])
+@pytest.mark.parametrize("variant", ["ws2x4-overlap-fma-dyn", "ws2x4-overlap-fma-dyn-carry"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_dynamic_schedule_matches_one_item_programs_bitwise(head_dim, variant):
     # the item counter decides only which program computes an item, never how (nor does
-    # finishing each item one item late, -carry, or fetching the next item early, -pf): every
-    # row equals the one-item-per-program launch's bitwise, causal (items of many lengths) and not
+    # finishing each item one item late, -carry): every row equals the one-item-per-program
+    # launch's bitwise, causal (items of many lengths) and not
     q, k, v = _qkv(3, 1500, 1500, 16, 4, head_dim, torch.bfloat16, seed=5)
     for causal in (False, True):
         dyn = _run(q, k, v, causal, variant=variant)
@@ -143,8 +142,7 @@ def test_dynamic_schedule_matches_one_item_programs_bitwise(head_dim, variant):
 
 
 @needs_hopper
-@pytest.mark.parametrize("variant", ["ws2x4-overlap-fma-dyn", "ws2x4-overlap-fma-dyn-pf"])
-def test_item_counters_reset_themselves_per_stream(variant):
+def test_item_counters_reset_themselves_per_stream():
     # a dynamic launch leaves its stream's counter at 0 for the next launch (no fill per call):
     # launches of different sizes back to back, on the default stream and on a side stream
     # (its own counter), each match the one-item-per-program launch bitwise
@@ -157,7 +155,7 @@ def test_item_counters_reset_themselves_per_stream(variant):
     for stream in (torch.cuda.current_stream(), side):
         with torch.cuda.stream(stream):
             for q, k, v in calls * 2:
-                dyn = _run(q, k, v, True, variant=variant)
+                dyn = _run(q, k, v, True, variant="ws2x4-overlap-fma-dyn")
                 one = _run(q, k, v, True, variant="ws2x4-overlap-fma")
                 assert torch.equal(dyn[0], one[0]) and torch.equal(dyn[1], one[1])
                 assert hk.item_counter(dev).item() == 0

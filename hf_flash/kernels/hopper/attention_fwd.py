@@ -139,13 +139,6 @@ class Variant:
     # shared-memory slots per consumer (item n in slot n % 2), so the next item's Q is loaded
     # while the current item's loop runs
     carry: bool = False
-    # dynamic persistent: the producer fetches its next item from the counter before it loads the
-    # current item's tiles (the atomic's round trip then runs under those loads instead of
-    # before the next item's), and the item ring has four slots instead of two, so the producer
-    # hands an item over (and, with two Q slots, loads its Q) without waiting for the consumers
-    # to finish the item two before it (the carry form hands a slot back only after that item's
-    # epilogue, one item late)
-    prefetch: bool = False
 
     @property
     def rows(self) -> int:
@@ -178,12 +171,6 @@ VARIANTS = {
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True),
         Variant("ws2x4-overlap-fma-dyn-carry", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True, carry=True),
-        # the dynamic forms with the next item fetched early and a four-slot item ring (prefetch)
-        Variant("ws2x4-overlap-fma-dyn-pf", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
-                overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True, prefetch=True),
-        Variant("ws2x4-overlap-fma-dyn-carry-pf", block_m=64, block_n=128, stages=2, consumers=2,
-                consumer_warps=4, overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True,
-                carry=True, prefetch=True),
         # the ping-pong form persistent with the item counter: cuDNN's shape at d64 causal 4K (two
         # consumers of 64 rows, persistent; the forward's weakest bar point). H200, session 35
         # (3 runs, 3-5 rounds): d64 causal 4K 1.018-1.033x ws3x4-pp-s3 (0.97-0.99x SDPA), 3K
@@ -462,20 +449,10 @@ def _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_
 
 
 @gluon.jit
-def _fetch_item(Counter):
-    """A dynamic persistent program's next work item, requested (producer warp): lane 0 adds 1
-    to the launch's counter; :func:`_fetched_item` reads the answer, so a program may issue the
-    atomic early and use its value later (``prefetch``)."""
-    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    lane = gl.arange(0, 32, layout=lane_layout)
-    return gl.atomic_add(Counter + lane * 0, gl.full([32], 1, gl.int32, lane_layout), mask=lane == 0,
-                         sem="relaxed")  # fmt: skip
-
-
-@gluon.jit
-def _fetched_item(got, Counter, n_programs, n_items):
-    """The item :func:`_fetch_item`'s request ``got`` names: the value lane 0 read, plus the grid
-    size (the first items are the program ids), for every lane.
+def _next_item(Counter, n_programs, n_items):
+    """A dynamic persistent program's next work item (producer warp): lane 0 adds 1 to the
+    launch's counter and the value it read, plus the grid size (the first items are the
+    program ids), goes to every lane.
 
     A launch fetches exactly ``n_items`` times (one fetch per item past the first n_programs,
     then one per program that comes back past the end), so the fetch that reads n_items - 1 is
@@ -484,19 +461,18 @@ def _fetched_item(got, Counter, n_programs, n_items):
     lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     lane = gl.arange(0, 32, layout=lane_layout)
     first = lane == 0
-    gl.atomic_xchg(Counter + lane * 0, gl.zeros([32], gl.int32, lane_layout), mask=first & (got == n_items - 1),
-                   sem="relaxed")  # fmt: skip
+    ptrs = Counter + lane * 0
+    got = gl.atomic_add(ptrs, gl.full([32], 1, gl.int32, lane_layout), mask=first, sem="relaxed")
+    gl.atomic_xchg(ptrs, gl.zeros([32], gl.int32, lane_layout), mask=first & (got == n_items - 1), sem="relaxed")
     return gl.max(gl.where(first, got, 0), axis=0) + n_programs
 
 
 @gluon.jit
 def _publish_item(t, n, item_smem, item_ready, item_empty):
-    """Hand item ``t`` (the ``n``-th of this program) to the consumers through slot n % slots
-    (the ring's length)."""
+    """Hand item ``t`` (the ``n``-th of this program) to the consumers through slot n % 2."""
     lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    SLOTS: gl.constexpr = item_smem.shape[0]
-    slot = n % SLOTS
-    mbarrier.wait(item_empty.index(slot), ((n // SLOTS) & 1) ^ 1)
+    slot = n % 2
+    mbarrier.wait(item_empty.index(slot), ((n // 2) & 1) ^ 1)
     item_smem.index(slot).store(gl.zeros([32], gl.int32, lane_layout) + t)
     mbarrier.arrive(item_ready.index(slot))
 
@@ -505,8 +481,7 @@ def _publish_item(t, n, item_smem, item_ready, item_empty):
 def _item_in_slot(n, item_smem, NUM_WARPS: gl.constexpr):
     """The item the producer put in the ``n``-th item's slot of the ring."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
-    SLOTS: gl.constexpr = item_smem.shape[0]
-    return gl.max(item_smem.index(n % SLOTS).load(layout), axis=0)
+    return gl.max(item_smem.index(n % 2).load(layout), axis=0)
 
 
 @gluon.jit
@@ -514,9 +489,8 @@ def _read_item(n, item_smem, item_ready, item_empty, NUM_WARPS: gl.constexpr, RE
     """The ``n``-th item of this program, as the producer handed it over (consumers); its slot
     is handed back unless not RELEASE (then :func:`_item_in_slot` reads it again until the
     consumer arrives on its ``item_empty`` itself)."""
-    SLOTS: gl.constexpr = item_smem.shape[0]
-    slot = n % SLOTS
-    mbarrier.wait(item_ready.index(slot), (n // SLOTS) & 1)
+    slot = n % 2
+    mbarrier.wait(item_ready.index(slot), (n // 2) & 1)
     t = _item_in_slot(n, item_smem, NUM_WARPS)
     if RELEASE:
         mbarrier.arrive(item_empty.index(slot))
@@ -532,7 +506,6 @@ def _producer(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, PERSISTENT: gl.constexpr,
     VARLEN: gl.constexpr, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr, Q_SLOTS: gl.constexpr,
-    PREFETCH: gl.constexpr,
 ):  # fmt: skip
     if PERSISTENT:
         # items program_id, then (DYNAMIC) whatever the counter hands out or (static) every
@@ -544,8 +517,6 @@ def _producer(
         while t < n_bh * n_m:
             if DYNAMIC:
                 _publish_item(t, n_done, item_smem, item_ready, item_empty)
-            if PREFETCH:
-                got = _fetch_item(Counter)
             it = _producer_item(
                 t, it, n_done, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                 q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
@@ -553,10 +524,8 @@ def _producer(
                 MASK_LEFT, MASK_RIGHT, VARLEN, HEAD_MAJOR, Q_SLOTS,
             )  # fmt: skip
             n_done += 1
-            if PREFETCH:
-                t = _fetched_item(got, Counter, gl.num_programs(0), n_bh * n_m)
-            elif DYNAMIC:
-                t = _fetched_item(_fetch_item(Counter), Counter, gl.num_programs(0), n_bh * n_m)
+            if DYNAMIC:
+                t = _next_item(Counter, gl.num_programs(0), n_bh * n_m)
             else:
                 t += gl.num_programs(0)
         if DYNAMIC:
@@ -981,8 +950,7 @@ def _item_epilogue(
     carrying it through the key loop made the d128 causal build spill), and its rows decoded
     again."""
     t = _item_in_slot(n, item_smem, NUM_WARPS)
-    SLOTS: gl.constexpr = item_smem.shape[0]
-    mbarrier.arrive(item_empty.index(n % SLOTS))
+    mbarrier.arrive(item_empty.index(n % 2))
     b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right, INDEX,
         BLOCK_M, BLOCK_N, NUM_WARPS, CONSUMERS, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
@@ -1143,7 +1111,7 @@ def _attn_fwd_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
     PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr, DYNAMIC: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr, PREFETCH: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
     # program takes item program_id (PERSISTENT: then program_id + num_programs, ..., or DYNAMIC:
@@ -1180,14 +1148,10 @@ def _attn_fwd_kernel(
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    # DYNAMIC: the items the producer hands to the consumers (two slots of 32 copies each, four
-    # with PREFETCH)
-    if PREFETCH:
-        gl.static_assert(DYNAMIC, "prefetch is a form of the dynamic schedule")
-    ITEM_SLOTS: gl.constexpr = 4 if PREFETCH else 2
-    item_smem = gl.allocate_shared_memory(gl.int32, [ITEM_SLOTS, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    item_ready = gl.allocate_shared_memory(gl.int64, [ITEM_SLOTS, 1], mbarrier.MBarrierLayout())
-    item_empty = gl.allocate_shared_memory(gl.int64, [ITEM_SLOTS, 1], mbarrier.MBarrierLayout())
+    # DYNAMIC: the items the producer hands to the consumers (two slots of 32 copies each)
+    item_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    item_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    item_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(Q_SLOTS):
         mbarrier.init(q_bar.index(i), count=1)
         # each consumer partition arrives once per item (q_empty) and once per slot use
@@ -1200,7 +1164,7 @@ def _attn_fwd_kernel(
     for i in gl.static_range(CONSUMERS):
         mbarrier.init(turn.index(i), count=1)
     if DYNAMIC:
-        for i in gl.static_range(ITEM_SLOTS):
+        for i in gl.static_range(2):
             mbarrier.init(item_ready.index(i), count=1)
             mbarrier.init(item_empty.index(i), count=CONSUMERS)
 
@@ -1225,7 +1189,7 @@ def _attn_fwd_kernel(
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
                              item_empty, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             PERSISTENT, VARLEN, DYNAMIC, HEAD_MAJOR, Q_SLOTS, PREFETCH)),
+                             PERSISTENT, VARLEN, DYNAMIC, HEAD_MAJOR, Q_SLOTS)),
             ],
             [CONSUMER_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -1259,7 +1223,7 @@ def _attn_fwd_kernel(
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
                              item_empty, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CONSUMERS, MASK_LEFT, MASK_RIGHT,
-                             PERSISTENT, VARLEN, DYNAMIC, HEAD_MAJOR, Q_SLOTS, PREFETCH)),
+                             PERSISTENT, VARLEN, DYNAMIC, HEAD_MAJOR, Q_SLOTS)),
             ],
             [CONSUMER_WARPS, CONSUMER_WARPS, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
@@ -1554,7 +1518,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
         FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
-        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CARRY=var.carry, PREFETCH=var.prefetch,
+        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CARRY=var.carry,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs
@@ -1623,7 +1587,7 @@ def hopper_attention_forward(q, k, v, out, lse, *, softmax_scale, causal, varian
 
 def item_counter(device) -> torch.Tensor:
     """A dynamic variant's work-item counter (one int32), zero when the launch starts; called with
-    ``device`` current. Every launch leaves its counter at 0 (:func:`_fetched_item`), so outside
+    ``device`` current. Every launch leaves its counter at 0 (:func:`_next_item`), so outside
     CUDA-graph capture it is the one kept for the device's current stream: launches on one stream
     run one after another, and launches on different streams never share one. That saves the
     ``torch.zeros(1)`` of a fill launch per call (8 us of host time on an H200 host, this lookup
