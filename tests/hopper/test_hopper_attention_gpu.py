@@ -128,12 +128,13 @@ def test_results_repeat_bitwise():
 
 
 @needs_hopper
-@pytest.mark.parametrize("variant", ["ws2x4-overlap-fma-dyn", "ws2x4-overlap-fma-dyn-carry"])
+@pytest.mark.parametrize("variant", ["ws2x4-overlap-fma-dyn", "ws2x4-overlap-fma-dyn-carry",
+                                     "ws2x4-overlap-fma-dyn-carry-hm"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_dynamic_schedule_matches_one_item_programs_bitwise(head_dim, variant):
     # the item counter decides only which program computes an item, never how (nor does
-    # finishing each item one item late, -carry): every row equals the one-item-per-program
-    # launch's bitwise, causal (items of many lengths) and not
+    # finishing each item one item late, -carry, or numbering the items head by head, -hm): every
+    # row equals the one-item-per-program launch's bitwise, causal (items of many lengths) and not
     q, k, v = _qkv(3, 1500, 1500, 16, 4, head_dim, torch.bfloat16, seed=5)
     for causal in (False, True):
         dyn = _run(q, k, v, causal, variant=variant)
