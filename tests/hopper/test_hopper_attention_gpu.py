@@ -60,10 +60,13 @@ def _qkv(batch, sq, sk, h, hk, d, dtype, seed=0):
     return mk(batch, sq, h, d), mk(batch, sk, hk, d), mk(batch, sk, hk, d)
 
 
-def _variant_head_dims():
+def _variant_head_dims(names=None, head_dims=None):
+    """(variant, head dim) pairs: of ``names`` (default: every variant) at the head dims each
+    builds (of ``head_dims`` where given)."""
     from hf_flash.kernels.hopper.attention_fwd import VARIANTS
 
-    return [(name, d) for name, var in VARIANTS.items() for d in var.head_dims]
+    return [(name, d) for name in (names or VARIANTS) for d in VARIANTS[name].head_dims
+            if head_dims is None or d in head_dims]  # fmt: skip
 
 
 CASES = [
@@ -128,13 +131,14 @@ def test_results_repeat_bitwise():
 
 
 @needs_hopper
-@pytest.mark.parametrize("variant", ["ws2x4-overlap-fma-dyn", "ws2x4-overlap-fma-dyn-carry",
-                                     "ws2x4-overlap-fma-dyn-carry-hm"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("variant,head_dim", _variant_head_dims(("ws2x4-overlap-fma-dyn", "ws2x4-overlap-fma-dyn-carry",
+                                                                   "ws2x4-overlap-fma-dyn-carry-hm",
+                                                                   "ws2x4-overlap-fma-dyn-stream"), (64, 128)))
 def test_dynamic_schedule_matches_one_item_programs_bitwise(head_dim, variant):
     # the item counter decides only which program computes an item, never how (nor does
-    # finishing each item one item late, -carry, or numbering the items head by head, -hm): every
-    # row equals the one-item-per-program launch's bitwise, causal (items of many lengths) and not
+    # finishing each item one item late, -carry, numbering the items head by head, -hm, or running
+    # the tiles as one stream across items, -stream): every row equals the one-item-per-program
+    # launch's bitwise, causal (items of many lengths) and not
     q, k, v = _qkv(3, 1500, 1500, 16, 4, head_dim, torch.bfloat16, seed=5)
     for causal in (False, True):
         dyn = _run(q, k, v, causal, variant=variant)

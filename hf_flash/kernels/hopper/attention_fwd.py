@@ -139,6 +139,13 @@ class Variant:
     # shared-memory slots per consumer (item n in slot n % 2), so the next item's Q is loaded
     # while the current item's loop runs
     carry: bool = False
+    # dynamic persistent, overlap, two consumers: each consumer runs its key tiles as one stream
+    # across items: a tile's S = Q K^T is issued with the previous tile's P V whether or not
+    # that tile belongs to the same item, so an item's first softmax runs under the previous
+    # item's last P V and a finished item's epilogue under the next products (the carry form
+    # hides only the epilogue, under the next item's first S; each item's first softmax and
+    # last P V there run with nothing of the consumer's on the tensor cores)
+    stream: bool = False
 
     @property
     def rows(self) -> int:
@@ -191,6 +198,9 @@ VARIANTS = {
         Variant("ws2x4-overlap-fma-dyn-carry-hm", block_m=64, block_n=128, stages=2, consumers=2,
                 consumer_warps=4, overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True,
                 head_major=True, carry=True),
+        Variant("ws2x4-overlap-fma-dyn-stream", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
+                overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True, stream=True,
+                head_dims=(64,)),
         Variant("ws3x4-pp-s3-hm", block_m=64, block_n=128, stages=3, consumers=3, consumer_warps=4, overlap=True,
                 pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,), head_major=True),
         # head dim 256: the output accumulator alone is 128 registers per thread, so 64-key tiles
@@ -953,10 +963,26 @@ def _item_epilogue(
 ):  # fmt: skip
     """CARRY: the epilogue of this program's ``n``-th item, one item later. The item is read
     again from its slot of the item ring, which the consumer hands back only now (a register
-    carrying it through the key loop made the d128 causal build spill), and its rows decoded
-    again."""
+    carrying it through the key loop made the d128 causal build spill)."""
     t = _item_in_slot(n, item_smem, NUM_WARPS)
     mbarrier.arrive(item_empty.index(n % 2))
+    _epilogue_of(
+        t, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+        nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, INDEX, BLOCK_M,
+        BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE, SOFTCAP, HEAD_MAJOR,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _epilogue_of(
+    t, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
+    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
+    FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+):  # fmt: skip
+    """The epilogue of dense item ``t`` (its rows decoded again) from a consumer's unnormalised
+    output and row statistics (CARRY, STREAM)."""
     b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right, INDEX,
         BLOCK_M, BLOCK_N, NUM_WARPS, CONSUMERS, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
@@ -1048,6 +1074,142 @@ def _consumer_carry(
 
 
 @gluon.jit
+def _consumer_stream(
+    q_smem, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+    o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_in, softcap_out,
+    item_smem, item_ready, item_empty,
+    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
+    SOFTCAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr, FMA_SCALE: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr,
+):  # fmt: skip
+    """A dynamic persistent consumer (STREAM, dense, two consumers) whose key tiles form one
+    stream across its items: each step issues tile j's S = Q K^T together with the P V of the
+    tile before it (the pending P), which may belong to the previous item, then computes tile j's
+    softmax under that P V. When the pending P V closes an item, the item's output and row
+    statistics wait in registers (``done``) and its epilogue runs after the next step's products
+    are issued. The first step of the stream has no pending P: it issues a P V of zeros against
+    its own V tile (whose result it drops), so every step issues the same two products."""
+    dtype: gl.constexpr = o_desc.dtype
+    s_layout: gl.constexpr = _mma_layout(BLOCK_N, NUM_WARPS)
+    o_layout: gl.constexpr = _mma_layout(HEAD_DIM, NUM_WARPS)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    o_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    m_none = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    l_none = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+    it = 0  # K/V tiles consumed so far (ring slot and phase), as in the producer
+    n = 0  # items started
+    # the pending P (the last computed tile's probabilities, its V tile pv_it) and the running
+    # output and statistics of its item pend_t; pend is false until the first tile
+    p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=p_layout)
+    pend = n < 0
+    pv_it = it
+    pend_t = n
+    acc = o_zero
+    m_i = m_none
+    l_i = l_none
+    # an item whose last P V has completed, its epilogue not yet run
+    has_done = n < 0
+    done_t = n
+    done_acc = o_zero
+    done_m = m_none
+    done_l = l_none
+    t = _read_item(0, item_smem, item_ready, item_empty, NUM_WARPS)
+    while t < n_bh * n_m:
+        b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
+            t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right, INDEX,
+            BLOCK_M, BLOCK_N, NUM_WARPS, CONSUMERS, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
+        )  # fmt: skip
+        qs = n % 2
+        q_tile = q_smem.index(qs * CONSUMERS + INDEX)
+        mbarrier.wait(q_bar.index(qs), (n // 2) & 1)
+        if n_tiles <= lo:
+            # an item without key tiles (rows that see no key): zeros and lse = +inf, now
+            mbarrier.arrive(q_empty.index(qs))
+            _epilogue_of(
+                t, o_zero, m_none, l_none, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
+                stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, INDEX,
+                BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE, SOFTCAP,
+                HEAD_MAJOR,
+            )  # fmt: skip
+        for j in range(lo, own):
+            slot = it % STAGES
+            mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
+            s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)  # fmt: skip
+            # the pending P's V tile, or (no P yet) this tile's own, against a P of zeros
+            pv = gl.where(pend, pv_it, it)
+            mbarrier.wait(v_ready.index(pv % STAGES), (pv // STAGES) & 1)
+            acc_tok = warpgroup_mma(p_op, v_smem.index(pv % STAGES), acc, is_async=True)
+            if has_done:
+                _epilogue_of(
+                    done_t, done_acc, done_m, done_l, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb,
+                    stride_lh, stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right,
+                    qk_scale, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS,
+                    FMA_SCALE, SOFTCAP, HEAD_MAJOR,
+                )  # fmt: skip
+                has_done = n < 0
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            mbarrier.arrive(k_empty.index(slot))
+            if j == own - 1:
+                # every S = Q K^T of this item has completed: the producer may reuse the Q slot
+                mbarrier.arrive(q_empty.index(qs))
+            first = j == lo
+            p, alpha, m_new, l_new = _softmax_step(
+                s, gl.where(first, m_none, m_i), gl.where(first, l_none, l_i), rows, j, full_lo, full_hi, k_len,
+                window_left, window_right, qk_scale, softcap_in, softcap_out, s_layout, BLOCK_N, MASK_LEFT,
+                MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
+            )  # fmt: skip
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+            if pend:
+                mbarrier.arrive(v_empty.index(pv % STAGES))
+            if first:
+                if pend:
+                    # the pending P V closed item pend_t: its epilogue follows the next products
+                    done_acc = acc
+                    done_m = m_i
+                    done_l = l_i
+                    done_t = pend_t
+                    has_done = n >= 0
+                acc = o_zero
+            else:
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            m_i = m_new
+            l_i = l_new
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            pend = n >= 0
+            pv_it = it
+            pend_t = t
+            it += 1
+        # the item's key tiles past every key these rows see (causal): taken part in, not
+        # computed (at most one with two consumers: the ring's other slot holds the pending V)
+        it, _tk = _pass_tiles(own, n_tiles, it, gl.to_tensor(0), k_ready, v_ready, k_empty, v_empty, None, INDEX, STAGES,
+                              CONSUMERS, False, 1)  # fmt: skip
+        n += 1
+        t = _read_item(n, item_smem, item_ready, item_empty, NUM_WARPS)
+    if has_done:
+        _epilogue_of(
+            done_t, done_acc, done_m, done_l, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
+            stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, INDEX,
+            BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE, SOFTCAP, HEAD_MAJOR,
+        )  # fmt: skip
+    if pend:
+        mbarrier.wait(v_ready.index(pv_it % STAGES), (pv_it // STAGES) & 1)
+        acc_tok = warpgroup_mma(p_op, v_smem.index(pv_it % STAGES), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+        mbarrier.arrive(v_empty.index(pv_it % STAGES))
+        _epilogue_of(
+            pend_t, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+            nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, INDEX, BLOCK_M,
+            BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE, SOFTCAP, HEAD_MAJOR,
+        )  # fmt: skip
+
+
+@gluon.jit
 def _consumer(
     q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
     o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
@@ -1058,9 +1220,18 @@ def _consumer(
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
     item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr,
+    STREAM: gl.constexpr,
 ):  # fmt: skip
     o_tile = o_smem.index(INDEX)
-    if CARRY:
+    if STREAM:
+        _consumer_stream(
+            q_smem, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+            o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+            nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_in,
+            softcap_out, item_smem, item_ready, item_empty, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+            MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, FMA_SCALE, HEAD_MAJOR,
+        )  # fmt: skip
+    elif CARRY:
         _consumer_carry(
             q_smem, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
             o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
@@ -1117,7 +1288,7 @@ def _attn_fwd_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
     PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr, DYNAMIC: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr, STREAM: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
     # program takes item program_id (PERSISTENT: then program_id + num_programs, ..., or DYNAMIC:
@@ -1135,8 +1306,14 @@ def _attn_fwd_kernel(
     if CARRY:
         gl.static_assert(DYNAMIC and OVERLAP and not PINGPONG and not VARLEN and not O_IN_Q,
                          "the carried form is a dense dynamic persistent overlap form")
-    # CARRY: a Q tile per consumer for each of two items (item n in slot n % 2)
-    Q_SLOTS: gl.constexpr = 2 if CARRY else 1
+    if STREAM:
+        # two consumers: a consumer's rows end at most BLOCK_M rows before its item's, so it
+        # passes at most one of the item's key tiles (the ring's other slot holds its pending V)
+        gl.static_assert(DYNAMIC and OVERLAP and not PINGPONG and not VARLEN and not O_IN_Q and not CARRY
+                         and CONSUMERS == 2 and BLOCK_N >= BLOCK_M,
+                         "the stream form is a dense dynamic persistent overlap form of two consumers")
+    # CARRY, STREAM: a Q tile per consumer for each of two items (item n in slot n % 2)
+    Q_SLOTS: gl.constexpr = 2 if CARRY or STREAM else 1
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS * Q_SLOTS, BLOCK_M, HEAD_DIM], tile_layout)
     if O_IN_Q:
         # one item per program: a consumer's Q tile is not read again once its last S = Q K^T
@@ -1183,14 +1360,14 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, STREAM)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, STREAM)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -1210,21 +1387,21 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, STREAM)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, STREAM)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, STREAM)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -1524,7 +1701,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
         FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
-        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CARRY=var.carry,
+        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CARRY=var.carry, STREAM=var.stream,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs
