@@ -831,8 +831,16 @@ def _epilogue(
 ):  # fmt: skip
     """Normalise a consumer's ``BLOCK_M`` rows from ``row0`` (of the sequence at q_off) and
     store them with their log-sum-exp; rows past q_len (or before row 0) are not written."""
-    dtype: gl.constexpr = o_desc.dtype
-    row_s: gl.constexpr = gl.SliceLayout(1, _mma_layout(BLOCK_N, NUM_WARPS))
+    out, lse = _normalise(acc, m_i, l_i, qk_scale, o_desc.dtype, BLOCK_N, HEAD_DIM, NUM_WARPS, FMA_SCALE, SOFTCAP)
+    _store_item(out, lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h, row0,
+                q_off, q_len, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_WARPS, VARLEN)  # fmt: skip
+
+
+@gluon.jit
+def _normalise(acc, m_i, l_i, qk_scale, dtype: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+               NUM_WARPS: gl.constexpr, FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr):  # fmt: skip
+    """(output in ``dtype``, natural-log log-sum-exp) of a consumer's rows from their
+    unnormalised output and row statistics."""
     row_o: gl.constexpr = gl.SliceLayout(1, _mma_layout(HEAD_DIM, NUM_WARPS))
     # rows that saw no key: output 0 and lse = +inf (the backward's exp(s - lse) is then 0)
     empty = l_i == 0.0
@@ -843,8 +851,18 @@ def _epilogue(
     else:
         m_log2 = m_i
     lse = gl.where(empty, float("inf"), (m_log2 + gl.log2(l_safe)) * LN2)
+    return out.to(dtype), lse
 
-    _store_rows(out.to(dtype), o_tile, o_desc, Out, stride_om, stride_oh, b, h, row0, q_off, q_len, BLOCK_M, HEAD_DIM,
+
+@gluon.jit
+def _store_item(
+    out, lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h, row0, q_off,
+    q_len, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_WARPS: gl.constexpr,
+    VARLEN: gl.constexpr,
+):  # fmt: skip
+    """Store a consumer's normalised rows and their log-sum-exp (:func:`_normalise`)."""
+    row_s: gl.constexpr = gl.SliceLayout(1, _mma_layout(BLOCK_N, NUM_WARPS))
+    _store_rows(out, o_tile, o_desc, Out, stride_om, stride_oh, b, h, row0, q_off, q_len, BLOCK_M, HEAD_DIM,
                NUM_WARPS, VARLEN)  # fmt: skip
     offs = row0 + gl.arange(0, BLOCK_M, layout=row_s)
     lse_ptrs = Lse + h.to(gl.int64) * stride_lh + (q_off + offs).to(gl.int64) * stride_lm
@@ -983,14 +1001,27 @@ def _epilogue_of(
 ):  # fmt: skip
     """The epilogue of dense item ``t`` (its rows decoded again) from a consumer's unnormalised
     output and row statistics (CARRY, STREAM)."""
+    out, lse = _normalise(acc, m_i, l_i, qk_scale, o_desc.dtype, BLOCK_N, HEAD_DIM, NUM_WARPS, FMA_SCALE, SOFTCAP)
+    _store_of(t, out, lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, nheads,
+              group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM,
+              MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, HEAD_MAJOR)  # fmt: skip
+
+
+@gluon.jit
+def _store_of(
+    t, out, lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
+    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right,
+    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr,
+):  # fmt: skip
+    """Store dense item ``t``'s normalised rows (its rows decoded again)."""
     b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right, INDEX,
         BLOCK_M, BLOCK_N, NUM_WARPS, CONSUMERS, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
     )  # fmt: skip
-    _epilogue(
-        acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h, row0,
-        q_off, q_len, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_WARPS, FMA_SCALE, SOFTCAP, False,
-    )  # fmt: skip
+    _store_item(out, lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h, row0,
+                q_off, q_len, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_WARPS, False)  # fmt: skip
 
 
 @gluon.jit
@@ -1112,12 +1143,13 @@ def _consumer_stream(
     acc = o_zero
     m_i = m_none
     l_i = l_none
-    # an item whose last P V has completed, its epilogue not yet run
+    # an item whose last P V has completed: its rows normalised, not yet stored (the normalised
+    # output, not the wgmma accumulator, waits: ptxas serialises every wgmma when non-wgmma code
+    # between a product's issue and its wait reads registers it allocates as an accumulator)
     has_done = n < 0
     done_t = n
-    done_acc = o_zero
-    done_m = m_none
-    done_l = l_none
+    done_out = gl.zeros([BLOCK_M, HEAD_DIM], dtype, layout=o_layout)
+    done_lse = l_none
     t = _read_item(0, item_smem, item_ready, item_empty, NUM_WARPS)
     while t < n_bh * n_m:
         b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
@@ -1146,11 +1178,10 @@ def _consumer_stream(
             mbarrier.wait(v_ready.index(pv % STAGES), (pv // STAGES) & 1)
             acc_tok = warpgroup_mma(p_op, v_smem.index(pv % STAGES), acc, is_async=True)
             if has_done:
-                _epilogue_of(
-                    done_t, done_acc, done_m, done_l, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb,
-                    stride_lh, stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right,
-                    qk_scale, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS,
-                    FMA_SCALE, SOFTCAP, HEAD_MAJOR,
+                _store_of(
+                    done_t, done_out, done_lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
+                    stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, INDEX,
+                    BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, HEAD_MAJOR,
                 )  # fmt: skip
                 has_done = n < 0
             s = warpgroup_mma_wait(1, deps=(s_tok,))
@@ -1167,17 +1198,16 @@ def _consumer_stream(
             acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
             if pend:
                 mbarrier.arrive(v_empty.index(pv % STAGES))
-            if first:
-                if pend:
-                    # the pending P V closed item pend_t: its epilogue follows the next products
-                    done_acc = acc
-                    done_m = m_i
-                    done_l = l_i
-                    done_t = pend_t
-                    has_done = n >= 0
-                acc = o_zero
-            else:
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            if first & pend:
+                # the pending P V closed item pend_t: its rows are stored after the next
+                # products are issued
+                done_out, done_lse = _normalise(acc, m_i, l_i, qk_scale, dtype, BLOCK_N, HEAD_DIM, NUM_WARPS,
+                                                FMA_SCALE, SOFTCAP)  # fmt: skip
+                done_t = pend_t
+                has_done = n >= 0
+            # (a select, not a branch: with acc assigned in an if / else, ptxas serialises every
+            # wgmma, C7514)
+            acc = gl.where(first, o_zero, acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1))
             m_i = m_new
             l_i = l_new
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -1187,15 +1217,15 @@ def _consumer_stream(
             it += 1
         # the item's key tiles past every key these rows see (causal): taken part in, not
         # computed (at most one with two consumers: the ring's other slot holds the pending V)
-        it, _tk = _pass_tiles(own, n_tiles, it, gl.to_tensor(0), k_ready, v_ready, k_empty, v_empty, None, INDEX, STAGES,
-                              CONSUMERS, False, 1)  # fmt: skip
+        it, _tk = _pass_tiles(own, n_tiles, it, gl.to_tensor(0), k_ready, v_ready, k_empty, v_empty, None, INDEX,
+                              STAGES, CONSUMERS, False, 1)  # fmt: skip
         n += 1
         t = _read_item(n, item_smem, item_ready, item_empty, NUM_WARPS)
     if has_done:
-        _epilogue_of(
-            done_t, done_acc, done_m, done_l, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
-            stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, INDEX,
-            BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE, SOFTCAP, HEAD_MAJOR,
+        _store_of(
+            done_t, done_out, done_lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
+            stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, INDEX, BLOCK_M,
+            BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, HEAD_MAJOR,
         )  # fmt: skip
     if pend:
         mbarrier.wait(v_ready.index(pv_it % STAGES), (pv_it // STAGES) & 1)
