@@ -50,6 +50,7 @@ def test_variant_builds_for_sm90a(reports, spec):
     assert (r["variant"], r["head_dim"], r["causal"], r["dtype"], r["features"]) == (*spec[:4], "".join(features))
     assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0 and r["stack_bytes"] == 0, r
     assert r["shared_bytes"] <= SHARED_LIMIT, r
+    assert not r["wgmma_serialized"], r
     # S = Q K^T has D/16 k-steps, P V has BLOCK_N/16, per consumer partition; the overlapped
     # loop has a peeled copy of each
     per_pass = head_dim // 16 + var.block_n // 16

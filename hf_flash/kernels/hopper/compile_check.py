@@ -202,6 +202,9 @@ def check_variant(variant: str, head_dim: int, causal: bool, dtype=torch.bfloat1
         "spill_store_bytes": spill_stores, "spill_load_bytes": spill_loads, "stack_bytes": stack,
         "shared_bytes": shared, "programs_per_sm_by_shared": SHARED_PER_SM // max(shared, 1),
         "setmaxnreg": setmaxnreg,
+        # ptxas's C7514: non-wgmma code reads a running product's accumulator registers, so it
+        # waits for every wgmma right after issuing it (no overlap anywhere in the kernel)
+        "wgmma_serialized": "C7514" in report,
         "wgmma": ptx.count("wgmma.mma_async"), "tma_loads": ptx.count("cp.async.bulk.tensor"),
         "tma_reduces": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\S*\.add", ptx)),
         "tma_stores": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
