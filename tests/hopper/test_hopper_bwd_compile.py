@@ -100,6 +100,7 @@ def test_bwd_variant_builds_for_sm90a(reports, spec):
                 bound = SPILL_BYTES_STATS_EARLY_DQ_EARLY[head_dim]
     assert r["spill_store_bytes"] <= bound and r["spill_load_bytes"] <= bound, r
     assert r["shared_bytes"] <= SHARED_LIMIT, r
+    assert not r["wgmma_serialized"], r
     # per consumer: S^T = K Q^T and dP^T = V dO^T have D/16 k-steps each, dV += P^T dO and
     # dK += dS^T Q have BLOCK_M/16 each, dQ = dS K has BLOCK_N/16 (dq_shared: one product per
     # consumer's dS, each on half the columns; dq_lag: the products appear twice, in the loop and

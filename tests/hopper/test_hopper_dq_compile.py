@@ -51,6 +51,7 @@ def test_dq_variant_builds_for_sm90a(reports, spec):
     bound = SPILL_BYTES.get((head_dim, spec[0].startswith(compile_check.DQ_VARLEN_PREFIX), "".join(spec[4:])), 0)
     assert r["spill_store_bytes"] <= bound and r["spill_load_bytes"] <= bound, r
     assert r["shared_bytes"] <= SHARED_LIMIT, r
+    assert not r["wgmma_serialized"], r
     # per consumer: S = Q K^T and dP = dO V^T of D / 16 k-steps each and dQ += dS K of BLOCK_N / 16,
     # each twice in the code (the first key tile's S and dP before the loop, the last tile's dQ
     # product after it)
