@@ -1,7 +1,6 @@
 set -x
 L=$OUT
 nvidia-smi --query-gpu=name,clocks.sm --format=csv > $L/env.txt
-PYTHONPATH=. timeout 170 python -m pytest tests/hopper/test_hopper_attention_gpu.py -m gpu -q -p no:cacheprovider -n 6 -k "carry-hm or stream" > $L/tests.log 2>&1; echo "tests rc $?"; tail -3 $L/tests.log; grep -E "^(FAILED|ERROR)" $L/tests.log | head; grep -E "^E " $L/tests.log | head -20
-PYTHONPATH=. timeout 150 python benchmarks/hopper_attention.py $L/d64c.json --variants ws2x4-overlap-fma-dyn-carry ws2x4-overlap-fma-dyn-stream ws2x4-overlap-fma-dyn-carry-hm ws2x4-overlap-fma-dyn-hm --seqlens 512 1024 2048 4096 --head-dims 64 --masks causal --rounds 5 > $L/d64c.log 2>&1; echo "d64c rc $?"; grep "^d" $L/d64c.log
-PYTHONPATH=. timeout 80 python benchmarks/hopper_attention.py $L/d64f.json --variants ws2x4-overlap-fma-dyn-carry ws2x4-overlap-fma-dyn-stream --seqlens 512 1024 2048 --head-dims 64 --masks full --rounds 5 > $L/d64f.log 2>&1; echo "d64f rc $?"; grep "^d" $L/d64f.log
-PYTHONPATH=. timeout 120 python benchmarks/hopper_attention.py $L/d128c.json --variants ws2x4-overlap-fma-dyn ws2x4-overlap-fma-dyn-hm ws2x4-overlap-fma-dyn-carry-hm --seqlens 512 1024 2048 4096 --head-dims 128 --masks causal --rounds 5 > $L/d128c.log 2>&1; echo "d128c rc $?"; grep "^d" $L/d128c.log
+PYTHONPATH=. timeout 150 python -m pytest tests/hopper/test_hopper_attention_gpu.py -m gpu -q -p no:cacheprovider -n 8 -k "carry-hm or stream" > $L/tests.log 2>&1; echo "tests rc $?"; tail -3 $L/tests.log; grep -E "^(FAILED|ERROR)" $L/tests.log | head; grep -E "^E " $L/tests.log | head -20
+PYTHONPATH=. timeout 130 python benchmarks/hopper_attention.py $L/d64c.json --variants ws2x4-overlap-fma-dyn-carry ws2x4-overlap-fma-dyn-stream ws2x4-overlap-fma-dyn-carry-hm --seqlens 512 1024 2048 4096 --head-dims 64 --masks causal --rounds 5 > $L/d64c.log 2>&1; echo "d64c rc $?"; grep "^d" $L/d64c.log
+PYTHONPATH=. timeout 70 python benchmarks/hopper_attention.py $L/d64f.json --variants ws2x4-overlap-fma-dyn-carry ws2x4-overlap-fma-dyn-stream --seqlens 512 1024 2048 --head-dims 64 --masks full --rounds 5 > $L/d64f.log 2>&1; echo "d64f rc $?"; grep "^d" $L/d64f.log
