@@ -1132,24 +1132,29 @@ def _consumer_stream(
     o_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     m_none = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
     l_none = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
-    it = 0  # K/V tiles consumed so far (ring slot and phase), as in the producer
-    n = 0  # items started
+    # every loop-carried scalar starts from a value of its own: Triton's front end finds a loop's
+    # carried variables by whether a name's value changed in a dry run of the body, so two names
+    # that start from the same value (pv_it = it = 0) and are copied one into the other inside the
+    # loop (pv_it = it) look unchanged, and the copy is dropped from the carried set (pv_it then
+    # restarted at 0 on every item, and the ring's waits deadlocked)
+    it = gl.to_tensor(0)  # K/V tiles consumed so far (ring slot and phase), as in the producer
+    n = gl.to_tensor(0)  # items started
     # the pending P (the last computed tile's probabilities, its V tile pv_it) and the running
     # output and statistics of its item pend_t; pend is false until the first tile
     p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=p_layout)
-    pend = n < 0
-    pv_it = it
-    pend_t = n
+    pend = gl.to_tensor(0) < 0
+    pv_it = gl.to_tensor(0)
+    pend_t = gl.to_tensor(0)
     acc = o_zero
     m_i = m_none
     l_i = l_none
     # an item whose last P V has completed: its rows normalised, not yet stored (the normalised
     # output, not the wgmma accumulator, waits: ptxas serialises every wgmma when non-wgmma code
     # between a product's issue and its wait reads registers it allocates as an accumulator)
-    has_done = n < 0
-    done_t = n
+    has_done = gl.to_tensor(0) < 0
+    done_t = gl.to_tensor(0)
     done_out = gl.zeros([BLOCK_M, HEAD_DIM], dtype, layout=o_layout)
-    done_lse = l_none
+    done_lse = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
     t = _read_item(0, item_smem, item_ready, item_empty, NUM_WARPS)
     while t < n_bh * n_m:
         b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
