@@ -1001,10 +1001,14 @@ def _epilogue_of(
 ):  # fmt: skip
     """The epilogue of dense item ``t`` (its rows decoded again) from a consumer's unnormalised
     output and row statistics (CARRY, STREAM)."""
-    out, lse = _normalise(acc, m_i, l_i, qk_scale, o_desc.dtype, BLOCK_N, HEAD_DIM, NUM_WARPS, FMA_SCALE, SOFTCAP)
-    _store_of(t, out, lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, nheads,
-              group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM,
-              MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, HEAD_MAJOR)  # fmt: skip
+    b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
+        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right, INDEX,
+        BLOCK_M, BLOCK_N, NUM_WARPS, CONSUMERS, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
+    )  # fmt: skip
+    _epilogue(
+        acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h, row0,
+        q_off, q_len, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_WARPS, FMA_SCALE, SOFTCAP, False,
+    )  # fmt: skip
 
 
 @gluon.jit
