@@ -194,10 +194,14 @@ VARIANTS = {
                 head_major=True),
         # the carried form head by head (short causal calls, where the four items of a head at 512
         # queries otherwise run far apart and its K/V leaves L2 between them: Nsight Compute at d64
-        # causal 512 read 148 MB from DRAM against cuDNN's 101, L2 hits 48% against 69%)
+        # causal 512 read 148 MB from DRAM against cuDNN's 101, L2 hits 48% against 69%; not yet
+        # measured, no default)
         Variant("ws2x4-overlap-fma-dyn-carry-hm", block_m=64, block_n=128, stages=2, consumers=2,
                 consumer_warps=4, overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True,
                 head_major=True, carry=True),
+        # each consumer's key tiles as one stream across its items (stream): at d64 causal 512-2K,
+        # where cuDNN's forward does our tensor work in 0.81x the cycles (ncu, session 53) and our
+        # consumers wait on their own chains; not yet measured, no default
         Variant("ws2x4-overlap-fma-dyn-stream", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True, stream=True,
                 head_dims=(64,)),
