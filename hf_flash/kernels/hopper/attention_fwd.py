@@ -1126,10 +1126,12 @@ def _consumer_stream(
     """A dynamic persistent consumer (STREAM, dense, two consumers) whose key tiles form one
     stream across its items: each step issues tile j's S = Q K^T together with the P V of the
     tile before it (the pending P), which may belong to the previous item, then computes tile j's
-    softmax under that P V. When the pending P V closes an item, the item's output and row
-    statistics wait in registers (``done``) and its epilogue runs after the next step's products
-    are issued. The first step of the stream has no pending P: it issues a P V of zeros against
-    its own V tile (whose result it drops), so every step issues the same two products."""
+    softmax under that P V. When the pending P V closes an item, the item's rows are normalised
+    at once and wait in registers (``done``) until the next step's products are issued, under
+    which they are stored. The first step of the stream has no pending P: it issues a P V of
+    zeros against its own V tile (whose result it drops), so every step issues the same two
+    products. Flags are i1 tensors (``n < 0`` false, ``n >= 0`` true), as loop-carried values
+    must be."""
     dtype: gl.constexpr = o_desc.dtype
     s_layout: gl.constexpr = _mma_layout(BLOCK_N, NUM_WARPS)
     o_layout: gl.constexpr = _mma_layout(HEAD_DIM, NUM_WARPS)
@@ -1156,9 +1158,7 @@ def _consumer_stream(
     acc = o_zero
     m_i = m_none
     l_i = l_none
-    # an item whose last P V has completed: its rows normalised, not yet stored (the normalised
-    # output, not the wgmma accumulator, waits: ptxas serialises every wgmma when non-wgmma code
-    # between a product's issue and its wait reads registers it allocates as an accumulator)
+    # an item whose last P V has completed: its rows normalised, not yet stored
     has_done = gl.to_tensor(0) < 0
     done_t = gl.to_tensor(0)
     done_out = gl.zeros([BLOCK_M, HEAD_DIM], dtype, layout=o_layout)
