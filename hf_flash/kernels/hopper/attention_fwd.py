@@ -1153,6 +1153,9 @@ def _consumer_stream(
     # output and statistics of its item pend_t; pend is false until the first tile
     p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=p_layout)
     pend = gl.to_tensor(0) < 0
+    # whether the pending P continues its item (its P V adds to the running output) or starts it
+    # (its P V ignores the output register: the previous item's, or garbage before the first)
+    p_cont = gl.to_tensor(0) < 0
     pv_it = gl.to_tensor(0)
     pend_t = gl.to_tensor(0)
     acc = o_zero
@@ -1189,7 +1192,7 @@ def _consumer_stream(
             # the pending P's V tile, or (no P yet) this tile's own, against a P of zeros
             pv = gl.where(pend, pv_it, it)
             mbarrier.wait(v_ready.index(pv % STAGES), (pv // STAGES) & 1)
-            acc_tok = warpgroup_mma(p_op, v_smem.index(pv % STAGES), acc, is_async=True)
+            acc_tok = warpgroup_mma(p_op, v_smem.index(pv % STAGES), acc, use_acc=p_cont, is_async=True)
             if has_done:
                 _store_of(
                     done_t, done_out, done_lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
@@ -1218,9 +1221,11 @@ def _consumer_stream(
                                                 FMA_SCALE, SOFTCAP)  # fmt: skip
                 done_t = pend_t
                 has_done = n >= 0
-            # (a select, not a branch: with acc assigned in an if / else, ptxas serialises every
-            # wgmma, C7514)
-            acc = gl.where(first, o_zero, acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1))
+            # an item's first tile has alpha 0; its P V does not read acc (use_acc=p_cont), so acc
+            # needs no reset (no select, and no if / else: an acc assigned in one made ptxas
+            # serialise every wgmma, C7514)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p_cont = j != lo
             m_i = m_new
             l_i = l_new
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -1242,7 +1247,7 @@ def _consumer_stream(
         )  # fmt: skip
     if pend:
         mbarrier.wait(v_ready.index(pv_it % STAGES), (pv_it // STAGES) & 1)
-        acc_tok = warpgroup_mma(p_op, v_smem.index(pv_it % STAGES), acc, is_async=True)
+        acc_tok = warpgroup_mma(p_op, v_smem.index(pv_it % STAGES), acc, use_acc=p_cont, is_async=True)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
         mbarrier.arrive(v_empty.index(pv_it % STAGES))
         _epilogue_of(
