@@ -130,10 +130,12 @@ def test_results_repeat_bitwise():
     assert torch.equal(a, b) and torch.equal(la, lb)
 
 
+DYNAMIC_FORMS = ("ws2x4-overlap-fma-dyn", "ws2x4-overlap-fma-dyn-carry", "ws2x4-overlap-fma-dyn-carry-hm",
+                 "ws2x4-overlap-fma-dyn-stream")
+
+
 @needs_hopper
-@pytest.mark.parametrize("variant,head_dim", _variant_head_dims(("ws2x4-overlap-fma-dyn", "ws2x4-overlap-fma-dyn-carry",
-                                                                   "ws2x4-overlap-fma-dyn-carry-hm",
-                                                                   "ws2x4-overlap-fma-dyn-stream"), (64, 128)))
+@pytest.mark.parametrize("variant,head_dim", _variant_head_dims(DYNAMIC_FORMS, (64, 128)))
 def test_dynamic_schedule_matches_one_item_programs_bitwise(head_dim, variant):
     # the item counter decides only which program computes an item, never how (nor does
     # finishing each item one item late, -carry, numbering the items head by head, -hm, or running

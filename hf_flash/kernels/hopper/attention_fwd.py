@@ -1004,7 +1004,8 @@ def _epilogue_of(
     FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
     """The epilogue of dense item ``t`` (its rows decoded again) from a consumer's unnormalised
-    output and row statistics (CARRY, STREAM)."""
+    output and row statistics (CARRY, STREAM). It decodes before it normalises, not through
+    :func:`_store_of`: that order is the carried form's code as measured."""
     b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right, INDEX,
         BLOCK_M, BLOCK_N, NUM_WARPS, CONSUMERS, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
