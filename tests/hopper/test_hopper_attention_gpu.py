@@ -130,16 +130,14 @@ def test_results_repeat_bitwise():
     assert torch.equal(a, b) and torch.equal(la, lb)
 
 
-DYNAMIC_FORMS = ("ws2x4-overlap-fma-dyn", "ws2x4-overlap-fma-dyn-carry", "ws2x4-overlap-fma-dyn-carry-hm",
-                 "ws2x4-overlap-fma-dyn-stream")
+DYNAMIC_FORMS = ("ws2x4-overlap-fma-dyn", "ws2x4-overlap-fma-dyn-carry")
 
 
 @needs_hopper
 @pytest.mark.parametrize("variant,head_dim", _variant_head_dims(DYNAMIC_FORMS, (64, 128)))
 def test_dynamic_schedule_matches_one_item_programs_bitwise(head_dim, variant):
     # the item counter decides only which program computes an item, never how (nor does
-    # finishing each item one item late, -carry, numbering the items head by head, -hm, or running
-    # the tiles as one stream across items, -stream): every row equals the one-item-per-program
+    # finishing each item one item late, -carry): every row equals the one-item-per-program
     # launch's bitwise, causal (items of many lengths) and not
     q, k, v = _qkv(3, 1500, 1500, 16, 4, head_dim, torch.bfloat16, seed=5)
     for causal in (False, True):

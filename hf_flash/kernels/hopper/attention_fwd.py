@@ -139,13 +139,6 @@ class Variant:
     # shared-memory slots per consumer (item n in slot n % 2), so the next item's Q is loaded
     # while the current item's loop runs
     carry: bool = False
-    # dynamic persistent, overlap, two consumers: each consumer runs its key tiles as one stream
-    # across items: a tile's S = Q K^T is issued with the previous tile's P V whether or not
-    # that tile belongs to the same item, so an item's first softmax runs under the previous
-    # item's last P V and a finished item's epilogue under the next products (the carry form
-    # hides only the epilogue, under the next item's first S; each item's first softmax and
-    # last P V there run with nothing of the consumer's on the tensor cores)
-    stream: bool = False
 
     @property
     def rows(self) -> int:
@@ -192,19 +185,6 @@ VARIANTS = {
         Variant("ws2x4-overlap-fma-dyn-hm", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
                 overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True,
                 head_major=True),
-        # the carried form head by head (short causal calls, where the four items of a head at 512
-        # queries otherwise run far apart and its K/V leaves L2 between them: Nsight Compute at d64
-        # causal 512 read 148 MB from DRAM against cuDNN's 101, L2 hits 48% against 69%; not yet
-        # measured, no default)
-        Variant("ws2x4-overlap-fma-dyn-carry-hm", block_m=64, block_n=128, stages=2, consumers=2,
-                consumer_warps=4, overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True,
-                head_major=True, carry=True),
-        # each consumer's key tiles as one stream across its items (stream): at d64 causal 512-2K,
-        # where cuDNN's forward does our tensor work in 0.81x the cycles (ncu, session 53) and our
-        # consumers wait on their own chains; not yet measured, no default
-        Variant("ws2x4-overlap-fma-dyn-stream", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
-                overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True, stream=True,
-                head_dims=(64,)),
         Variant("ws3x4-pp-s3-hm", block_m=64, block_n=128, stages=3, consumers=3, consumer_warps=4, overlap=True,
                 pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,), head_major=True),
         # head dim 256: the output accumulator alone is 128 registers per thread, so 64-key tiles
@@ -835,16 +815,8 @@ def _epilogue(
 ):  # fmt: skip
     """Normalise a consumer's ``BLOCK_M`` rows from ``row0`` (of the sequence at q_off) and
     store them with their log-sum-exp; rows past q_len (or before row 0) are not written."""
-    out, lse = _normalise(acc, m_i, l_i, qk_scale, o_desc.dtype, BLOCK_N, HEAD_DIM, NUM_WARPS, FMA_SCALE, SOFTCAP)
-    _store_item(out, lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h, row0,
-                q_off, q_len, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_WARPS, VARLEN)  # fmt: skip
-
-
-@gluon.jit
-def _normalise(acc, m_i, l_i, qk_scale, dtype: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-               NUM_WARPS: gl.constexpr, FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr):  # fmt: skip
-    """(output in ``dtype``, natural-log log-sum-exp) of a consumer's rows from their
-    unnormalised output and row statistics."""
+    dtype: gl.constexpr = o_desc.dtype
+    row_s: gl.constexpr = gl.SliceLayout(1, _mma_layout(BLOCK_N, NUM_WARPS))
     row_o: gl.constexpr = gl.SliceLayout(1, _mma_layout(HEAD_DIM, NUM_WARPS))
     # rows that saw no key: output 0 and lse = +inf (the backward's exp(s - lse) is then 0)
     empty = l_i == 0.0
@@ -855,18 +827,8 @@ def _normalise(acc, m_i, l_i, qk_scale, dtype: gl.constexpr, BLOCK_N: gl.constex
     else:
         m_log2 = m_i
     lse = gl.where(empty, float("inf"), (m_log2 + gl.log2(l_safe)) * LN2)
-    return out.to(dtype), lse
 
-
-@gluon.jit
-def _store_item(
-    out, lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h, row0, q_off,
-    q_len, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_WARPS: gl.constexpr,
-    VARLEN: gl.constexpr,
-):  # fmt: skip
-    """Store a consumer's normalised rows and their log-sum-exp (:func:`_normalise`)."""
-    row_s: gl.constexpr = gl.SliceLayout(1, _mma_layout(BLOCK_N, NUM_WARPS))
-    _store_rows(out, o_tile, o_desc, Out, stride_om, stride_oh, b, h, row0, q_off, q_len, BLOCK_M, HEAD_DIM,
+    _store_rows(out.to(dtype), o_tile, o_desc, Out, stride_om, stride_oh, b, h, row0, q_off, q_len, BLOCK_M, HEAD_DIM,
                NUM_WARPS, VARLEN)  # fmt: skip
     offs = row0 + gl.arange(0, BLOCK_M, layout=row_s)
     lse_ptrs = Lse + h.to(gl.int64) * stride_lh + (q_off + offs).to(gl.int64) * stride_lm
@@ -985,27 +947,10 @@ def _item_epilogue(
 ):  # fmt: skip
     """CARRY: the epilogue of this program's ``n``-th item, one item later. The item is read
     again from its slot of the item ring, which the consumer hands back only now (a register
-    carrying it through the key loop made the d128 causal build spill)."""
+    carrying it through the key loop made the d128 causal build spill), and its rows decoded
+    again."""
     t = _item_in_slot(n, item_smem, NUM_WARPS)
     mbarrier.arrive(item_empty.index(n % 2))
-    _epilogue_of(
-        t, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-        nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, INDEX, BLOCK_M,
-        BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE, SOFTCAP, HEAD_MAJOR,
-    )  # fmt: skip
-
-
-@gluon.jit
-def _epilogue_of(
-    t, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale,
-    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
-    FMA_SCALE: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-):  # fmt: skip
-    """The epilogue of dense item ``t`` (its rows decoded again) from a consumer's unnormalised
-    output and row statistics (CARRY, STREAM). It decodes before it normalises, not through
-    :func:`_store_of`: that order is the carried form's code as measured."""
     b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
         t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right, INDEX,
         BLOCK_M, BLOCK_N, NUM_WARPS, CONSUMERS, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
@@ -1014,23 +959,6 @@ def _epilogue_of(
         acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h, row0,
         q_off, q_len, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_WARPS, FMA_SCALE, SOFTCAP, False,
     )  # fmt: skip
-
-
-@gluon.jit
-def _store_of(
-    t, out, lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right,
-    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr,
-):  # fmt: skip
-    """Store dense item ``t``'s normalised rows (its rows decoded again)."""
-    b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
-        t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right, INDEX,
-        BLOCK_M, BLOCK_N, NUM_WARPS, CONSUMERS, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
-    )  # fmt: skip
-    _store_item(out, lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm, b, h, row0,
-                q_off, q_len, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_WARPS, False)  # fmt: skip
 
 
 @gluon.jit
@@ -1114,151 +1042,6 @@ def _consumer_carry(
 
 
 @gluon.jit
-def _consumer_stream(
-    q_smem, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-    o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-    nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_in, softcap_out,
-    item_smem, item_ready, item_empty,
-    INDEX: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    STAGES: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
-    SOFTCAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr, FMA_SCALE: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr,
-):  # fmt: skip
-    """A dynamic persistent consumer (STREAM, dense, two consumers) whose key tiles form one
-    stream across its items: each step issues tile j's S = Q K^T together with the P V of the
-    tile before it (the pending P), which may belong to the previous item, then computes tile j's
-    softmax under that P V. When the pending P V closes an item, the item's rows are normalised
-    at once and wait in registers (``done``) until the next step's products are issued, under
-    which they are stored. The first step of the stream has no pending P: it issues a P V of
-    zeros against its own V tile (whose result it drops), so every step issues the same two
-    products. Flags are i1 tensors (``n < 0`` false, ``n >= 0`` true), as loop-carried values
-    must be."""
-    dtype: gl.constexpr = o_desc.dtype
-    s_layout: gl.constexpr = _mma_layout(BLOCK_N, NUM_WARPS)
-    o_layout: gl.constexpr = _mma_layout(HEAD_DIM, NUM_WARPS)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    o_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    m_none = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
-    l_none = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
-    # every loop-carried scalar starts from a value of its own: Triton's front end finds a loop's
-    # carried variables by whether a name's value changed in a dry run of the body, so two names
-    # that start from the same value (pv_it = it = 0) and are copied one into the other inside the
-    # loop (pv_it = it) look unchanged, and the copy is dropped from the carried set (pv_it then
-    # restarted at 0 on every item, and the ring's waits deadlocked)
-    it = gl.to_tensor(0)  # K/V tiles consumed so far (ring slot and phase), as in the producer
-    n = gl.to_tensor(0)  # items started
-    # the pending P (the last computed tile's probabilities, its V tile pv_it) and the running
-    # output and statistics of its item pend_t; pend is false until the first tile
-    p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=p_layout)
-    pend = gl.to_tensor(0) < 0
-    # whether the pending P continues its item (its P V adds to the running output) or starts it
-    # (its P V ignores the output register: the previous item's, or garbage before the first)
-    p_cont = gl.to_tensor(0) < 0
-    pv_it = gl.to_tensor(0)
-    pend_t = gl.to_tensor(0)
-    acc = o_zero
-    m_i = m_none
-    l_i = l_none
-    # an item whose last P V has completed: its rows normalised, not yet stored
-    has_done = gl.to_tensor(0) < 0
-    done_t = gl.to_tensor(0)
-    done_out = gl.zeros([BLOCK_M, HEAD_DIM], dtype, layout=o_layout)
-    done_lse = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
-    t = _read_item(0, item_smem, item_ready, item_empty, NUM_WARPS)
-    while t < n_bh * n_m:
-        b, h, row0, lo, n_tiles, q_off, q_len, k_len, own, full_lo, full_hi, rows = _consumer_rows(
-            t, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, None, None, None, window_left, window_right, INDEX,
-            BLOCK_M, BLOCK_N, NUM_WARPS, CONSUMERS, MASK_LEFT, MASK_RIGHT, False, HEAD_MAJOR,
-        )  # fmt: skip
-        qs = n % 2
-        q_tile = q_smem.index(qs * CONSUMERS + INDEX)
-        mbarrier.wait(q_bar.index(qs), (n // 2) & 1)
-        if n_tiles <= lo:
-            # an item without key tiles (rows that see no key): zeros and lse = +inf, now
-            mbarrier.arrive(q_empty.index(qs))
-            _epilogue_of(
-                t, o_zero, m_none, l_none, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
-                stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, INDEX,
-                BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE, SOFTCAP,
-                HEAD_MAJOR,
-            )  # fmt: skip
-        for j in range(lo, own):
-            slot = it % STAGES
-            mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
-            s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
-                                  is_async=True)  # fmt: skip
-            # the pending P's V tile, or (no P yet) this tile's own, against a P of zeros
-            pv = gl.where(pend, pv_it, it)
-            mbarrier.wait(v_ready.index(pv % STAGES), (pv // STAGES) & 1)
-            acc_tok = warpgroup_mma(p_op, v_smem.index(pv % STAGES), acc, use_acc=p_cont, is_async=True)
-            if has_done:
-                _store_of(
-                    done_t, done_out, done_lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
-                    stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, INDEX,
-                    BLOCK_M, BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, HEAD_MAJOR,
-                )  # fmt: skip
-                has_done = n < 0
-            s = warpgroup_mma_wait(1, deps=(s_tok,))
-            mbarrier.arrive(k_empty.index(slot))
-            if j == own - 1:
-                # every S = Q K^T of this item has completed: the producer may reuse the Q slot
-                mbarrier.arrive(q_empty.index(qs))
-            first = j == lo
-            p, alpha, m_new, l_new = _softmax_step(
-                s, gl.where(first, m_none, m_i), gl.where(first, l_none, l_i), rows, j, full_lo, full_hi, k_len,
-                window_left, window_right, qk_scale, softcap_in, softcap_out, s_layout, BLOCK_N, MASK_LEFT,
-                MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
-            )  # fmt: skip
-            acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
-            if pend:
-                mbarrier.arrive(v_empty.index(pv % STAGES))
-            if first & pend:
-                # the pending P V closed item pend_t: its rows are stored after the next
-                # products are issued
-                done_out, done_lse = _normalise(acc, m_i, l_i, qk_scale, dtype, BLOCK_N, HEAD_DIM, NUM_WARPS,
-                                                FMA_SCALE, SOFTCAP)  # fmt: skip
-                done_t = pend_t
-                has_done = n >= 0
-            # an item's first tile has alpha 0; its P V does not read acc (use_acc=p_cont), so acc
-            # needs no reset (no select, and no if / else: an acc assigned in one made ptxas
-            # serialise every wgmma, C7514)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            p_cont = j != lo
-            m_i = m_new
-            l_i = l_new
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            pend = n >= 0
-            pv_it = it
-            pend_t = t
-            it += 1
-        # the item's key tiles past every key these rows see (causal): taken part in, not
-        # computed (at most one with two consumers: the ring's other slot holds the pending V)
-        it, _tk = _pass_tiles(own, n_tiles, it, gl.to_tensor(0), k_ready, v_ready, k_empty, v_empty, None, INDEX,
-                              STAGES, CONSUMERS, False, 1)  # fmt: skip
-        n += 1
-        t = _read_item(n, item_smem, item_ready, item_empty, NUM_WARPS)
-    if has_done:
-        _store_of(
-            done_t, done_out, done_lse, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh,
-            stride_lm, nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, INDEX, BLOCK_M,
-            BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, HEAD_MAJOR,
-        )  # fmt: skip
-    if pend:
-        mbarrier.wait(v_ready.index(pv_it % STAGES), (pv_it // STAGES) & 1)
-        acc_tok = warpgroup_mma(p_op, v_smem.index(pv_it % STAGES), acc, use_acc=p_cont, is_async=True)
-        acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
-        mbarrier.arrive(v_empty.index(pv_it % STAGES))
-        _epilogue_of(
-            pend_t, acc, m_i, l_i, o_tile, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-            nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, INDEX, BLOCK_M,
-            BLOCK_N, HEAD_DIM, MASK_LEFT, MASK_RIGHT, NUM_WARPS, CONSUMERS, FMA_SCALE, SOFTCAP, HEAD_MAJOR,
-        )  # fmt: skip
-
-
-@gluon.jit
 def _consumer(
     q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
     o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
@@ -1269,18 +1052,9 @@ def _consumer(
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, NUM_WARPS: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr, PERSISTENT: gl.constexpr, VARLEN: gl.constexpr,
     item_smem, item_ready, item_empty, DYNAMIC: gl.constexpr, HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr,
-    STREAM: gl.constexpr,
 ):  # fmt: skip
     o_tile = o_smem.index(INDEX)
-    if STREAM:
-        _consumer_stream(
-            q_smem, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-            o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
-            nheads, group, n_bh, n_m, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_in,
-            softcap_out, item_smem, item_ready, item_empty, INDEX, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-            MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, NUM_WARPS, CONSUMERS, FMA_SCALE, HEAD_MAJOR,
-        )  # fmt: skip
-    elif CARRY:
+    if CARRY:
         _consumer_carry(
             q_smem, o_tile, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
             o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
@@ -1337,7 +1111,7 @@ def _attn_fwd_kernel(
     PRODUCER_REGS: gl.constexpr, MASK_LEFT: gl.constexpr, MASK_RIGHT: gl.constexpr, RIGHT_WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FMA_SCALE: gl.constexpr,
     PERSISTENT: gl.constexpr, VARLEN: gl.constexpr, O_IN_Q: gl.constexpr, DYNAMIC: gl.constexpr,
-    HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr, STREAM: gl.constexpr,
+    HEAD_MAJOR: gl.constexpr, CARRY: gl.constexpr,
 ):  # fmt: skip
     # work items: n_bh (batch, head) pairs x n_m query tiles of CONSUMERS * BLOCK_M rows; a
     # program takes item program_id (PERSISTENT: then program_id + num_programs, ..., or DYNAMIC:
@@ -1355,14 +1129,8 @@ def _attn_fwd_kernel(
     if CARRY:
         gl.static_assert(DYNAMIC and OVERLAP and not PINGPONG and not VARLEN and not O_IN_Q,
                          "the carried form is a dense dynamic persistent overlap form")
-    if STREAM:
-        # two consumers: a consumer's rows end at most BLOCK_M rows before its item's, so it
-        # passes at most one of the item's key tiles (the ring's other slot holds its pending V)
-        gl.static_assert(DYNAMIC and OVERLAP and not PINGPONG and not VARLEN and not O_IN_Q and not CARRY
-                         and CONSUMERS == 2 and BLOCK_N >= BLOCK_M,
-                         "the stream form is a dense dynamic persistent overlap form of two consumers")
-    # CARRY, STREAM: a Q tile per consumer for each of two items (item n in slot n % 2)
-    Q_SLOTS: gl.constexpr = 2 if CARRY or STREAM else 1
+    # CARRY: a Q tile per consumer for each of two items (item n in slot n % 2)
+    Q_SLOTS: gl.constexpr = 2 if CARRY else 1
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS * Q_SLOTS, BLOCK_M, HEAD_DIM], tile_layout)
     if O_IN_Q:
         # one item per program: a consumer's Q tile is not read again once its last S = Q K^T
@@ -1409,14 +1177,14 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, STREAM)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, STREAM)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -1436,21 +1204,21 @@ def _attn_fwd_kernel(
                              window_right, qk_scale, softcap_in, softcap_out, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, STREAM)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, STREAM)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                              turn, o_desc, Out, stride_om, stride_oh, Lse, stride_lb, stride_lh, stride_lm,
                              nheads, group, n_bh, n_m, seqlen_q, seqlen_k, Sched, CuSeqQ, CuSeqK, window_left,
                              window_right, qk_scale, softcap_in, softcap_out, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, SOFTCAP, OVERLAP, CONSUMER_WARPS,
                              CONSUMERS, PINGPONG, FMA_SCALE, PERSISTENT, VARLEN, item_smem, item_ready,
-                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY, STREAM)),
+                             item_empty, DYNAMIC, HEAD_MAJOR, CARRY)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                              k_empty, v_empty, nheads, group, n_bh, n_m, seqlen_q, seqlen_k,
                              Sched, CuSeqQ, CuSeqK, window_left, window_right, Counter, item_smem, item_ready,
@@ -1750,7 +1518,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
         FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
-        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CARRY=var.carry, STREAM=var.stream,
+        DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CARRY=var.carry,
         num_warps=var.consumer_warps,
     )  # fmt: skip
     return grid, args, kwargs
