@@ -140,10 +140,8 @@ def _variant(name: str):
 
 def exponentials_per_step(var) -> int:
     """One exponential per score a consumer thread holds: a step's [block_m, block_n] tile over a
-    warpgroup's 128 threads (the loops :func:`step_paths` looks for hold at least this many); a
-    forward variant with ``poly_exp2`` computes that many of every four on the FMA pipe."""
-    scores = var.block_m * var.block_n // 128
-    return scores - scores * getattr(var, "poly_exp2", 0) // 4
+    warpgroup's 128 threads (the loops :func:`step_paths` looks for hold at least this many)."""
+    return var.block_m * var.block_n // 128
 
 
 def main(argv=None) -> None:

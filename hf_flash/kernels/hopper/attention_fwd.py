@@ -114,9 +114,6 @@ class Variant:
     overlap: bool  # softmax of tile j+1 under the P V wgmma of tile j
     pingpong: bool = False  # consumers take turns issuing their wgmmas
     fma_scale: bool = False  # scale folded into exp2's argument (one FMA per score)
-    # fma_scale with this many of every four of P's exponentials computed on the FMA pipe
-    # (:func:`_exp2_mixed`) instead of MUFU; the kernel's FMA_SCALE is then 1 + poly_exp2
-    poly_exp2: int = 0
     consumer_regs: int = 0  # register budget of each worker consumer partition (consumers > 1)
     head_dims: tuple = (64, 128)
     persistent: bool = False  # one program per SM looping over work items, not one per item
@@ -190,19 +187,6 @@ VARIANTS = {
                 head_major=True),
         Variant("ws3x4-pp-s3-hm", block_m=64, block_n=128, stages=3, consumers=3, consumer_warps=4, overlap=True,
                 pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,), head_major=True),
-        # some of P's exponentials on the FMA pipe (poly_exp2 of every four; not yet measured)
-        Variant("ws2x4-overlap-fma-px1", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
-                overlap=True, fma_scale=True, consumer_regs=232, poly_exp2=1),
-        Variant("ws2x4-overlap-fma-dyn-px1", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
-                overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True, poly_exp2=1),
-        Variant("ws2x4-overlap-fma-dyn-carry-px1", block_m=64, block_n=128, stages=2, consumers=2,
-                consumer_warps=4, overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True,
-                carry=True, poly_exp2=1),
-        Variant("ws2x4-overlap-fma-dyn-carry-px2", block_m=64, block_n=128, stages=2, consumers=2,
-                consumer_warps=4, overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True,
-                carry=True, poly_exp2=2),
-        Variant("ws3x4-pp-s3-px1", block_m=64, block_n=128, stages=3, consumers=3, consumer_warps=4, overlap=True,
-                pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,), poly_exp2=1),
         # head dim 256: the output accumulator alone is 128 registers per thread, so 64-key tiles
         # (S: 32 registers) and the output in Q's tile (smem: Q 64 KB + K/V ring 128 KB)
         Variant("ws2x4-overlap-fma-d256", block_m=64, block_n=64, stages=2, consumers=2, consumer_warps=4,
@@ -604,61 +588,6 @@ def _mask_scores(s, rows, j, full_lo, full_hi, seqlen_k, window_left, window_rig
     return s
 
 
-# exp2 on the FMA pipe (FMA_SCALE >= 2): 2^x = 2^j * 2^f with j = round(x) (the 1.5 * 2^23 trick:
-# t = x + 1.5 * 2^23 holds j in its low mantissa bits), f = x - j in [-0.5, 0.5], 2^f by a cubic
-# (relative error 1.0e-4, fitted for minimax relative error with 2^0 = 1 exact; P is rounded to
-# bf16 / fp16 after it, 2^-9 / 2^-11), and j added to the exponent field as (bits(t) << 23) +
-# bits(p) in one integer multiply-add. x is clamped at -127 first: -inf (a masked score) gives
-# j = -127, f = 0, p = 1, so exactly 0 as MUFU.EX2 gives; x in (-127, -126) gives a denormal
-# where MUFU.EX2 flushes to 0.
-_POLY_EXP2 = """{
-.reg .f32 xc, t, j, f, p;
-.reg .b32 tb, pb;
-max.f32 xc, $IN, 0fC2FE0000;
-add.rn.f32 t, xc, 0f4B400000;
-sub.rn.f32 j, t, 0f4B400000;
-sub.rn.f32 f, xc, j;
-fma.rn.f32 p, f, 0f3D615074, 0f3E7805DC;
-fma.rn.f32 p, p, f, 0f3F317AFC;
-fma.rn.f32 p, p, f, 0f3F800000;
-mov.b32 tb, t;
-mov.b32 pb, p;
-mad.lo.s32 $OUT, tb, 8388608, pb;
-}
-"""
-
-
-def _exp2_asm(poly: int) -> str:
-    """PTX for four exponentials, ``poly`` of them on the FMA pipe (:data:`_POLY_EXP2`), the
-    rest on MUFU (``ex2.approx.ftz.f32``, as ``gl.exp2``)."""
-    parts = []
-    for i in range(4):
-        if i < poly:
-            parts.append(_POLY_EXP2.replace("$IN", f"${i + 4}").replace("$OUT", f"${i}"))
-        else:
-            parts.append(f"ex2.approx.ftz.f32 ${i}, ${i + 4};\n")
-    return "".join(parts)
-
-
-_EXP2_ASM_1 = gl.constexpr(_exp2_asm(1))
-_EXP2_ASM_2 = gl.constexpr(_exp2_asm(2))
-
-
-@gluon.jit
-def _exp2_mixed(x, POLY: gl.constexpr):
-    """exp2 of a float32 tensor with ``POLY`` (1 or 2) of every four elements computed on the
-    FMA pipe and the rest on MUFU (the d64 step's exponentials take the MUFU pipe about as long
-    as its products take the tensor cores)."""
-    gl.static_assert(POLY == 1 or POLY == 2, "poly_exp2 is 1 or 2")
-    if POLY == 1:
-        p = gl.inline_asm_elementwise(_EXP2_ASM_1, "=r,=r,=r,=r,r,r,r,r", [x], dtype=gl.float32, is_pure=True,
-                                      pack=4)  # fmt: skip
-    else:
-        p = gl.inline_asm_elementwise(_EXP2_ASM_2, "=r,=r,=r,=r,r,r,r,r", [x], dtype=gl.float32, is_pure=True,
-                                      pack=4)  # fmt: skip
-    return p
-
-
 @gluon.jit
 def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale,
                   softcap_in, softcap_out, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -683,10 +612,7 @@ def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left,
     m_new = gl.maximum(m_i, gl.max(s, 1))
     # rows that have seen no key yet keep m = -inf; subtract 0 instead to avoid inf - inf
     m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
-    if FMA_SCALE >= 2 and not SOFTCAP:
-        p = _exp2_mixed(s * qk_scale - gl.expand_dims(m_sub * qk_scale, 1), FMA_SCALE - 1)
-        alpha = gl.exp2((m_i - m_sub) * qk_scale)
-    elif FMA_SCALE and not SOFTCAP:
+    if FMA_SCALE and not SOFTCAP:
         p = gl.exp2(s * qk_scale - gl.expand_dims(m_sub * qk_scale, 1))
         alpha = gl.exp2((m_i - m_sub) * qk_scale)
     else:
@@ -1591,7 +1517,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         CONSUMERS=var.consumers, CONSUMER_WARPS=var.consumer_warps, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
-        FMA_SCALE=(1 + var.poly_exp2) if var.fma_scale else 0, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
+        FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
         DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CARRY=var.carry,
         num_warps=var.consumer_warps,
     )  # fmt: skip
