@@ -785,7 +785,9 @@ def _overlap_rest(
     p8_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)
     # MMA_SUM: the row sums as P times a [BLOCK_N, 8] tile of ones (every column the sum), in
     # the K ring's extra slot, which the kernel filled with ones
-    ones = k_smem.index(STAGES)._reinterpret(dtype, [BLOCK_N, 8], gl.NVMMASharedLayout.get_default_for([BLOCK_N, 8], dtype))
+    # (K-major, as K's tile in S = Q K^T: an [8, BLOCK_N] tile read transposed)
+    ones = k_smem.index(STAGES)._reinterpret(
+        dtype, [8, BLOCK_N], gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype)).permute((1, 0))
     lacc = gl.zeros([BLOCK_M, 8], gl.float32, layout=l_layout)
     s = warpgroup_mma_wait(0, deps=(s,))
     mbarrier.arrive(k_empty.index(it % STAGES))
