@@ -114,8 +114,6 @@ class Variant:
     overlap: bool  # softmax of tile j+1 under the P V wgmma of tile j
     pingpong: bool = False  # consumers take turns issuing their wgmmas
     fma_scale: bool = False  # scale folded into exp2's argument (one FMA per score)
-    # fma_scale, overlap: the row sums of P by a wgmma against a tile of ones (FMA_SCALE 2)
-    mma_sum: bool = False
     consumer_regs: int = 0  # register budget of each worker consumer partition (consumers > 1)
     head_dims: tuple = (64, 128)
     persistent: bool = False  # one program per SM looping over work items, not one per item
@@ -189,16 +187,6 @@ VARIANTS = {
                 head_major=True),
         Variant("ws3x4-pp-s3-hm", block_m=64, block_n=128, stages=3, consumers=3, consumer_warps=4, overlap=True,
                 pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,), head_major=True),
-        # the row sums by a wgmma (mma_sum; not yet measured)
-        Variant("ws2x4-overlap-fma-ms", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
-                overlap=True, fma_scale=True, consumer_regs=232, mma_sum=True),
-        Variant("ws2x4-overlap-fma-dyn-ms", block_m=64, block_n=128, stages=2, consumers=2, consumer_warps=4,
-                overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True, mma_sum=True),
-        Variant("ws2x4-overlap-fma-dyn-carry-ms", block_m=64, block_n=128, stages=2, consumers=2,
-                consumer_warps=4, overlap=True, fma_scale=True, consumer_regs=232, persistent=True, dynamic=True,
-                carry=True, mma_sum=True, head_dims=(64,)),
-        Variant("ws3x4-pp-s3-ms", block_m=64, block_n=128, stages=3, consumers=3, consumer_warps=4, overlap=True,
-                pingpong=True, fma_scale=True, consumer_regs=160, head_dims=(64,), mma_sum=True),
         # head dim 256: the output accumulator alone is 128 registers per thread, so 64-key tiles
         # (S: 32 registers) and the output in Q's tile (smem: Q 64 KB + K/V ring 128 KB)
         Variant("ws2x4-overlap-fma-d256", block_m=64, block_n=64, stages=2, consumers=2, consumer_warps=4,
@@ -624,11 +612,6 @@ def _softmax_step(s, m_i, l_i, rows, j, full_lo, full_hi, seqlen_k, window_left,
     m_new = gl.maximum(m_i, gl.max(s, 1))
     # rows that have seen no key yet keep m = -inf; subtract 0 instead to avoid inf - inf
     m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
-    if FMA_SCALE == 2 and not SOFTCAP:
-        # MMA_SUM: the row sums come from a wgmma of P against ones (:func:`_overlap_rest`)
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_sub * qk_scale, 1))
-        alpha = gl.exp2((m_i - m_sub) * qk_scale)
-        return p, alpha, m_new, l_i
     if FMA_SCALE and not SOFTCAP:
         p = gl.exp2(s * qk_scale - gl.expand_dims(m_sub * qk_scale, 1))
         alpha = gl.exp2((m_i - m_sub) * qk_scale)
@@ -780,15 +763,6 @@ def _overlap_rest(
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    MMA_SUM: gl.constexpr = FMA_SCALE == 2
-    l_layout: gl.constexpr = _mma_layout(8, NUM_WARPS)
-    p8_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)
-    # MMA_SUM: the row sums as P times a [BLOCK_N, 8] tile of ones (every column the sum), in
-    # the K ring's extra slot, which the kernel filled with ones
-    # (K-major, as K's tile in S = Q K^T: an [8, BLOCK_N] tile read transposed)
-    ones = k_smem.index(STAGES)._reinterpret(
-        dtype, [8, BLOCK_N], gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype)).permute((1, 0))
-    lacc = gl.zeros([BLOCK_M, 8], gl.float32, layout=l_layout)
     s = warpgroup_mma_wait(0, deps=(s,))
     mbarrier.arrive(k_empty.index(it % STAGES))
     p, alpha, m_i, l_i = _softmax_step(
@@ -806,26 +780,17 @@ def _overlap_rest(
         s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)  # fmt: skip
         acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        if MMA_SUM:
-            l_tok = warpgroup_mma(gl.convert_layout(p_op, p8_layout), ones, lacc, is_async=True)
         _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
         tk += 1
         # S_j is done once at most one group (the P V product) is still running
-        if MMA_SUM:
-            s = warpgroup_mma_wait(2, deps=(s_tok,))
-        else:
-            s = warpgroup_mma_wait(1, deps=(s_tok,))
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(slot))
         p, alpha, m_i, l_i = _softmax_step(
             s, m_i, l_i, rows, j, full_lo, full_hi, k_len, window_left, window_right, qk_scale, softcap_in,
             softcap_out, s_layout, BLOCK_N, MASK_LEFT, MASK_RIGHT, RIGHT_WINDOW, FMA_SCALE, SOFTCAP,
         )  # fmt: skip
         # p_op is a register operand of the running wgmma: keep it alive until the wait
-        if MMA_SUM:
-            acc, lacc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, l_tok, p_op))
-            lacc = lacc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_layout)), 1)
-        else:
-            acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
         mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -835,15 +800,9 @@ def _overlap_rest(
     mbarrier.wait(v_ready.index(last), (it // STAGES) & 1)
     _turn_wait(turn, tk, INDEX, PINGPONG)
     acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    if MMA_SUM:
-        l_tok = warpgroup_mma(gl.convert_layout(p_op, p8_layout), ones, lacc, is_async=True)
     _turn_pass(turn, INDEX, CONSUMERS, PINGPONG)
     tk += 1
-    if MMA_SUM:
-        acc, lacc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, l_tok, p_op))
-        l_i = gl.convert_layout(gl.max(lacc, 1), row_s)
-    else:
-        acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+    acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
     mbarrier.arrive(v_empty.index(last))
     return acc, m_i, l_i, it + 1, tk
 
@@ -1180,13 +1139,7 @@ def _attn_fwd_kernel(
         o_smem = q_smem
     else:
         o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], tile_layout)
-    # FMA_SCALE 2 (MMA_SUM): one more K slot, all ones, for the row sums' wgmma
-    K_SLOTS: gl.constexpr = STAGES + 1 if FMA_SCALE == 2 else STAGES
-    k_smem = gl.allocate_shared_memory(dtype, [K_SLOTS, BLOCK_N, HEAD_DIM], kv_layout)
-    if FMA_SCALE == 2:
-        fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [CONSUMER_WARPS, 1], [1, 0])
-        k_smem.index(STAGES).store(gl.full([BLOCK_N, HEAD_DIM], 1.0, dtype, layout=fill))
-        fence_async_shared()
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
@@ -1564,7 +1517,7 @@ def launch_args(q, k, v, out, lse, *, softmax_scale, causal, variant, cu_seqlens
         CONSUMERS=var.consumers, CONSUMER_WARPS=var.consumer_warps, CONSUMER_REGS=var.consumer_regs,
         PRODUCER_REGS=PRODUCER_REGS, MASK_LEFT=masks["MASK_LEFT"], MASK_RIGHT=masks["MASK_RIGHT"],
         RIGHT_WINDOW=masks["RIGHT_WINDOW"], SOFTCAP=masks["SOFTCAP"], OVERLAP=var.overlap, PINGPONG=var.pingpong,
-        FMA_SCALE=(2 if var.mma_sum else 1) if var.fma_scale else 0, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
+        FMA_SCALE=var.fma_scale, PERSISTENT=var.persistent, VARLEN=varlen, O_IN_Q=var.o_in_q,
         DYNAMIC=var.dynamic, HEAD_MAJOR=var.head_major, CARRY=var.carry,
         num_warps=var.consumer_warps,
     )  # fmt: skip
